@@ -1,0 +1,19 @@
+"""agentenv_dagster: compile agent-env and Coder Eval task documents into Dagster jobs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .orchestration.definitions import build_definitions
+
+__all__ = ["build_definitions"]
+
+
+def __getattr__(name: str):
+    # Lazy: the CLI's validate and the step code must not pay for importing Dagster.
+    if name == "build_definitions":
+        from .orchestration.definitions import build_definitions
+
+        return build_definitions
+    raise AttributeError(name)

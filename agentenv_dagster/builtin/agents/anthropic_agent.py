@@ -1,0 +1,85 @@
+"""The live agent: an Anthropic Messages API tool-use loop over the registered MCP tools.
+
+The API key comes only from this process's ``ANTHROPIC_API_KEY`` (never argv or a file, so
+it never shows in a process list or a task document); model and ``base_url`` come from the
+config file, and agent-config may override the model, system prompt, turn cap and params.
+
+Config file::
+
+    {"name": "anthropic-agent", "model": "claude-...", "base_url": null,
+     "max_tokens": 4096, "max_turns": 20, "system_prompt": "", "model_params": {}}
+"""
+
+from __future__ import annotations
+
+import os
+
+from agentenv_dagster.builtin.agents.server import AgentFailure, Reply, TaskSession
+
+RESERVED_PARAMS = frozenset({"model", "messages", "system", "tools"})
+
+
+class AnthropicBrain:
+    def __init__(self, config: dict) -> None:
+        self.model = config.get("model")
+        self.base_url = config.get("base_url")
+        self.system_prompt = config.get("system_prompt") or ""
+        self.max_turns = int(config.get("max_turns", 20))
+        self.params = {"max_tokens": int(config.get("max_tokens", 4096)),
+                       **config.get("model_params", {})}
+
+    async def run(self, prompt: str, session: TaskSession) -> Reply:
+        api_key = os.environ.get("ANTHROPIC_API_KEY")
+        if not api_key:
+            raise AgentFailure(
+                "MissingAPIKey",
+                "ANTHROPIC_API_KEY is not set in the agent's environment; the anthropic "
+                "agent reads its key only from there",
+            )
+        import anthropic  # imported here: the replay agent never pays for it
+
+        settings = session.config
+        session.model = settings.get("model") or self.model or ""
+        if not session.model:
+            raise AgentFailure("NoModel", "no model in the agent config file or agent-config")
+        params = {**self.params, **settings.get("model_params", {})}
+        if RESERVED_PARAMS & params.keys():
+            raise AgentFailure("InvalidModelParams",
+                               f"model_params may not set {sorted(RESERVED_PARAMS & params.keys())}")
+        system = _system_prompt(settings.get("system_prompt") or self.system_prompt, session.skills)
+        if system:
+            params["system"] = system
+        if session.tools:
+            params["tools"] = [{"name": t.name, "description": t.description,
+                                "input_schema": t.input_schema} for t in session.tools]
+        max_turns = int(settings.get("max_turns") or self.max_turns)
+        client = anthropic.AsyncAnthropic(api_key=api_key, base_url=self.base_url, max_retries=2)
+        messages: list[dict] = [{"role": "user", "content": prompt}]
+        async with client:
+            for _ in range(max_turns):
+                response = await client.messages.create(
+                    model=session.model, messages=messages, **params
+                )
+                session.usage["input_tokens"] += response.usage.input_tokens
+                session.usage["output_tokens"] += response.usage.output_tokens
+                text = "".join(b.text for b in response.content if b.type == "text")
+                calls = [b for b in response.content if b.type == "tool_use"]
+                if response.stop_reason != "tool_use" or not calls:
+                    return Reply(text)
+                if text:
+                    session.record_message("assistant", text)
+                messages.append({"role": "assistant", "content": response.content})
+                results = []
+                for call in calls:
+                    outcome = await session.call_tool(call.name, call.input)
+                    results.append({"type": "tool_result", "tool_use_id": call.id,
+                                    "content": outcome.text, "is_error": outcome.is_error})
+                messages.append({"role": "user", "content": results})
+        raise AgentFailure("MaxTurnsExceeded", f"no final reply within max_turns={max_turns}")
+
+
+def _system_prompt(base: str, skills: list[dict]) -> str:
+    """Skills are offered to the model as sections appended to the system prompt."""
+    sections = [base] if base else []
+    sections += [f"# Skill: {s['name']}\n{s['description']}\n\n{s['skill_md']}" for s in skills]
+    return "\n\n".join(sections)

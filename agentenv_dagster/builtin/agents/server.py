@@ -1,0 +1,329 @@
+"""The A2A server every embedded agent shares; only its ``Brain`` differs.
+
+The server owns everything around the model loop: the agent card and the agentenv
+extensions (MCP registration, agent config, skills, trajectories), one MCP connection per
+registered env for the length of a task, the trajectory of each task, and turning the
+brain's outcome into a completed or failed A2A task whose status message carries the reply
+text and a data part (tool_call_count, usage, model, error_type/error_message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from a2a.helpers import new_data_part, new_task_from_user_message, new_text_part
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from agentenv_dagster.builtin.serving import serve
+from agentenv_dagster.runtime.a2a_client import (
+    AGENT_CONFIG_URI,
+    CARD_PATHS,
+    DEFAULT_ENDPOINTS,
+    MCP_CONFIG_URI,
+    SKILL_CONFIG_URI,
+    TRAJECTORY_URI,
+)
+from agentenv_dagster.runtime.sandbox import LocalSandbox
+
+# agent-config fields a client may set, with the JSON types they accept (null unsets).
+CONFIG_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "model": str, "system_prompt": str, "max_turns": int, "timeout_seconds": (int, float),
+    "task_id": str, "model_params": dict, "name": str, "description": str, "role": str,
+}
+PLACEHOLDER_URL = "http://127.0.0.1/"
+
+
+class AgentFailure(Exception):
+    """A brain gave up; ``error_type`` reaches the client in the reply's data part."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str  # mcp__<alias>__<tool>
+    description: str
+    input_schema: dict
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    text: str
+    is_error: bool
+    structured: Any = None
+
+
+class Brain(Protocol):
+    """What differs between agents: turn a prompt into a reply using the session's tools."""
+
+    async def run(self, prompt: str, session: TaskSession) -> Reply: ...
+
+
+class TaskSession:
+    """One task as a brain sees it: config, skills, sandbox, MCP tools, and the trajectory
+    (every tool call goes through here, so it is recorded and counted)."""
+
+    def __init__(self, config: dict, skills: list[dict], sandbox: LocalSandbox) -> None:
+        self.config = dict(config)
+        self.skills = list(skills)
+        self.sandbox = sandbox
+        self.tools: list[Tool] = []
+        self.events: list[dict] = []
+        self.tool_call_count = 0
+        self.model = ""
+        self.usage = {"input_tokens": 0, "output_tokens": 0}
+        self._routes: dict[str, tuple[Any, str]] = {}
+
+    async def connect(self, stack: AsyncExitStack, servers: list[dict]) -> None:
+        """Open every registered MCP server for the task's lifetime and list its tools."""
+        if not servers:
+            return
+        import mcp  # imported here: agents start faster without it
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
+        for server in servers:
+            target: Any = server["url"]
+            try:
+                if server.get("headers"):
+                    http = await stack.enter_async_context(
+                        create_mcp_http_client(headers=server["headers"])
+                    )
+                    target = streamable_http_client(server["url"], http_client=http)
+                client = await stack.enter_async_context(mcp.Client(target))
+                tools, cursor = [], None
+                while True:
+                    page = await client.list_tools(cursor=cursor)
+                    tools += page.tools
+                    if not (cursor := page.next_cursor):
+                        break
+            except Exception as exc:
+                raise AgentFailure(
+                    "MCPConnectionError",
+                    f"MCP server '{server['name']}' at {server['url']}: {exc}",
+                ) from exc
+            for tool in tools:
+                name = f"mcp__{server['name']}__{tool.name}"
+                self._routes[name] = (client, tool.name)
+                self.tools.append(Tool(name, tool.description or "", dict(tool.input_schema)))
+
+    async def call_tool(self, name: str, arguments: dict) -> ToolOutcome:
+        """Call a tool by its full name or, when unambiguous, its bare MCP name; an unknown
+        name is an error result (what a model should see), not an exception."""
+        full = name if name in self._routes else None
+        if full is None:
+            matches = [n for n in self._routes if n.endswith(f"__{name}")]
+            full = matches[0] if len(matches) == 1 else None
+        started, clock = datetime.now(timezone.utc), time.monotonic()
+        if full is None:
+            outcome = ToolOutcome(f"Unknown tool '{name}'; available: {sorted(self._routes)}", True)
+        else:
+            client, bare = self._routes[full]
+            result = await client.call_tool(bare, arguments)
+            text = "\n".join(getattr(block, "text", "") for block in result.content)
+            outcome = ToolOutcome(text, bool(result.is_error), result.structured_content)
+        self.tool_call_count += 1
+        self.record({
+            "type": "tool_call", "name": full or name, "arguments": arguments,
+            "started_at": started.isoformat(), "duration_seconds": time.monotonic() - clock,
+            "is_error": outcome.is_error, "result": outcome.text,
+        })
+        return outcome
+
+    def record(self, event: dict) -> None:
+        self.events.append(event)
+
+    def record_message(self, role: str, text: str) -> None:
+        self.record({"type": "message", "role": role, "text": text})
+
+
+class EmbeddedAgent(AgentExecutor):
+    """Runs tasks with a brain and serves the agentenv extensions around it."""
+
+    def __init__(self, brain: Brain, sandbox: LocalSandbox) -> None:
+        self.brain = brain
+        self.sandbox = sandbox
+        self.mcp_servers: list[dict] = []
+        self.config: dict[str, Any] = {}
+        self.skills: list[dict] = []
+        self.trajectories: dict[str, list[dict]] = {}
+        self.task_contexts: dict[str, str] = {}
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task = context.current_task or new_task_from_user_message(context.message)
+        await event_queue.enqueue_event(task)
+        updater = TaskUpdater(event_queue, task.id, task.context_id)
+        await updater.start_work()
+        session = TaskSession(self.config, self.skills, self.sandbox)
+        self.trajectories[task.id] = session.events
+        self.task_contexts[task.id] = task.context_id
+        prompt = context.get_user_input()
+        session.record_message("user", prompt)
+        try:
+            async with AsyncExitStack() as stack, asyncio.timeout(self.config.get("timeout_seconds")):
+                await session.connect(stack, self.mcp_servers)
+                reply = await self.brain.run(prompt, session)
+        except Exception as exc:  # any failure becomes a FAILED task the client can read
+            error_type = getattr(exc, "error_type", None) or (
+                "AgentTimeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+            )
+            message = str(exc) or repr(exc)
+            session.record({"type": "error", "error_type": error_type, "error_message": message})
+            data = {**_reply_data(session), "error_type": error_type, "error_message": message}
+            parts = [new_text_part(f"{error_type}: {message}"), new_data_part(data)]
+            await updater.failed(updater.new_agent_message(parts))
+            return
+        session.record_message("assistant", reply.text)
+        parts = [new_text_part(reply.text), new_data_part(_reply_data(session))]
+        await updater.complete(updater.new_agent_message(parts))
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        """Nothing to do: the SDK cancels ``execute`` (closing its MCP connections) and
+        records the CANCELED state itself."""
+
+    async def mcp_config(self, request: Request) -> JSONResponse:
+        if request.method == "GET":
+            listed = [{"name": s["name"], "url": s["url"]} for s in self.mcp_servers]
+            return JSONResponse({"mcp_servers": listed})
+        body = await _json_object(request)
+        if not isinstance(body.get("url"), str) or not body["url"].startswith(("http://", "https://")):
+            return _bad_request("'url' must be an http(s) URL")
+        alias = re.sub(r"[^A-Za-z0-9_-]", "_", body.get("name") or f"env{len(self.mcp_servers) + 1}")
+        entry = {"name": alias, "url": body["url"], "headers": dict(body.get("headers") or {})}
+        self.mcp_servers = [s for s in self.mcp_servers if s["name"] != alias] + [entry]
+        return JSONResponse({"name": alias, "url": entry["url"]})
+
+    async def agent_config(self, request: Request) -> JSONResponse:
+        if request.method == "POST":
+            body = await _json_object(request)
+            unknown = sorted(set(body) - set(CONFIG_FIELDS))
+            if unknown:
+                return _bad_request(f"unsupported agent-config fields: {unknown}")
+            for key, value in body.items():
+                if value is not None and not isinstance(value, CONFIG_FIELDS[key]):
+                    return _bad_request(f"agent-config field '{key}' has the wrong type")
+            for key, value in body.items():
+                if value is None:
+                    self.config.pop(key, None)
+                else:
+                    self.config[key] = value
+        return JSONResponse({"config": self.config})
+
+    async def skill_config(self, request: Request) -> JSONResponse:
+        if request.method == "POST":
+            body = await _json_object(request)
+            skill_md = body.get("skill_md") or body.get("content")
+            if not isinstance(body.get("name"), str) or not isinstance(skill_md, str):
+                return _bad_request("a skill needs 'name' and inline 'skill_md'")
+            skill = {"name": body["name"], "description": body.get("description") or "",
+                     "skill_md": skill_md}
+            self.skills = [s for s in self.skills if s["name"] != skill["name"]] + [skill]
+        return JSONResponse({"skills": self.skills})
+
+    async def trajectory(self, request: Request) -> JSONResponse:
+        """Events of one task, or of every task in a context (``{"context_id": ...}``)."""
+        body = await _json_object(request)
+        if body.get("task_id") in self.trajectories:
+            return JSONResponse({"trajectory": self.trajectories[body["task_id"]]})
+        tasks = [t for t, c in self.task_contexts.items() if c == body.get("context_id")]
+        if not tasks:
+            return JSONResponse({"error": f"no trajectory for {body}"}, status_code=404)
+        return JSONResponse({"trajectory": [e for t in tasks for e in self.trajectories[t]]})
+
+
+def _reply_data(session: TaskSession) -> dict:
+    return {"tool_call_count": session.tool_call_count, "usage": session.usage,
+            "model": session.model}
+
+
+async def _json_object(request: Request) -> dict:
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    return body if isinstance(body, dict) else {}
+
+
+def _bad_request(message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=400)
+
+
+def _extension(uri: str, description: str, methods: dict) -> AgentExtension:
+    extension = AgentExtension(uri=uri, description=description)
+    extension.params.update({"endpoint": DEFAULT_ENDPOINTS[uri], "methods": methods})
+    return extension
+
+
+def build_card(name: str, description: str) -> AgentCard:
+    """The card; ``run_agent`` replaces the placeholder URL once the port is known."""
+    extensions = [
+        _extension(MCP_CONFIG_URI, "Register MCP servers whose tools the agent may use", {
+            "add": {"method": "POST", "request": {"required": ["url"], "optional": ["headers", "name"]}},
+            "list": {"method": "GET"}}),
+        _extension(AGENT_CONFIG_URI, "Set the model, system prompt, limits and identity", {
+            "set": {"method": "POST", "request": {"supported": list(CONFIG_FIELDS)}},
+            "get": {"method": "GET"}}),
+        _extension(SKILL_CONFIG_URI, "Add inline skills", {
+            "add": {"method": "POST", "request": {"required": ["name", "skill_md"], "optional": ["description"]}},
+            "list": {"method": "GET"}}),
+        _extension(TRAJECTORY_URI, "Read the events of a task", {
+            "get": {"method": "POST", "request": {"optional": ["task_id", "context_id"]}}}),
+    ]
+    return AgentCard(
+        name=name, description=description, version="1.0.0",
+        supported_interfaces=[  # 0.3 too, so the card keeps the top-level ``url`` of 0.3
+            AgentInterface(url=PLACEHOLDER_URL, protocol_binding="JSONRPC", protocol_version=version)
+            for version in ("1.0", "0.3")
+        ],
+        capabilities=AgentCapabilities(streaming=False, extensions=extensions),
+        default_input_modes=["text/plain"], default_output_modes=["text/plain", "application/json"],
+        skills=[AgentSkill(id="task", name=name, description=description, tags=["agentenv"])],
+    )
+
+
+def build_app(agent: EmbeddedAgent, card: AgentCard) -> Starlette:
+    handler = DefaultRequestHandler(agent, task_store=InMemoryTaskStore(), agent_card=card)
+    routes = [r for path in CARD_PATHS for r in create_agent_card_routes(card, card_url=path)]
+    routes += create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True)
+    routes += [
+        Route(DEFAULT_ENDPOINTS[MCP_CONFIG_URI], agent.mcp_config, methods=["GET", "POST"]),
+        Route(DEFAULT_ENDPOINTS[AGENT_CONFIG_URI], agent.agent_config, methods=["GET", "POST"]),
+        Route(DEFAULT_ENDPOINTS[SKILL_CONFIG_URI], agent.skill_config, methods=["GET", "POST"]),
+        Route(DEFAULT_ENDPOINTS[TRAJECTORY_URI], agent.trajectory, methods=["POST"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def run_agent(brain: Brain, sandbox: LocalSandbox, name: str, description: str,
+              args: argparse.Namespace) -> None:
+    """Serve ``brain`` as an A2A agent until SIGTERM or the TTL."""
+    card = build_card(name, description)
+
+    def on_ready(url: str) -> None:
+        for interface in card.supported_interfaces:
+            interface.url = url + "/"
+
+    serve(build_app(EmbeddedAgent(brain, sandbox), card), args, on_ready=on_ready)

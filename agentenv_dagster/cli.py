@@ -1,0 +1,163 @@
+"""``agentenv-dagster``: validate task documents, run them through Dagster, version them.
+
+Exit codes: 0 success, 1 the run failed (or a document is invalid, for ``validate``),
+2 bad input (unreadable or invalid task for ``run``, bad options).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .compiler import compile_paths, discover, load_plan, step_registry
+from .config import AgentEnvConfig, ConfigError, load_config
+from .errors import SpecError, TaskLoadError
+from .plan import TaskPlan
+from .spec.store import TaskStore
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+@click.group()
+def main() -> None:
+    """Compile agent-env task documents into Dagster jobs and run them."""
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+def validate(paths: tuple[Path, ...]) -> None:
+    """Exit 0 when every document under PATHS is valid; else one line per problem."""
+    config = _config()
+    files = [f for p in paths for f in (discover(p) if p.is_dir() else [p])]
+    report = compile_paths(files, config)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for error in report.errors:
+        click.echo(str(error))
+    if not report.errors:
+        click.echo(f"{len(report.plans)} task document(s) valid")
+    sys.exit(EXIT_FAILED if report.errors else EXIT_OK)
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--output-dir", type=click.Path(path_type=Path), help="where context.json is written")
+@click.option("-D", "defines", multiple=True, metavar="KEY=VALUE",
+              help="set a value in the initial context, e.g. -D metadata.seed.name=acme")
+def run(path: Path, output_dir: Path | None, defines: tuple[str, ...]) -> None:
+    """Compile PATH and execute it through Dagster; write the final redacted context."""
+    config = _config()
+    plan = _load_or_exit(lambda: load_plan(path, config))
+    initial = _defines_to_context(defines)
+    sys.exit(_execute(plan, config, output_dir, initial))
+
+
+@main.group()
+def task() -> None:
+    """The versioned task store: create versions, run (a slice of) one."""
+
+
+@task.command("create")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--id", "task_id", required=True, help="the task id to store under")
+def task_create(file: Path, task_id: str) -> None:
+    """Validate FILE and store it as a new version of task ID (never overwrites)."""
+    config = _config()
+    plan = _load_or_exit(lambda: load_plan(file, config))
+    version = TaskStore(config.state_dir / "tasks").put(task_id, plan.document)
+    click.echo(f"Created task '{task_id}' version {version}")
+
+
+@task.command("run")
+@click.option("--id", "task_id", required=True)
+@click.option("--version", type=int, default=None, help="default: the latest")
+@click.option("--start-step", type=int, default=0, help="0-based; earlier steps count as done")
+@click.option("--end-step", type=int, default=None, help="exclusive")
+@click.option("--context", "context_file", type=click.Path(exists=True, path_type=Path),
+              help="a saved context.json to start from (re-grading without redeploying)")
+@click.option("--output-dir", type=click.Path(path_type=Path))
+def task_run(task_id: str, version: int | None, start_step: int, end_step: int | None,
+             context_file: Path | None, output_dir: Path | None) -> None:
+    """Run a stored task, or the slice [start-step, end-step) of it, through Dagster."""
+    config = _config()
+    store = TaskStore(config.state_dir / "tasks")
+    initial = json.loads(context_file.read_text()) if context_file else {}
+
+    def load() -> TaskPlan:
+        plan = TaskPlan(store.get(task_id, version, step_registry(config)))
+        if start_step or end_step is not None:
+            plan = plan.slice(start_step, end_step, given_names=context_names(initial))
+        errors = plan.join_errors()
+        if errors:
+            raise TaskLoadError(errors)
+        return plan
+
+    plan = _load_or_exit(load)
+    sys.exit(_execute(plan, config, output_dir, initial))
+
+
+def context_names(data: dict[str, Any]) -> set[tuple[str, str]]:
+    """The names a saved context already provides to a sliced run."""
+    names = {("env", e.get("env_id")) for e in data.get("deployed_envs") or []}
+    names |= {("agent", a.get("agent_name")) for a in data.get("deployed_agents") or []}
+    names |= {("sandbox", s.get("sandbox_name")) for s in data.get("deployed_sandboxes") or []}
+    names |= {("prompt", p.get("prompt_id")) for p in data.get("prompt_responses") or []}
+    metadata = data.get("metadata") or {}
+    names |= {("verification", v) for v in metadata.get("verifications") or {}}
+    names |= {("producer", s) for s in metadata.get("collected_artifacts") or {}}
+    return names
+
+
+def _execute(plan: TaskPlan, config: AgentEnvConfig, output_dir: Path | None, initial: dict) -> int:
+    from .orchestration.execute import execute_plan  # Dagster only when running
+
+    result = execute_plan(plan, config, initial_context=initial, output_dir=output_dir)
+    click.echo(result.summary())
+    return EXIT_OK if result.success else EXIT_FAILED
+
+
+def _config() -> AgentEnvConfig:
+    try:
+        return load_config()
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _load_or_exit(load):
+    try:
+        return load()
+    except TaskLoadError as exc:
+        for error in exc.errors:
+            click.echo(str(error), err=True)
+    except (SpecError, LookupError) as exc:
+        click.echo(f"error: {exc}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
+
+
+def _defines_to_context(defines: tuple[str, ...]) -> dict[str, Any]:
+    context: dict[str, Any] = {}
+    for define in defines:
+        key, sep, raw = define.partition("=")
+        if not sep or not key:
+            click.echo(f"error: -D expects KEY=VALUE, got {define!r}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        target = context
+        *parents, leaf = key.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+        target[leaf] = value
+    return context
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,102 @@
+"""Load, validate, plan: from task files to checked :class:`TaskPlan` objects.
+
+A bad file never stops the others (dag-factory's per-file isolation); callers decide whether
+a problem is fatal (strict: ``validate``, CI) or skipped and reported (the code location).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import AgentEnvConfig
+from .errors import SpecError, TaskLoadError
+from .naming import job_name, node_name
+from .plan import TaskPlan
+from .spec.loader import load_task_file
+from .steps import BUILTIN_STEPS, StepRegistry
+
+TASK_SUFFIXES = (".json",)
+
+
+def step_registry(config: AgentEnvConfig) -> StepRegistry:
+    return BUILTIN_STEPS.with_impls(config.task_steps.impls)
+
+
+def load_plan(path: str | Path, config: AgentEnvConfig, registry: StepRegistry | None = None) -> TaskPlan:
+    """One checked plan, or :class:`TaskLoadError` with every problem of the file."""
+    document = load_task_file(path, registry or step_registry(config))
+    plan = TaskPlan(document)
+    errors = plan.join_errors()
+    if errors:
+        raise TaskLoadError(errors)
+    return plan
+
+
+def discover(tasks_dir: str | Path) -> list[Path]:
+    folder = Path(tasks_dir)
+    return sorted(p for p in folder.rglob("*") if p.suffix in TASK_SUFFIXES and p.is_file())
+
+
+@dataclass
+class CompileReport:
+    plans: list[TaskPlan] = field(default_factory=list)
+    errors: list[SpecError] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def compile_paths(paths: list[Path], config: AgentEnvConfig) -> CompileReport:
+    """Every file compiled independently; duplicate job names are errors of the later file."""
+    registry = step_registry(config)
+    report = CompileReport()
+    seen: dict[str, str] = {}
+    for path in paths:
+        try:
+            plan = load_plan(path, config, registry)
+        except TaskLoadError as exc:
+            report.errors.extend(exc.errors)
+            continue
+        name = job_name(plan.task_id)
+        if name in seen:
+            report.errors.append(SpecError(
+                f"task '{plan.task_id}' compiles to job '{name}', already used by {seen[name]}",
+                file=str(path),
+            ))
+            continue
+        clashes = _node_name_clashes(plan)
+        if clashes:
+            report.errors.extend(clashes)
+            continue
+        seen[name] = str(path)
+        report.plans.append(plan)
+        report.warnings.extend(_registry_warnings(plan, config))
+    return report
+
+
+def _registry_warnings(plan: TaskPlan, config: AgentEnvConfig) -> list[str]:
+    """Ids the local registry does not know: a run here would fail, production may differ."""
+    warnings = []
+    for step in plan.steps:
+        env_id = getattr(step, "env_id", None) if step.type == "deploy_env" else None
+        if env_id and config.env_entry(env_id) is None:
+            warnings.append(f"{plan.document.source}: step '{step.id}': env '{env_id}' is not in the local registry")
+        agent_id = getattr(step, "a2a_agent_id", None) if step.type == "deploy_agent" else None
+        if agent_id and config.agent_entry(agent_id) is None:
+            warnings.append(
+                f"{plan.document.source}: step '{step.id}': agent '{agent_id}' is not in the local registry"
+            )
+    return warnings
+
+
+def _node_name_clashes(plan: TaskPlan) -> list[SpecError]:
+    nodes: dict[str, str] = {}
+    errors = []
+    for step in plan.steps:
+        name = node_name(step.id)
+        if name in nodes:
+            errors.append(SpecError(
+                f"step id '{step.id}' and step id '{nodes[name]}' both become op '{name}'",
+                file=plan.document.source, step_id=step.id, field="id",
+            ))
+        nodes[name] = step.id
+    return errors

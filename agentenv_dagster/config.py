@@ -1,0 +1,150 @@
+"""``.agentenv/config.toml``: model, registries of envs and agents, stores, custom steps.
+
+Found by walking up from the working directory (or ``AGENT_ENV_CONFIG``); every setting has
+a working local default, so a fresh checkout runs offline with no file at all. Secrets are
+references (``env:NAME``) resolved when used, never stored in a context.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+CONFIG_RELPATH = Path(".agentenv") / "config.toml"
+DEFAULT_JUDGE_MODEL = "claude-sonnet-4-6"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Section):
+    base_url: str | None = None
+    api_key: str | None = "env:ANTHROPIC_API_KEY"
+    default: str = DEFAULT_JUDGE_MODEL
+    params: dict[str, Any] = Field(default_factory=dict)
+    roles: dict[str, str] = Field(default_factory=dict)
+
+    def for_role(self, role: str) -> str:
+        return self.roles.get(role) or self.default
+
+    def resolved_api_key(self) -> str | None:
+        return resolve_reference(self.api_key)
+
+    def resolved_base_url(self) -> str | None:
+        return resolve_reference(self.base_url) or os.environ.get("ANTHROPIC_BASE_URL") or None
+
+
+class EnvEntry(_Section):
+    """A registered env: a built-in kind served locally, or a live endpoint (``mcp_url``)."""
+
+    kind: str | None = None
+    version: str = "1"
+    mcp_url: str | None = None
+
+
+class AgentEntry(_Section):
+    kind: Literal["replay", "anthropic"]
+    script: str | None = None          # replay: a JSON file of episodes (relative to the config root)
+    episodes: list[dict[str, Any]] | None = None  # replay: inline episodes
+    delay_seconds: float = 0.0
+    model: str | None = None
+    max_turns: int = 20
+    description: str | None = None
+
+
+class AgentsConfig(_Section):
+    default_a2a_agent_id: str = "a2a-default"
+    judge_a2a_agent_id: str = "a2a-default"
+    registry: dict[str, AgentEntry] = Field(default_factory=dict)
+
+
+class EnvsConfig(_Section):
+    registry: dict[str, EnvEntry] = Field(default_factory=dict)
+
+
+class StoresConfig(_Section):
+    state_dir: str = ".agentenv/state"
+    artifact_dirs: list[str] = Field(default_factory=lambda: ["artifacts"])
+
+
+class TaskStepsConfig(_Section):
+    impls: list[str] = Field(default_factory=list)
+
+
+BUILTIN_ENVS = {"email": EnvEntry(kind="email"), "item-store": EnvEntry(kind="item-store")}
+BUILTIN_AGENTS = {
+    "replay": AgentEntry(kind="replay"),
+    "anthropic": AgentEntry(kind="anthropic"),
+    "a2a-default": AgentEntry(kind="anthropic"),
+}
+
+
+class AgentEnvConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    agents: AgentsConfig = Field(default_factory=AgentsConfig)
+    envs: EnvsConfig = Field(default_factory=EnvsConfig)
+    stores: StoresConfig = Field(default_factory=StoresConfig)
+    task_steps: TaskStepsConfig = Field(default_factory=TaskStepsConfig)
+    root: Path = Field(default_factory=Path.cwd, exclude=True)
+
+    def env_entry(self, env_id: str) -> EnvEntry | None:
+        return self.envs.registry.get(env_id) or BUILTIN_ENVS.get(env_id)
+
+    def agent_entry(self, agent_id: str) -> AgentEntry | None:
+        return self.agents.registry.get(agent_id) or BUILTIN_AGENTS.get(agent_id)
+
+    def path(self, relative: str | Path) -> Path:
+        return (self.root / relative).resolve()
+
+    @property
+    def state_dir(self) -> Path:
+        return self.path(self.stores.state_dir)
+
+
+def resolve_reference(value: str | None) -> str | None:
+    """``env:NAME`` (with ``?default``) reads the environment; other strings are literal."""
+    if value is None or not value.startswith("env:"):
+        return value
+    name, _, default = value[4:].partition("?")
+    return os.environ.get(name) or default or None
+
+
+def find_config_file(start: Path | None = None) -> Path | None:
+    explicit = os.environ.get("AGENT_ENV_CONFIG")
+    if explicit:
+        if not Path(explicit).is_file():
+            raise ConfigError(f"AGENT_ENV_CONFIG='{explicit}' does not point to an existing file")
+        return Path(explicit)
+    here = (start or Path.cwd()).resolve()
+    for folder in [here, *here.parents]:
+        if (folder / CONFIG_RELPATH).is_file():
+            return folder / CONFIG_RELPATH
+    return None
+
+
+def load_config(start: Path | None = None, path: Path | None = None) -> AgentEnvConfig:
+    """The config in force for ``start`` (a folder), or the built-in defaults."""
+    path = path or find_config_file(start)
+    if path is None:
+        return AgentEnvConfig(root=(start or Path.cwd()).resolve())
+    root = path.resolve().parent.parent if path.parent.name == ".agentenv" else path.resolve().parent
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    try:
+        return AgentEnvConfig.model_validate({**data, "root": root})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"{path}: {problems}") from exc

@@ -1,0 +1,146 @@
+"""build_definitions: a folder of task documents -> a Dagster code location.
+
+Staged like kedro-dagster: compile the files, then plans -> jobs, plans -> asset specs and
+checks, config -> resources. A file that does not compile becomes a placeholder job that
+explains the problem (lenient, the default) or stops the load (``strict=True``, for CI).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import dagster as dg
+
+from ..compiler import compile_paths, discover
+from ..config import load_config
+from ..errors import SpecError, TaskLoadError
+from ..naming import job_name
+from ..plan import TaskPlan
+from .io_manager import TaskContextIOManager
+from .ops import IO_MANAGER_KEY, RESOURCE_KEY, TEARDOWN_OP, step_op, teardown_op
+from .resources import AgentEnvResource
+from .translator import TaskTranslator
+
+log = logging.getLogger("agentenv_dagster")
+FORKSERVER_EXECUTOR = dg.multiprocess_executor.configured(
+    {"start_method": {"forkserver": {}}}, name="multiprocess_forkserver"
+)
+
+
+def build_job(plan: TaskPlan, translator: TaskTranslator | None = None) -> dg.JobDefinition:
+    """One job per task: a node per step (aliases of the shared per-type ops), the
+    ``depends_on`` edges, a final teardown node, the step fields as default op config."""
+    translator = translator or TaskTranslator()
+    deps: dict[dg.NodeInvocation, dict] = {}
+    node_defs = {}
+    run_config: dict[str, dict] = {}
+    for step in plan.steps:
+        op_def = step_op(step.type)
+        node_defs[op_def.name] = op_def
+        alias = translator.get_node_name(step)
+        invocation = dg.NodeInvocation(
+            op_def.name, alias=alias, tags=translator.get_op_tags(step),
+            retry_policy=translator.get_retry_policy(step),
+        )
+        upstream = [translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id]]
+        deps[invocation] = _fan_in(upstream)
+        run_config[alias] = {"config": {"step": step.model_dump(mode="json", exclude_none=True, by_alias=True)}}
+    teardown = teardown_op()
+    node_defs[teardown.name] = teardown
+    sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
+    deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP)] = _fan_in(sinks)
+    graph = dg.GraphDefinition(
+        name=translator.get_job_name(plan), node_defs=list(node_defs.values()), dependencies=deps,
+        description=translator.get_job_description(plan),
+    )
+    return graph.to_job(
+        config={"ops": run_config}, tags=translator.get_job_tags(plan), executor_def=FORKSERVER_EXECUTOR,
+    )
+
+
+def _fan_in(upstream: list[str]) -> dict:
+    if not upstream:
+        return {}
+    return {"upstream": dg.MultiDependencyDefinition([dg.DependencyDefinition(u, "result") for u in upstream])}
+
+
+def build_definitions(
+    tasks_dir: str | Path,
+    *,
+    project_dir: str | Path | None = None,
+    translator: TaskTranslator | None = None,
+    strict: bool = False,
+) -> dg.Definitions:
+    """The code location of every task document under ``tasks_dir``."""
+    tasks_dir = Path(tasks_dir).resolve()
+    project_dir = Path(project_dir).resolve() if project_dir else tasks_dir.parent
+    translator = translator or TaskTranslator()
+    config = load_config(project_dir)
+    report = compile_paths(discover(tasks_dir), config)
+    if report.errors and strict:
+        raise TaskLoadError(report.errors)
+    for problem in [*map(str, report.errors), *report.warnings]:
+        log.warning(problem)
+
+    jobs = [build_job(plan, translator) for plan in report.plans]
+    jobs += _broken_task_jobs(report.errors, {j.name for j in jobs})
+    specs = translator.get_loaded_artifact_specs(report.plans)
+    check_specs = []
+    for plan in report.plans:
+        specs += translator.get_asset_specs(plan)
+        check_specs += translator.get_check_specs(plan)
+    runs_dir = config.state_dir / "runs"
+    return dg.Definitions(
+        jobs=jobs,
+        assets=specs,
+        asset_checks=[verification_checks(check_specs)] if check_specs else [],
+        resources={
+            RESOURCE_KEY: AgentEnvResource(project_dir=str(project_dir)),
+            IO_MANAGER_KEY: TaskContextIOManager(base_dir=str(runs_dir)),
+        },
+    )
+
+
+def verification_checks(check_specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
+    """Declares every verification's pass/fail check (the jobs report them as they run);
+    run on its own it re-reads the latest materialization's ``passed`` metadata."""
+
+    @dg.multi_asset_check(specs=check_specs, can_subset=True, name="verification_checks")
+    def _checks(context):
+        for check_key in context.selected_asset_check_keys:
+            event = context.instance.get_latest_materialization_event(check_key.asset_key)
+            metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
+            passed = metadata.get("passed")
+            value = getattr(passed, "value", passed)
+            yield dg.AssetCheckResult(
+                asset_key=check_key.asset_key, check_name=check_key.name, passed=bool(value),
+                severity=dg.AssetCheckSeverity.WARN if value is None else dg.AssetCheckSeverity.ERROR,
+                metadata={"from_run": event.run_id if event else "never materialized"},
+            )
+
+    return _checks
+
+
+def _broken_task_jobs(errors: list[SpecError], taken: set[str]) -> list[dg.JobDefinition]:
+    """A placeholder job per broken file, so the UI lists it with its problems."""
+    by_file: dict[str, list[str]] = {}
+    for error in errors:
+        by_file.setdefault(error.file or "?", []).append(str(error))
+    jobs = []
+    for file, problems in by_file.items():
+        name = f"{job_name(Path(file).stem)}__invalid"
+        if name in taken:
+            continue
+        text = "\n".join(problems)
+
+        @dg.op(name=f"{name}_explain")
+        def _explain(context, _text: str = text) -> None:
+            raise dg.Failure(description=f"This task file does not compile:\n{_text}")
+
+        jobs.append(dg.JobDefinition(
+            graph_def=dg.GraphDefinition(name=name, node_defs=[_explain]),
+            description=f"INVALID task file `{file}`:\n\n" + "\n".join(f"- {p}" for p in problems),
+            tags={"agentenv/invalid": "true"},
+        ))
+    return jobs

@@ -1,0 +1,184 @@
+"""One op definition per step type, reused by every task through node aliases.
+
+The op merges its ancestors' contexts, runs the step, reports what the step wrote as asset
+events (verification scores, collected files, loaded artifacts) and hands the context on.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Iterator
+
+import dagster as dg
+
+from ..context import TaskStepContext
+from ..naming import node_name
+from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
+from ..steps.execution import StepFailed
+from ..steps.scoring import verification_passed
+from .io_manager import context_folder, write_context
+from .resources import AgentEnvResource
+from .translator import PASSED_CHECK, TAG_TASK_ID, TaskTranslator
+
+IO_MANAGER_KEY = "task_context_io_manager"
+RESOURCE_KEY = "agentenv"
+TEARDOWN_OP = "teardown_run"
+
+
+def _ins() -> dict[str, dg.In]:
+    return {"upstream": dg.In(list[Any], default_value=[], description="ancestor contexts")}
+
+
+@lru_cache(maxsize=None)
+def step_op(step_type: str) -> dg.OpDefinition:
+    """The op of one step type; ``config.step`` holds the step's fields (launchpad-editable)."""
+
+    @dg.op(
+        name=_op_name(step_type),
+        ins=_ins(),
+        out=dg.Out(io_manager_key=IO_MANAGER_KEY),
+        config_schema={"step": dg.Field(dg.Permissive(), description="the step's fields")},
+        required_resource_keys={RESOURCE_KEY},
+        tags={"agentenv/step_type": step_type},
+        description=f"Runs an agent-env `{step_type}` step.",
+    )
+    def _step(context, upstream):
+        yield from run_step_op(context, step_type, upstream)
+
+    return _step
+
+
+def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[dict]) -> Iterator[Any]:
+    resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
+    run_id = context.run_id
+    task_id = context.run.tags.get(TAG_TASK_ID) or context.job_name
+    step = resource.parse_step(step_type, context.op_config["step"])
+    if upstream:
+        ctx = TaskStepContext.merge(TaskStepContext.from_dict(u) for u in upstream)
+    else:
+        ctx = resource.initial_context(run_id, task_id)
+    try:
+        outcome = resource.execute(step, ctx, run_id, task_id, context.log)
+    except StepFailed as failed:
+        # Keep the failed step's context (its failed_steps record, a partial PromptResponse)
+        # for the final context, end what the run deployed, then fail the op.
+        write_context(context_folder(resource.runs_dir, run_id) / f"{context.op_handle}.failed.json", ctx.to_dict())
+        torn_down = resource.teardown(run_id)
+        raise dg.Failure(
+            description=str(failed),
+            metadata={"error_type": failed.record["error_type"], "torn_down": torn_down},
+        ) from None
+    if outcome.failure:
+        context.log.warning(
+            f"step '{step.id}' failed (tolerated, fail_task_on_error=false): {outcome.failure['error']}"
+        )
+    yield from asset_events(TaskTranslator(), task_id, outcome.step, ctx)
+    yield dg.Output(ctx.to_dict(), metadata={"duration_seconds": round(outcome.duration_seconds, 3)})
+
+
+@lru_cache(maxsize=None)
+def teardown_op() -> dg.OpDefinition:
+    @dg.op(
+        name=TEARDOWN_OP, ins=_ins(), out=dg.Out(io_manager_key=IO_MANAGER_KEY),
+        required_resource_keys={RESOURCE_KEY},
+        description="Ends every env and agent the run deployed; its output is the final context.",
+    )
+    def _teardown(context, upstream):
+        resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
+        torn_down = resource.teardown(context.run_id)
+        final = TaskStepContext.merge(TaskStepContext.from_dict(u) for u in upstream)
+        return dg.Output(final.to_dict(), metadata={"torn_down": torn_down})
+
+    return _teardown
+
+
+def asset_events(
+    translator: TaskTranslator, task_id: str, step: TaskStep, ctx: TaskStepContext
+) -> Iterator[Any]:
+    """Materializations (and checks) for what the step wrote; observations of what it read."""
+    for name in step.names_read():
+        if name.kind == ARTIFACT:
+            loaded = _loaded_version(ctx, step.id, name.name)
+            metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
+            yield dg.AssetObservation(
+                asset_key=translator.get_loaded_artifact_asset_key(name.name), metadata=metadata
+            )
+    for kind, name, key in translator.produced_asset_keys(task_id, step):
+        if kind == VERIFICATION:
+            entry = (ctx.metadata.get("verifications") or {}).get(name)
+            if entry is not None:
+                yield dg.AssetMaterialization(asset_key=key, metadata=verification_metadata(entry))
+                yield _check_evaluation(key, entry)
+        elif kind == PRODUCER:
+            entry = (ctx.metadata.get("collected_artifacts") or {}).get(name)
+            if entry is not None:
+                yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry))
+
+
+def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
+    rows = entry.get("results") or []
+    metadata: dict[str, Any] = {
+        "passed": verification_passed(entry),
+        "graded": entry.get("graded", True),
+        "format": entry.get("format") or "rows",
+        "criteria": dg.MetadataValue.table(
+            records=[
+                dg.TableRecord({
+                    "id": str(row.get("id", row.get("criterion_index", i))),
+                    "result": str(row.get("result")),
+                    "score": float(row.get("score") or 0.0),
+                    "weight": float(row.get("weight", 1) or 0),
+                    "justification": str(row.get("justification") or row.get("message") or "")[:500],
+                })
+                for i, row in enumerate(rows)
+            ],
+            schema=dg.TableSchema(columns=[
+                dg.TableColumn("id", "string"), dg.TableColumn("result", "string"),
+                dg.TableColumn("score", "float"), dg.TableColumn("weight", "float"),
+                dg.TableColumn("justification", "string"),
+            ]),
+        ),
+    }
+    if entry.get("score") is not None:
+        metadata["score"] = dg.MetadataValue.float(float(entry["score"]))
+    if entry.get("reason"):
+        metadata["reason"] = entry["reason"]
+    judge = entry.get("judge") or {}
+    if judge.get("model"):
+        metadata["judge_model"] = judge["model"]
+    return metadata
+
+
+def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
+    artifacts = entry.get("artifacts") or {}
+    metadata: dict[str, Any] = {
+        "file_count": len(artifacts),
+        "files": dg.MetadataValue.json(artifacts),
+    }
+    universe = entry.get("file_artifact_universe")
+    if universe:
+        metadata["universe_id"] = universe["id"]
+        metadata["universe_version"] = universe["version"]
+    return metadata
+
+
+def _check_evaluation(key: dg.AssetKey, entry: dict[str, Any]) -> dg.AssetCheckEvaluation:
+    passed = verification_passed(entry)
+    metadata = {"score": entry["score"]} if entry.get("score") is not None else {"reason": entry.get("reason", "")}
+    return dg.AssetCheckEvaluation(
+        asset_key=key, check_name=PASSED_CHECK, passed=bool(passed),
+        severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
+        metadata=metadata,
+    )
+
+
+def _loaded_version(ctx: TaskStepContext, step_id: str, artifact_id: str) -> int | None:
+    for key in ("loaded_environment_artifacts", "loaded_file_artifact_universes"):
+        for entry in ctx.metadata.get(key) or []:
+            if entry.get("id") == artifact_id and entry.get("step_id", step_id) == step_id:
+                return entry.get("version")
+    return None
+
+
+def _op_name(step_type: str) -> str:
+    return node_name(step_type)

@@ -1,0 +1,104 @@
+"""TaskTranslator: every naming and mapping decision from a task plan to Dagster specs.
+
+Like dagster-dbt's translator, users subclass it and override a small ``get_*`` method
+instead of forking the compiler.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from ..naming import job_name, node_name
+from ..plan import TaskPlan
+from ..steps.base import PRODUCER, SELF, VERIFICATION, TaskStep
+
+TAG_TASK_ID = "agentenv/task_id"
+TAG_TASK_VERSION = "agentenv/task_version"
+TAG_CONTENT_HASH = "agentenv/content_hash"
+TAG_SOURCE = "agentenv/source"
+PASSED_CHECK = "passed"
+
+
+class TaskTranslator:
+    def get_job_name(self, plan: TaskPlan) -> str:
+        return job_name(plan.task_id)
+
+    def get_node_name(self, step: TaskStep) -> str:
+        return node_name(step.id)
+
+    def get_job_tags(self, plan: TaskPlan) -> dict[str, str]:
+        return {
+            TAG_TASK_ID: plan.task_id,
+            TAG_TASK_VERSION: str(plan.document.version or "unversioned"),
+            TAG_CONTENT_HASH: plan.document.content_hash,
+        }
+
+    def get_job_description(self, plan: TaskPlan) -> str:
+        return f"agent-env task `{plan.task_id}` from `{plan.document.source}` ({len(plan.steps)} steps)"
+
+    def get_op_tags(self, step: TaskStep) -> dict[str, str]:
+        return {"agentenv/step_type": step.type}
+
+    def get_retry_policy(self, step: TaskStep) -> dg.RetryPolicy | None:
+        """``retry_config`` naming the step itself retries the op in place."""
+        config = step.retry_config
+        if config and config.retry_from_step_id == step.id and config.max_retries > 0:
+            return dg.RetryPolicy(max_retries=config.max_retries)
+        return None
+
+    def get_group_name(self, plan: TaskPlan) -> str:
+        return job_name(plan.task_id)
+
+    # -- assets ----------------------------------------------------------------------------
+    def get_verification_asset_key(self, task_id: str, verifier_id: str) -> dg.AssetKey:
+        return dg.AssetKey(["verifications", task_id, verifier_id])
+
+    def get_collection_asset_key(self, task_id: str, step_id: str) -> dg.AssetKey:
+        return dg.AssetKey(["artifacts", task_id, step_id])
+
+    def get_loaded_artifact_asset_key(self, artifact_id: str) -> dg.AssetKey:
+        return dg.AssetKey(["artifacts", artifact_id])
+
+    def produced_asset_keys(self, task_id: str, step: TaskStep) -> list[tuple[str, str, dg.AssetKey]]:
+        """(kind, name, key) of the assets a step materializes, from its declared writes."""
+        keys = []
+        for name in step.names_written():
+            if name.kind == VERIFICATION:
+                keys.append((VERIFICATION, name.name, self.get_verification_asset_key(task_id, name.name)))
+            elif name.kind == PRODUCER and name.field == SELF:
+                keys.append((PRODUCER, step.id, self.get_collection_asset_key(task_id, step.id)))
+        return keys
+
+    def get_asset_specs(self, plan: TaskPlan) -> list[dg.AssetSpec]:
+        specs = []
+        for step in plan.steps:
+            deps = [self.get_loaded_artifact_asset_key(a) for a in plan.artifact_lineage(step.id)]
+            for kind, _, key in self.produced_asset_keys(plan.task_id, step):
+                what = "verification" if kind == VERIFICATION else "collected artifacts"
+                specs.append(dg.AssetSpec(
+                    key=key, deps=deps, group_name=self.get_group_name(plan),
+                    description=f"The {what} of step `{step.id}` ({step.type}) of task `{plan.task_id}`.",
+                    kinds={"agentenv"}, tags={TAG_TASK_ID.replace("/", "_"): job_name(plan.task_id)},
+                    metadata={"step_id": step.id, "task_source": plan.document.source},
+                ))
+        return specs
+
+    def get_loaded_artifact_specs(self, plans: list[TaskPlan]) -> list[dg.AssetSpec]:
+        artifact_ids = sorted({a for p in plans for s in p.steps for a in p.artifact_lineage(s.id)})
+        return [
+            dg.AssetSpec(key=self.get_loaded_artifact_asset_key(a), group_name="artifacts",
+                         description=f"Stored artifact `{a}` (versioned in the artifact store).")
+            for a in artifact_ids
+        ]
+
+    def get_check_specs(self, plan: TaskPlan) -> list[dg.AssetCheckSpec]:
+        return [
+            dg.AssetCheckSpec(
+                name=PASSED_CHECK, asset=key,
+                description="Passes when the verification scored 1.0 (its pass threshold); "
+                "a verification that was not graded fails with severity WARN.",
+            )
+            for step in plan.steps
+            for kind, _, key in self.produced_asset_keys(plan.task_id, step)
+            if kind == VERIFICATION
+        ]

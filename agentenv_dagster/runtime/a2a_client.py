@@ -1,0 +1,210 @@
+"""Talk to a deployed A2A agent: read its card, call its extensions, send a prompt and wait.
+
+Raw JSON-RPC over one shared ``httpx.AsyncClient`` (A2A spec 1.0 wire, as a2a-sdk 1.3 serves
+it): ``SendMessage`` with ``returnImmediately`` and ``GetTask`` polling, so one slow agent
+never holds a connection open for minutes. The agentenv extension URIs live here too, as the
+one definition shared by this client and the embedded agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+MCP_CONFIG_URI = "urn:agentenv:mcp-config/v1"
+AGENT_CONFIG_URI = "urn:agentenv:agent-config/v1"
+SKILL_CONFIG_URI = "urn:agentenv:skill-config/v1"
+TRAJECTORY_URI = "urn:agentenv:trajectory/v1"
+
+DEFAULT_ENDPOINTS = {
+    MCP_CONFIG_URI: "/ext/mcp-config",
+    AGENT_CONFIG_URI: "/ext/agent-config",
+    SKILL_CONFIG_URI: "/ext/skill-config",
+    TRAJECTORY_URI: "/ext/trajectory",
+}
+
+CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
+TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected"})
+_HEADERS = {"A2A-Version": "1.0"}
+
+
+class A2AError(RuntimeError):
+    """An agent answered with an HTTP error or a JSON-RPC error."""
+
+
+@dataclass(frozen=True)
+class A2AReply:
+    """The end of one prompt: state is the lower-case A2A state (``completed``, ``failed`` …)."""
+
+    task_id: str
+    context_id: str
+    state: str
+    text: str
+    data: dict[str, Any]
+
+
+class A2AClient:
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self._http = http
+
+    async def get_card(self, url: str) -> dict:
+        """The agent card; agents that predate ``agent-card.json`` serve ``agent.json``."""
+        for path in CARD_PATHS:
+            response = await self._http.get(_join(url, path))
+            if response.status_code != 404:
+                break
+        _raise_for_status("GET", response)
+        return response.json()
+
+    @staticmethod
+    def extension_endpoint(card: dict, uri: str) -> str | None:
+        """The endpoint the card declares for ``uri`` (``config`` is an accepted alias of
+        ``params``); the standard default when it names none; None when not advertised."""
+        for extension in card.get("capabilities", {}).get("extensions", []):
+            if extension.get("uri") == uri:
+                params = extension.get("params") or extension.get("config") or {}
+                return params.get("endpoint") or DEFAULT_ENDPOINTS.get(uri)
+        return None
+
+    async def post_extension(self, url: str, card: dict, uri: str, body: dict) -> dict:
+        return await self._extension_request("POST", url, card, uri, body)
+
+    async def get_extension(self, url: str, card: dict, uri: str) -> dict:
+        return await self._extension_request("GET", url, card, uri, None)
+
+    async def get_trajectory(self, url: str, card: dict, task_id: str) -> Any:
+        """The agent-defined trajectory of one task; None when the card has no trajectory
+        extension (callers treat a missing trajectory as non-fatal)."""
+        if self.extension_endpoint(card, TRAJECTORY_URI) is None:
+            return None
+        reply = await self.post_extension(url, card, TRAJECTORY_URI, {"task_id": task_id})
+        return reply.get("trajectory")
+
+    async def send_and_wait(
+        self,
+        url: str,
+        text: str,
+        timeout_seconds: float,
+        poll_interval: float = 0.2,
+        context_id: str | None = None,
+    ) -> A2AReply:
+        """Send one text prompt to the JSON-RPC endpoint ``url`` and poll until the task ends.
+
+        On the deadline the task is cancelled (best effort) and TimeoutError is raised.
+        """
+        deadline = time.monotonic() + timeout_seconds
+        message: dict[str, Any] = {
+            "messageId": uuid.uuid4().hex,
+            "role": "ROLE_USER",
+            "parts": [{"text": text}],
+        }
+        if context_id:
+            message["contextId"] = context_id
+        params = {"message": message, "configuration": {"returnImmediately": True}}
+        try:
+            result = await self._rpc(url, "SendMessage", params, deadline)
+        except A2AError as exc:
+            raise A2AError(f"A2A message/send failed: {exc}") from None
+        if "message" in result:  # the agent answered directly, without a task
+            return _reply({"status": {"state": "TASK_STATE_COMPLETED", "message": result["message"]}})
+        task = result.get("task") or {}
+        task_id = task.get("id")
+        if not task_id:
+            raise A2AError(f"A2A message/send succeeded but returned no task id: {result}")
+        while _state(task) not in TERMINAL_STATES:
+            if time.monotonic() + poll_interval >= deadline:
+                await self._cancel_quietly(url, task_id)
+                raise TimeoutError(
+                    f"A2A task {task_id} did not complete within {timeout_seconds:g}s"
+                )
+            await asyncio.sleep(poll_interval)
+            try:
+                task = await self._rpc(url, "GetTask", {"id": task_id}, deadline)
+            except httpx.TransportError:
+                continue  # a dropped poll is retried until the deadline
+        return _reply(task)
+
+    async def _cancel_quietly(self, url: str, task_id: str) -> None:
+        try:
+            await self._rpc(url, "CancelTask", {"id": task_id}, time.monotonic() + 5.0)
+        except (A2AError, httpx.HTTPError):
+            pass
+
+    async def _rpc(self, url: str, method: str, params: dict, deadline: float) -> dict:
+        payload = {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": method, "params": params}
+        timeout = max(deadline - time.monotonic(), 1.0)
+        response = await self._http.post(url, json=payload, headers=_HEADERS, timeout=timeout)
+        _raise_for_status("POST", response)
+        body = response.json()
+        if body.get("error"):
+            raise A2AError(str(body["error"]))
+        return body.get("result") or {}
+
+    async def _extension_request(
+        self, method: str, url: str, card: dict, uri: str, body: dict | None
+    ) -> dict:
+        endpoint = self.extension_endpoint(card, uri)
+        if endpoint is None:
+            raise A2AError(f"agent at {url} does not advertise the extension {uri}")
+        target = endpoint if endpoint.startswith(("http://", "https://")) else _join(url, endpoint)
+        response = await self._http.request(method, target, json=body)
+        _raise_for_status(method, response)
+        return response.json() if response.content else {}
+
+
+def _join(base: str, path: str) -> str:
+    return base.rstrip("/") + "/" + path.lstrip("/")
+
+
+def _raise_for_status(method: str, response: httpx.Response) -> None:
+    if response.status_code >= 400:
+        raise A2AError(
+            f"{method} {response.request.url} -> HTTP {response.status_code}: {response.text[:2000]}"
+        )
+
+
+def _state(task: dict) -> str:
+    """``TASK_STATE_INPUT_REQUIRED`` (1.0) or ``input-required`` (0.3) → ``input_required``."""
+    state = task.get("status", {}).get("state", "")
+    return state.removeprefix("TASK_STATE_").lower().replace("-", "_")
+
+
+def _reply(task: dict) -> A2AReply:
+    """Read a finished task: the last text part is the reply, data parts merge into ``data``.
+
+    Text falls back to the artifacts for agents that answer there instead of in the status.
+    """
+    status_parts = (task.get("status", {}).get("message") or {}).get("parts", [])
+    artifact_parts = [p for a in task.get("artifacts", []) for p in a.get("parts", [])]
+    texts = [p["text"] for p in status_parts if "text" in p] or [
+        p["text"] for p in artifact_parts if "text" in p
+    ]
+    data: dict[str, Any] = {}
+    for part in status_parts:
+        if isinstance(part.get("data"), dict):
+            data.update(_whole_numbers(part["data"]))
+    message = task.get("status", {}).get("message") or {}
+    return A2AReply(
+        task_id=task.get("id", ""),
+        context_id=task.get("contextId") or message.get("contextId", ""),
+        state=_state(task),
+        text=texts[-1] if texts else "",
+        data=data,
+    )
+
+
+def _whole_numbers(value: Any) -> Any:
+    """Data parts travel as protobuf Values, where every number is a double: 3 comes back
+    as 3.0. Give counts back their integer type."""
+    if isinstance(value, dict):
+        return {k: _whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value

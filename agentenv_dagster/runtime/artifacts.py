@@ -1,0 +1,160 @@
+"""A versioned filesystem artifact store (agent-env's local object + document stores).
+
+Every ``put`` adds a version and never overwrites one. Read-only *bundle* folders
+(``artifacts/<id>/`` with an optional ``artifact.json``) serve as version 1 of artifacts
+the store has never seen, like agent-env's bundle artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock
+
+MANIFEST = "artifact.json"
+FILE_TYPES = ("file", "file_artifact_universe")
+ENVIRONMENT_TYPES = ("environment", "service", "environment_universe", "service_universe")
+
+
+class ArtifactNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Artifact:
+    id: str
+    version: int
+    type: str
+    folder: Path
+    environment_name: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def files(self) -> dict[str, Path]:
+        """relative path -> host path of every file the artifact holds."""
+        root = self.folder / "files"
+        return {
+            p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()
+        }
+
+    def object_url(self, relpath: str) -> str:
+        return (self.folder / "files" / relpath).resolve().as_uri()
+
+    def ref(self) -> dict[str, Any]:
+        return {"id": self.id, "version": self.version}
+
+
+class FilesystemArtifactStore:
+    def __init__(self, root: Path, bundle_dirs: list[Path] | None = None):
+        self.root = root
+        self.bundle_dirs = [d for d in (bundle_dirs or [])]
+
+    def get(self, artifact_id: str, version: int | None = None) -> Artifact:
+        versions = self.versions(artifact_id)
+        if versions:
+            chosen = max(versions) if version is None else version
+            if chosen not in versions:
+                raise ArtifactNotFound(
+                    f"Artifact '{artifact_id}' has no version {version} (versions: {versions})"
+                )
+            return self._read(artifact_id, chosen, self.root / artifact_id / str(chosen))
+        bundle = self._bundle(artifact_id)
+        if bundle is not None and version in (None, 1):
+            return bundle
+        raise ArtifactNotFound(f"Artifact '{artifact_id}' not found")
+
+    def versions(self, artifact_id: str) -> list[int]:
+        folder = self.root / artifact_id
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+
+    def put(self, artifact_id: str, artifact_type: str, files: dict[str, bytes], **meta: Any) -> Artifact:
+        """Store a new version; concurrent writers of one id get distinct versions."""
+        folder = self.root / artifact_id
+        folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder / ".lock")):
+            version = max(self.versions(artifact_id), default=0) + 1
+            staging = Path(tempfile.mkdtemp(dir=folder, prefix=".staging-"))
+            for relpath, data in files.items():
+                target = staging / "files" / relpath
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            (staging / "files").mkdir(exist_ok=True)
+            (staging / MANIFEST).write_text(json.dumps({"type": artifact_type, **meta}, indent=2))
+            os.replace(staging, folder / str(version))
+        return self.get(artifact_id, version)
+
+    def _bundle(self, artifact_id: str) -> Artifact | None:
+        for base in self.bundle_dirs:
+            folder = base / artifact_id
+            if folder.is_dir():
+                return _BundleArtifact.read(artifact_id, folder)
+        return None
+
+    def _read(self, artifact_id: str, version: int, folder: Path) -> Artifact:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        return Artifact(
+            id=artifact_id,
+            version=version,
+            type=manifest.pop("type"),
+            folder=folder,
+            environment_name=manifest.pop("environment_name", None),
+            metadata=manifest,
+        )
+
+
+class _BundleArtifact(Artifact):
+    """A bundle folder: files sit beside the optional manifest, not under ``files/``."""
+
+    @classmethod
+    def read(cls, artifact_id: str, folder: Path) -> "_BundleArtifact":
+        manifest_path = folder / MANIFEST
+        manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+        return cls(
+            id=artifact_id,
+            version=1,
+            type=manifest.pop("type", "file_artifact_universe"),
+            folder=folder,
+            environment_name=manifest.pop("environment_name", None),
+            metadata=manifest,
+        )
+
+    @property
+    def files(self) -> dict[str, Path]:
+        return {
+            p.relative_to(self.folder).as_posix(): p
+            for p in sorted(self.folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST
+        }
+
+    def object_url(self, relpath: str) -> str:
+        return (self.folder / relpath).resolve().as_uri()
+
+
+class ObjectStore:
+    """Plain objects by key (trajectories, judge transcripts), addressed by file URL."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def put(self, key: str, data: bytes) -> str:
+        target = (self.root / key).resolve()
+        if self.root.resolve() not in target.parents:
+            raise ValueError(f"object key {key!r} leaves the object store")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        return target.as_uri()
+
+    @staticmethod
+    def read(url: str) -> bytes:
+        if not url.startswith("file://"):
+            raise ValueError(f"only file:// object URLs are readable locally, not {url!r}")
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(url).path)).read_bytes()

@@ -1,0 +1,82 @@
+"""The LLM judge: one forced tool call through the ``anthropic`` client.
+
+A judge that is not configured (no API key) is *unavailable*, and callers record the
+verification as not graded: offline, nothing invents a verdict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+
+from ..config import AgentEnvConfig
+
+VERDICT_TOOL = "submit_verdict"
+
+
+class JudgeUnavailable(RuntimeError):
+    """No judge can be reached from here; the verification is recorded as not graded."""
+
+
+class JudgeError(RuntimeError):
+    pass
+
+
+@dataclass
+class JudgeUsage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    calls: int = 0
+
+
+@dataclass
+class LLMJudge:
+    model: str
+    api_key: str = field(repr=False)
+    base_url: str | None = None
+    attempts: int = 3
+    usage: JudgeUsage = field(default_factory=JudgeUsage)
+
+    async def verdict(self, prompt: str, input_schema: dict[str, Any], *, max_tokens: int = 4096) -> dict[str, Any]:
+        """Ask for the verdict as the forced ``submit_verdict`` tool call; its input is returned.
+
+        The SDK retries 429/5xx itself; transport failures are tried ``attempts`` times.
+        """
+        client = anthropic.AsyncAnthropic(api_key=self.api_key, base_url=self.base_url, max_retries=2)
+        tool = {"name": VERDICT_TOOL, "description": "Submit the grading verdict.", "input_schema": input_schema}
+        last_error: Exception | None = None
+        try:
+            for _ in range(self.attempts):
+                try:
+                    message = await client.messages.create(
+                        model=self.model, max_tokens=max_tokens,
+                        messages=[{"role": "user", "content": prompt}],
+                        tools=[tool], tool_choice={"type": "tool", "name": VERDICT_TOOL},
+                    )
+                except (anthropic.APIConnectionError, anthropic.APIStatusError) as exc:
+                    last_error = exc
+                    continue
+                self.usage.calls += 1
+                self.usage.input_tokens += getattr(message.usage, "input_tokens", 0) or 0
+                self.usage.output_tokens += getattr(message.usage, "output_tokens", 0) or 0
+                for block in message.content:
+                    if getattr(block, "type", None) == "tool_use" and block.name == VERDICT_TOOL:
+                        return dict(block.input)
+                raise JudgeError("judge replied without calling submit_verdict")
+        finally:
+            await client.close()
+        raise JudgeError(f"LLM judge failed after {self.attempts} attempts: {last_error}")
+
+
+def llm_judge(config: AgentEnvConfig, model: str | None = None) -> LLMJudge:
+    api_key = config.model.resolved_api_key()
+    if not api_key:
+        raise JudgeUnavailable(
+            "no judge configured: set [model] api_key in .agentenv/config.toml or ANTHROPIC_API_KEY"
+        )
+    return LLMJudge(
+        model=model or config.model.for_role("judge"), api_key=api_key,
+        base_url=config.model.resolved_base_url(),
+    )

@@ -1,0 +1,158 @@
+"""The embedded local providers: envs and agents as server processes on 127.0.0.1.
+
+Each run keeps a ledger of what it deployed (one file per instance under the run folder), so
+any process of the run, or a later one, can tear it all down. Closing the ledger is final: a
+deployment that finishes after the run started tearing down ends itself and fails.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from ..config import AgentEnvConfig
+from ..context import DeployedAgent, DeployedEnv
+from .processes import spawn_server, terminate
+from .sandbox import LocalSandbox
+
+ENV_SERVER_MODULE = "agentenv_dagster.builtin.envs"
+AGENT_SERVER_MODULE = "agentenv_dagster.builtin.agents"
+
+
+class DeploymentError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Ledger:
+    folder: Path
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> "Ledger":
+        return cls(run_dir / "deployments")
+
+    @property
+    def closed(self) -> bool:
+        return (self.folder / ".closed").exists()
+
+    def record(self, instance_id: str, pid: int, kind: str) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"{instance_id}.json").write_text(json.dumps({"pid": pid, "kind": kind}))
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        if not self.folder.is_dir():
+            return {}
+        return {p.stem: json.loads(p.read_text()) for p in self.folder.glob("*.json")}
+
+    def terminate(self, instance_id: str) -> bool:
+        entry = self.entries().get(instance_id)
+        return bool(entry) and terminate(entry["pid"])
+
+    def close(self) -> list[str]:
+        """Refuse further deployments, then end every one recorded; returns what was running."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / ".closed").touch()
+        return [iid for iid, entry in sorted(self.entries().items()) if terminate(entry["pid"])]
+
+
+class LocalProvider:
+    """Deploys registered envs and agents of one run as local server processes."""
+
+    def __init__(self, config: AgentEnvConfig, run_dir: Path):
+        self.config = config
+        self.run_dir = run_dir
+        self.ledger = Ledger.of_run(run_dir)
+
+    def deploy_env(self, env_id: str, *, step_id: str, ttl_seconds: int) -> DeployedEnv:
+        entry = self.config.env_entry(env_id)
+        if entry is None:
+            known = sorted({*self.config.envs.registry, "email", "item-store"})
+            raise DeploymentError(f"Env '{env_id}' is not registered (known envs: {known})")
+        created = _now()
+        record = dict(
+            env_id=env_id, env_version=entry.version, created_at_utc=created.isoformat(),
+            expires_at_utc=(created + timedelta(seconds=ttl_seconds)).isoformat(),
+            metadata={"deploy_step_id": step_id},
+        )
+        if entry.mcp_url:  # a live endpoint: nothing to start, nothing to tear down
+            return DeployedEnv(**record, env_provider_type="live", mcp_url=entry.mcp_url)
+        instance_id = f"{env_id}-{secrets.token_hex(4)}"
+        server = self._spawn(ENV_SERVER_MODULE, [entry.kind or env_id], instance_id, "env", ttl_seconds)
+        return DeployedEnv(
+            **record, env_provider_type="local", instance_id=instance_id, mcp_url=f"{server.url}/mcp",
+        )
+
+    def deploy_agent(
+        self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None
+    ) -> DeployedAgent:
+        entry = self.config.agent_entry(agent_id)
+        if entry is None:
+            known = sorted({*self.config.agents.registry, "replay", "anthropic", "a2a-default"})
+            raise DeploymentError(f"A2A agent '{agent_id}' is not registered (known agents: {known})")
+        process_env = dict(env_vars or {})
+        if entry.kind == "anthropic":
+            api_key = self.config.model.resolved_api_key()
+            if not api_key:
+                raise DeploymentError(
+                    f"A2A agent '{agent_id}' is the Anthropic tool-use agent and needs an API key: "
+                    "set [model] api_key in .agentenv/config.toml or ANTHROPIC_API_KEY"
+                )
+            process_env["ANTHROPIC_API_KEY"] = api_key
+        instance_id = f"{agent_id}-{secrets.token_hex(4)}"
+        workdir = self.run_dir / "agents" / instance_id
+        sandbox = self.run_dir / "sandboxes" / instance_id
+        sandbox.mkdir(parents=True, exist_ok=True)
+        workdir.mkdir(parents=True, exist_ok=True)
+        config_file = workdir / "agent.json"
+        config_file.write_text(json.dumps(self._agent_config(entry)))
+        server = self._spawn(
+            AGENT_SERVER_MODULE,
+            [entry.kind, "--sandbox", str(sandbox), "--config-file", str(config_file)],
+            instance_id, "agent", ttl_seconds, env=process_env,
+        )
+        return DeployedAgent(
+            agent_name=agent_name, api_url=server.url, a2a_url=server.url, sandbox_id=instance_id,
+            sandbox_type="local", instance_id=instance_id, sandbox_root=str(sandbox),
+            a2a_agent_id=agent_id,
+        )
+
+    def sandbox_of(self, agent: DeployedAgent) -> LocalSandbox:
+        root = getattr(agent, "sandbox_root", None) or (agent.model_extra or {}).get("sandbox_root")
+        if not root:
+            raise DeploymentError(f"agent '{agent.agent_name}' has no local sandbox")
+        return LocalSandbox(Path(root))
+
+    def terminate(self, instance_id: str) -> bool:
+        return self.ledger.terminate(instance_id)
+
+    def teardown(self) -> list[str]:
+        return self.ledger.close()
+
+    def _agent_config(self, entry) -> dict[str, Any]:
+        episodes = entry.episodes
+        if entry.script:
+            episodes = json.loads(self.config.path(entry.script).read_text())["episodes"]
+        return {
+            "kind": entry.kind, "episodes": episodes or [], "delay_seconds": entry.delay_seconds,
+            "model": entry.model or self.config.model.for_role("agent"), "max_turns": entry.max_turns,
+            "base_url": self.config.model.resolved_base_url(), "description": entry.description,
+        }
+
+    def _spawn(self, module, args, instance_id, kind, ttl_seconds, env=None):
+        server = spawn_server(
+            module, args, workdir=self.run_dir / f"{kind}s" / instance_id,
+            ttl_seconds=ttl_seconds, env=env,
+        )
+        self.ledger.record(instance_id, server.pid, kind)
+        if self.ledger.closed:
+            terminate(server.pid)
+            raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not kept")
+        return server
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0)

@@ -1,0 +1,129 @@
+"""Load agent-env task documents: parse, check the DAG, validate each step's fields.
+
+Every problem in a file is collected and reported at once, each located as
+``<file>: step '<id>': field '<f>': <message>``; a pydantic dump never reaches the user.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from ..errors import SpecError, TaskLoadError
+from .depends import check_dag
+
+if TYPE_CHECKING:
+    from ..steps.base import TaskStep
+    from ..steps.registry import StepRegistry
+
+NOT_A_STEP_LIST = "JSON file must contain a list of step dicts"
+
+
+@dataclass(frozen=True)
+class TaskDocument:
+    """A validated task: its id, version and typed steps, and where it came from."""
+
+    task_id: str
+    version: int | None
+    steps: tuple["TaskStep", ...]
+    source: str
+
+    def step_documents(self) -> list[dict[str, Any]]:
+        return [step.to_document() for step in self.steps]
+
+    @property
+    def content_hash(self) -> str:
+        """Hash of what runs (id + steps), so a re-execution can refuse a changed task."""
+        canonical = json.dumps(
+            {"id": self.task_id, "steps": self.step_documents()}, sort_keys=True, default=str
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def load_task_file(path: str | Path, registry: "StepRegistry") -> TaskDocument:
+    """Read one JSON task document; raise :class:`TaskLoadError` with every problem in it."""
+    path = Path(path)
+    source = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TaskLoadError([SpecError(f"cannot read file: {exc.strerror}", file=source)]) from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TaskLoadError(
+            [SpecError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", file=source)]
+        ) from exc
+    return parse_task_document(data, source=source, default_id=path.stem, registry=registry)
+
+
+def parse_task_document(
+    data: Any, *, source: str, default_id: str, registry: "StepRegistry"
+) -> TaskDocument:
+    """Both stored forms: a bare list of steps, or ``{id, type: "task", version, steps}``."""
+    task_id, version, raw_steps = default_id, None, data
+    if isinstance(data, dict):
+        if data.get("type") != "task" or "steps" not in data:
+            raise TaskLoadError([SpecError(NOT_A_STEP_LIST, file=source)])
+        task_id = str(data.get("id") or default_id)
+        version = data.get("version")
+        raw_steps = data["steps"]
+    if not isinstance(raw_steps, list):
+        raise TaskLoadError([SpecError(NOT_A_STEP_LIST, file=source)])
+
+    errors: list[SpecError] = []
+    steps: list[TaskStep] = []
+    for position, raw in enumerate(raw_steps):
+        try:
+            steps.append(_parse_step(raw, position, registry))
+        except SpecError as exc:
+            errors.append(exc.located(source))
+    if not errors:
+        errors.extend(e.located(source) for e in check_dag([(s.id, s.depends_on) for s in steps]))
+    if errors:
+        raise TaskLoadError(errors)
+    return TaskDocument(task_id=task_id, version=version, steps=tuple(steps), source=source)
+
+
+def _parse_step(raw: Any, position: int, registry: "StepRegistry") -> "TaskStep":
+    if not isinstance(raw, dict):
+        raise SpecError(f"step at position {position} is not an object: {raw!r}")
+    step_id = raw.get("id")
+    if not isinstance(step_id, str) or not step_id:
+        raise SpecError(f"step at position {position} needs a non-empty string 'id'", field="id")
+    step_type = raw.get("type")
+    cls = registry.get(step_type) if isinstance(step_type, str) else None
+    if cls is None:
+        raise SpecError(f"Unknown task step type: {step_type}", step_id=step_id, field="type")
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        first, *rest = [_describe(err, cls) for err in exc.errors()]
+        message = "; ".join([first[1], *(f"field '{f}': {m}" if f else m for f, m in rest)])
+        raise SpecError(message, step_id=step_id, field=first[0]) from None
+
+
+def _describe(err: dict[str, Any], cls: type) -> tuple[str | None, str]:
+    """(field path, message) for one pydantic error, in the user's words."""
+    loc = [str(part) for part in err.get("loc", ())]
+    field = ".".join(loc) or None
+    kind = err.get("type")
+    if kind == "extra_forbidden":
+        known = [name for name in cls.model_fields if name != "type"]
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return field, f"unknown field{hint}"
+    if kind == "missing":
+        return field, "required field is missing"
+    if kind in ("value_error", "assertion_error"):
+        error = err.get("ctx", {}).get("error")
+        if isinstance(error, SpecError):
+            return error.field or field, error.message
+        return field, str(error) if error is not None else err["msg"]
+    return field, f"{err['msg']} (got {err.get('input')!r})"

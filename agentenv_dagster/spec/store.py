@@ -1,0 +1,52 @@
+"""The versioned task store: every ``put`` adds a version, none is ever overwritten."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from filelock import FileLock
+
+from .loader import TaskDocument, parse_task_document
+
+if TYPE_CHECKING:
+    from ..steps.registry import StepRegistry
+
+
+class TaskStore:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def versions(self, task_id: str) -> list[int]:
+        folder = self.root / task_id
+        if not folder.is_dir():
+            return []
+        return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
+
+    def put(self, task_id: str, document: TaskDocument) -> int:
+        """Store the document's steps as the next version of ``task_id``."""
+        folder = self.root / task_id
+        folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder / ".lock")):
+            version = max(self.versions(task_id), default=0) + 1
+            stored = {"id": task_id, "type": "task", "version": version, "steps": document.step_documents()}
+            path = folder / f"{version}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(stored, indent=2))
+            os.replace(tmp, path)
+        return version
+
+    def get(self, task_id: str, version: int | None, registry: "StepRegistry") -> TaskDocument:
+        versions = self.versions(task_id)
+        if not versions:
+            raise LookupError(f"Task '{task_id}' not found")
+        chosen = max(versions) if version is None else version
+        if chosen not in versions:
+            raise LookupError(f"Task '{task_id}' has no version {version} (versions: {versions})")
+        path = self.root / task_id / f"{chosen}.json"
+        return parse_task_document(
+            json.loads(path.read_text()), source=str(path), default_id=task_id,
+            registry=registry,
+        )

@@ -1,0 +1,33 @@
+"""Reading agent-env extensions off an A2A agent card (which operations, which fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MCP_CONFIG = "urn:agentenv:mcp-config/v1"
+AGENT_CONFIG = "urn:agentenv:agent-config/v1"
+SKILL_CONFIG = "urn:agentenv:skill-config/v1"
+TRAJECTORY = "urn:agentenv:trajectory/v1"
+
+
+@dataclass(frozen=True)
+class ExtensionRequest:
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    supported: tuple[str, ...]
+
+
+def extension_request(card: dict[str, Any], uri: str, operation: str) -> ExtensionRequest | None:
+    """The request shape of one extension operation, or None when the card lacks it."""
+    for ext in (card.get("capabilities") or {}).get("extensions") or []:
+        if ext.get("uri") != uri:
+            continue
+        params = ext.get("params") or ext.get("config") or {}
+        request = ((params.get("methods") or {}).get(operation) or {}).get("request") or {}
+        return ExtensionRequest(
+            required=tuple(request.get("required") or ()),
+            optional=tuple(request.get("optional") or ()),
+            supported=tuple(request.get("supported") or ()),
+        )
+    return None

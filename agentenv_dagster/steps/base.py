@@ -1,0 +1,102 @@
+"""The step contract: a pydantic model of the step's fields plus ``async execute``.
+
+Each step type declares which context names it reads and writes (``reads``/``writes``: field
+name -> kind of name). The static join check, asset lineage and docs are derived from these
+declarations instead of per-type code.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..spec.depends import normalize_depends_on
+
+if TYPE_CHECKING:
+    from ..context import TaskStepContext
+    from ..runtime.base import StepRuntime
+
+DEFAULT_AGENT_NAME = "default-agent"
+DEFAULT_TTL_SECONDS = 7200
+
+# Kinds of names steps join on through the context.
+ENV, AGENT, SANDBOX, PROMPT, VERIFICATION, PRODUCER, ARTIFACT = (
+    "env", "agent", "sandbox", "prompt", "verification", "producer", "artifact",
+)
+SELF = "id"  # a declaration on the step's own id (e.g. collect_artifacts produces under it)
+
+
+class ContextName(NamedTuple):
+    kind: str
+    name: str
+    field: str
+
+
+class RetryConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    retry_from_step_id: str = Field(alias="go_to_step_id")
+    max_retries: int = 1
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            if not data.get("retry_from_step_id") and not data.get("go_to_step_id"):
+                raise ValueError("retry_config requires 'retry_from_step_id' (or 'go_to_step_id')")
+            retries = data.get("max_retries", 1)
+            if not isinstance(retries, int) or isinstance(retries, bool):
+                raise ValueError(f"retry_config.max_retries must be an int, got {retries!r}")
+            if retries < 0:
+                raise ValueError(f"retry_config.max_retries must be >= 0, got {retries}")
+        return data
+
+
+class TaskStep(BaseModel):
+    """Base of every step type. Unknown fields are refused, so a typo fails at compile time."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    type_name: ClassVar[str] = "task_step"
+    reads: ClassVar[dict[str, str]] = {}
+    writes: ClassVar[dict[str, str]] = {}
+    optional_reads: ClassVar[frozenset[str]] = frozenset()
+
+    id: str
+    type: str
+    version: int | None = None
+    fail_task_on_error: bool = True
+    depends_on: list[Any] | None = None
+    retry_config: RetryConfig | None = None
+
+    @field_validator("depends_on", mode="before")
+    @classmethod
+    def _normalize_depends_on(cls, value: Any) -> list[Any] | None:
+        return normalize_depends_on(value)
+
+    async def execute(self, ctx: "TaskStepContext", rt: "StepRuntime") -> None:
+        raise NotImplementedError(f"step type {self.type!r} does not implement execute()")
+
+    # -- declarations ----------------------------------------------------------------------
+    def names_read(self) -> Iterator[ContextName]:
+        return self._names(self.reads)
+
+    def names_written(self) -> Iterator[ContextName]:
+        return self._names(self.writes)
+
+    def _names(self, declared: dict[str, str]) -> Iterator[ContextName]:
+        for field, kind in declared.items():
+            value = getattr(self, field, None)
+            for name in value if isinstance(value, list) else [value]:
+                if isinstance(name, str) and name:
+                    yield ContextName(kind, name, field)
+
+    def to_document(self) -> dict[str, Any]:
+        """The stored form: object-form depends_on, defaults omitted except the base fields."""
+        data = self.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)
+        data.update(id=self.id, type=self.type, fail_task_on_error=self.fail_task_on_error)
+        data["version"] = self.version
+        if self.depends_on is not None:
+            data["depends_on"] = [{"task_step_id": dep} for dep in self.depends_on]
+        return data

@@ -1,0 +1,96 @@
+"""collect_artifacts: copy an agent's files into the object store as one file universe."""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from ..context import TaskStepContext
+from ..runtime.base import StepRuntime
+from .base import AGENT, DEFAULT_AGENT_NAME, PRODUCER, SELF, TaskStep
+from .execution import step_param
+from .registry import step
+
+
+@step("collect_artifacts")
+class CollectArtifactsStep(TaskStep):
+    reads = {"agent_name": AGENT}
+    writes = {SELF: PRODUCER}
+
+    agent_name: str = DEFAULT_AGENT_NAME
+    base_path: str = "/app/artifact"
+    artifacts_key: str = "expected_artifacts"
+    artifact_paths: list[str] = []
+    env_id: str | None = None
+    manifest_step_id: str | None = None
+    exclude_basenames: list[str] = []
+    sandbox_name: str | None = None
+    container_name: str | None = None
+    universe_id_suffix: str | None = None
+
+    async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        agent = ctx.find_agent(self.agent_name)
+        if agent is None:
+            raise RuntimeError(f"Agent with name '{self.agent_name}' not found in context.deployed_agents")
+        sandbox = rt.provider.sandbox_of(agent)
+        requested = self._requested_paths(ctx)
+        paths = requested if requested is not None else self._listing(sandbox)
+        files: dict[str, bytes] = {}
+        warnings: list[str] = []
+        for path in paths:
+            if "://" in path:
+                continue
+            container_path = path if path.startswith("/") else str(PurePosixPath(self.base_path) / path)
+            if PurePosixPath(container_path).name in self.exclude_basenames:
+                continue
+            try:
+                files[self._key(container_path)] = sandbox.resolve(container_path).read_bytes()
+            except (OSError, ValueError) as exc:
+                warnings.append(f"{container_path}: {getattr(exc, 'strerror', None) or exc}")
+        for warning in warnings:
+            rt.log.warning("collect_artifacts '%s': cannot read %s", self.id, warning)
+
+        universe = None
+        artifacts: dict[str, str] = {}
+        if files:
+            stored = rt.artifacts.put(self._universe_id(ctx), "file_artifact_universe", files)
+            universe = stored.ref()
+            artifacts = {name: stored.object_url(name) for name in files}
+        entry = {"artifacts": artifacts, "file_artifact_universe": universe}
+        if warnings:
+            entry["warnings"] = warnings
+        ctx.metadata_map("collected_artifacts")[self.id] = entry
+        ctx.metadata_map("artifacts").update(artifacts)
+        ctx.metadata["file_artifact_universe"] = universe
+        ctx.metadata_map("collect_produced_files")[self.id] = sorted(files)
+        if requested and universe is None:
+            raise RuntimeError(
+                f"collect: resolved {len(requested)} artifact path(s) but produced no "
+                f"file_artifact_universe (see per-file warnings for the cause): {warnings}"
+            )
+
+    def _requested_paths(self, ctx: TaskStepContext) -> list[str] | None:
+        """step_params override > seed[artifacts_key] > artifact_paths; None = list base_path."""
+        override = step_param(ctx, self.id, "artifact_paths")
+        if override:
+            return list(override)
+        seeded = (ctx.metadata.get("seed") or {}).get(self.artifacts_key)
+        if isinstance(seeded, str) and seeded.strip():
+            return [p.strip() for p in seeded.split(",") if p.strip()]
+        return list(self.artifact_paths) or None
+
+    def _listing(self, sandbox) -> list[str]:
+        root = sandbox.resolve(self.base_path)
+        if not root.is_dir():
+            return []
+        return [p.relative_to(root).as_posix() for p in sorted(root.rglob("*")) if p.is_file()]
+
+    def _key(self, container_path: str) -> str:
+        path = PurePosixPath(container_path)
+        try:
+            return path.relative_to(self.base_path).as_posix()
+        except ValueError:
+            return path.as_posix().lstrip("/")
+
+    def _universe_id(self, ctx: TaskStepContext) -> str:
+        base = ctx.metadata.get("universe_id") or ctx.instance_id or "unknown"
+        return f"{base}{self.universe_id_suffix or ''}"
+

@@ -1,0 +1,155 @@
+"""deploy_env and deploy_agent: start an env instance, start an agent wired to it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+from ..context import DeployedEnv, TaskStepContext
+from ..runtime.base import StepRuntime
+from ..runtime.dataplane import env_base_url
+from .agent_card import MCP_CONFIG, SKILL_CONFIG, AGENT_CONFIG, extension_request
+from .base import AGENT, DEFAULT_AGENT_NAME, DEFAULT_TTL_SECONDS, ENV, TaskStep
+from .execution import user_override
+from .registry import step
+
+
+@step("deploy_env")
+class DeployEnvStep(TaskStep):
+    writes = {"env_id": ENV}
+
+    env_id: str
+    env_version: str | int | None = None
+    artifact_id: str | None = None
+    artifact_version: int | None = None
+    ttl_seconds: int = DEFAULT_TTL_SECONDS
+    disk_size_gb: int = 10
+    gateway_mode: Literal["performance", "consistent"] = "performance"
+    cpu: float | None = None
+    memory_mb: int | None = None
+    sandbox_type: str | None = None
+    env_state_type: str | None = None
+    env_state_instance_id: str | None = None
+    priority: int | None = None
+    metadata: dict[str, Any] = {}
+
+    async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        if ctx.find_env(self.env_id):
+            raise RuntimeError(f"Env '{self.env_id}' is already deployed")
+        ttl = user_override(ctx, "ttl_seconds") or self.ttl_seconds
+        env = await asyncio.to_thread(
+            rt.provider.deploy_env, self.env_id, step_id=self.id, ttl_seconds=ttl
+        )
+        try:
+            card = await rt.dataplane.card(env_base_url(env.mcp_url))
+            env.mcp_server_name = card.get("name")
+        except Exception as exc:  # an env without a card still serves MCP
+            rt.log.warning("env '%s' serves no env card: %s", self.env_id, exc)
+        ctx.deployed_envs.append(env)
+
+
+@step("deploy_agent")
+class DeployAgentStep(TaskStep):
+    reads = {"env_ids": ENV}
+    writes = {"agent_name": AGENT}
+
+    env_ids: list[str] = []
+    env_step_id: str | None = None
+    a2a_agent_id: str | None = None
+    a2a_agent_version: int | None = None
+    agent_name: str = DEFAULT_AGENT_NAME
+    agent_description: str | None = None
+    env_vars: dict[str, str] = {}
+    skills: list[dict[str, Any]] = []
+    system_prompt: str | None = None
+    disk_size_gb: int | None = None
+    litellm_base_url: str | None = None
+    sandbox_type: str | None = None
+    ttl_seconds: int | None = None
+    cpu: float | None = None
+    memory_mb: int | None = None
+    priority: int | None = None
+    network_policy: str | dict[str, Any] | None = None
+    role: str | None = None
+    sandbox_name: str | None = None
+    enable_docker: bool = False
+    metadata: dict[str, Any] = {}
+
+    async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        envs = [self._resolve_env(ctx, env_id) for env_id in self.env_ids]
+        if ctx.find_agent(self.agent_name):
+            raise RuntimeError(f"Agent with name '{self.agent_name}' is already deployed")
+        agent_id = (
+            user_override(ctx, "a2a_agent_id") or self.a2a_agent_id
+            or rt.config.agents.default_a2a_agent_id
+        )
+        ttl = user_override(ctx, "ttl_seconds") or self.ttl_seconds or DEFAULT_TTL_SECONDS
+        agent = await asyncio.to_thread(
+            rt.provider.deploy_agent, agent_id, agent_name=self.agent_name,
+            ttl_seconds=ttl, env_vars=self.env_vars,
+        )
+        try:
+            card = await rt.a2a.get_card(agent.a2a_url)
+            await self._configure(rt, agent.a2a_url, card, envs)
+        except BaseException:
+            rt.provider.terminate(agent.instance_id)
+            raise
+        agent.a2a_card = card
+        agent.role = self.role
+        if not ctx.default_agent_model:
+            ctx.default_agent_model = rt.config.model.for_role("agent")
+        ctx.deployed_agents.append(agent)
+
+    def _resolve_env(self, ctx: TaskStepContext, env_id: str) -> DeployedEnv:
+        candidates = [e for e in ctx.deployed_envs if e.env_id == env_id]
+        if self.env_step_id is not None:
+            matching = [e for e in candidates if e.metadata.get("deploy_step_id") == self.env_step_id]
+            if not matching:
+                raise RuntimeError(
+                    f"deploy_agent '{self.id}': env_step_id '{self.env_step_id}' names no deployment "
+                    f"of env '{env_id}'"
+                )
+            candidates = matching
+        if not candidates:
+            raise RuntimeError(
+                f"Env '{env_id}' is not in context.deployed_envs; add a DeployEnvTaskStep for it, "
+                "or reference an env that exposes a live http(s) 'mcp_url'."
+            )
+        if len(candidates) > 1:
+            raise RuntimeError(
+                f"deploy_agent '{self.id}': {len(candidates)} deployments of env '{env_id}' in the "
+                "context. Set env_step_id to the deploy_env step that should be used."
+            )
+        return candidates[0]
+
+    async def _configure(self, rt: StepRuntime, url: str, card: dict, envs: list[DeployedEnv]) -> None:
+        """MCP servers first (the agent gains its tools), then skills, system prompt, identity."""
+        mcp = extension_request(card, MCP_CONFIG, "add")
+        for env in envs:
+            body: dict[str, Any] = {"url": env.mcp_url}
+            if mcp is not None and "name" in mcp.optional:
+                body["name"] = env.mcp_server_name or env.env_id
+            await rt.a2a.post_extension(url, card, MCP_CONFIG, body)
+        if self.skills and extension_request(card, SKILL_CONFIG, "add") is not None:
+            for skill in self.skills:
+                await rt.a2a.post_extension(url, card, SKILL_CONFIG, _skill_body(skill))
+        config = extension_request(card, AGENT_CONFIG, "set")
+        wanted = {
+            "system_prompt": self.system_prompt, "name": self.agent_name,
+            "description": self.agent_description, "role": self.role,
+        }
+        body = {k: v for k, v in wanted.items() if v is not None and config and k in config.supported}
+        if self.system_prompt and "system_prompt" not in body:
+            rt.log.warning("agent does not accept system_prompt through agent-config; skipped")
+        if body:
+            await rt.a2a.post_extension(url, card, AGENT_CONFIG, body)
+
+
+def _skill_body(skill: dict[str, Any]) -> dict[str, Any]:
+    body = {"name": skill.get("name"), "description": skill.get("description")}
+    content = skill.get("skill_md") or skill.get("content")
+    if content:
+        body["skill_md"] = content
+    else:
+        body["skill_s3_url"] = skill.get("skill_s3_url") or skill.get("s3_uri")
+    return {k: v for k, v in body.items() if v is not None}

@@ -1,0 +1,133 @@
+"""Deterministic verifiers: an env's end state checked by code, and reply text checks."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import sys
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from ..context import TaskStepContext
+from ..runtime.base import StepRuntime
+from .base import ARTIFACT, ENV, PROMPT, VERIFICATION, TaskStep
+from .registry import step
+from .scoring import ScoreAggregator, aggregate
+
+
+class _Verifier(TaskStep):
+    writes = {"verifier_key": VERIFICATION}
+
+    verifier_id: str | None = None
+    score_aggregator: ScoreAggregator = "all_pass"
+
+    @property
+    def verifier_key(self) -> str:
+        return self.verifier_id or self.id
+
+    def record(self, ctx: TaskStepContext, rows: list[dict[str, Any]], **extra: Any) -> None:
+        counted = [r for r in rows if not r.get("skipped")]
+        ctx.metadata_map("verifications")[self.verifier_key] = {
+            "results": rows, "score": aggregate(counted, self.score_aggregator),
+            "score_aggregator": self.score_aggregator, "graded": True, **extra,
+        }
+
+
+@step("env_outcome_verifier")
+class EnvOutcomeVerifierStep(_Verifier):
+    """Runs a stored script's ``async verify(mcp_url)`` against the env's end state."""
+
+    reads = {"env_id": ENV, "file_artifact_id": ARTIFACT}
+
+    env_id: str
+    file_artifact_id: str
+    file_artifact_version: int | None = None
+
+    async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        env = ctx.find_env(self.env_id)
+        if env is None:
+            raise RuntimeError(f"Env '{self.env_id}' not found in context.deployed_envs")
+        artifact = rt.artifacts.get(self.file_artifact_id, self.file_artifact_version)
+        scripts = [path for name, path in artifact.files.items() if name.endswith(".py")]
+        if not scripts:
+            raise RuntimeError(f"Artifact '{self.file_artifact_id}' holds no Python script")
+        verify = _load_verify(scripts[0], f"_agentenv_verify_{self.id}")
+        rows = verify(env.mcp_url)
+        if inspect.isawaitable(rows):
+            rows = await rows
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise RuntimeError(f"verify() of '{self.file_artifact_id}' must return a list of dicts")
+        self.record(ctx, rows)
+
+
+def _load_verify(path, module_name: str):
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.pop(module_name, None)
+    spec.loader.exec_module(module)
+    verify = getattr(module, "verify", None)
+    if not callable(verify):
+        raise RuntimeError(f"{path.name} defines no verify(mcp_url)")
+    return verify
+
+
+class ResponseCriterion(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["response_contains", "response_regex_present"]
+    needles: list[str] | None = None
+    pattern: str | None = None
+    flags: list[str] | None = None
+
+
+@step("agent_prompt_response_verifier")
+class AgentPromptResponseVerifierStep(_Verifier):
+    """Checks the reply text itself: needles it must contain, patterns it must match."""
+
+    reads = {"prompt_id": PROMPT}
+
+    prompt_id: str
+    criteria: list[ResponseCriterion]
+
+    @field_validator("criteria")
+    @classmethod
+    def _check(cls, criteria: list[ResponseCriterion]) -> list[ResponseCriterion]:
+        for c in criteria:
+            if c.type == "response_contains" and not c.needles:
+                raise ValueError("response_contains needs non-empty `needles`")
+            if c.type == "response_regex_present":
+                if not c.pattern:
+                    raise ValueError("response_regex_present needs a non-empty `pattern`")
+                for flag in c.flags or []:
+                    if not isinstance(getattr(re, flag, None), re.RegexFlag):
+                        raise ValueError(f"unknown regex flag {flag!r}")
+        return criteria
+
+    async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        response = ctx.find_prompt_response(self.prompt_id)
+        if response is None:
+            raise RuntimeError(f"PromptResponse with prompt_id='{self.prompt_id}' not found in context")
+        if response.error_type:
+            self.record(ctx, [{
+                "id": "prompt_error", "score": 0, "result": False, "skipped": True,
+                "message": f"Skipped: prompt had error_type={response.error_type}",
+            }])
+            return
+        self.record(ctx, [_check_response(c, i, response.response) for i, c in enumerate(self.criteria)])
+
+
+def _check_response(criterion: ResponseCriterion, index: int, text: str) -> dict[str, Any]:
+    if criterion.type == "response_contains":
+        missing = [n for n in criterion.needles or [] if n not in text]
+        passed, why = not missing, f"missing: {missing}" if missing else "all needles present"
+    else:
+        flags = re.DOTALL
+        for name in criterion.flags or []:
+            flags |= getattr(re, name)
+        passed = re.search(criterion.pattern, text, flags) is not None
+        why = f"pattern {'found' if passed else 'not found'}: {criterion.pattern}"
+    return {
+        **criterion.model_dump(exclude_none=True), "criterion_index": index,
+        "score": 1.0 if passed else 0.0, "result": passed, "justification": why,
+    }

@@ -1,0 +1,228 @@
+"""The embedded agents, started for real as subprocesses, against a tiny in-thread MCP env."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fakes.messages_api import ThreadedServer, error_reply, text_reply, tool_use_reply
+from mcp.server.mcpserver import MCPServer
+
+from agentenv_dagster.runtime.a2a_client import (
+    AGENT_CONFIG_URI,
+    MCP_CONFIG_URI,
+    SKILL_CONFIG_URI,
+    TRAJECTORY_URI,
+    A2AClient,
+)
+from agentenv_dagster.runtime.processes import ServerStartError, is_running, spawn_server, terminate
+
+pytestmark = pytest.mark.anyio
+REPO = Path(__file__).resolve().parents[2]
+SAVE_NOTE = "mcp__notes__save_note"
+
+
+class NotesEnv:
+    """A one-tool MCP env; every call the agent makes lands in ``notes``."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+        server = MCPServer("notes")
+
+        @server.tool()
+        def save_note(text: str) -> str:
+            """Save a note."""
+            self.notes.append(text)
+            return f"saved note {len(self.notes)}"
+
+        self.app = server.streamable_http_app(stateless_http=True, json_response=True)
+        self.url = ""
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def notes_env():
+    env = NotesEnv()
+    with ThreadedServer(env.app) as server:
+        env.url = server.url + "/mcp"
+        yield env
+
+
+@pytest.fixture
+def start_agent(tmp_path):
+    """Start agents with ``start(kind, config, env)`` -> (url, sandbox dir); all are ended
+    afterwards, and the test fails if one survives."""
+    pids: list[int] = []
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+    def start(kind: str, config: dict, env: dict | None = None) -> tuple[str, Path]:
+        n = len(pids)
+        config_file = tmp_path / f"agent{n}.json"
+        config_file.write_text(json.dumps(config))
+        sandbox = tmp_path / f"sandbox{n}"
+        proc = spawn_server(
+            "agentenv_dagster.builtin.agents",
+            [kind, "--sandbox", str(sandbox), "--config-file", str(config_file)],
+            workdir=tmp_path / f"agent{n}", ttl_seconds=120,
+            env={"PYTHONPATH": pythonpath, **(env or {})},
+        )
+        pids.append(proc.pid)
+        return proc.url, sandbox
+
+    yield start
+    for pid in pids:
+        terminate(pid)
+    assert not [pid for pid in pids if is_running(pid)]
+
+
+@pytest.fixture
+async def a2a():
+    async with httpx.AsyncClient(timeout=30) as http:
+        yield A2AClient(http)
+
+
+async def register(a2a: A2AClient, url: str, mcp_url: str, name: str | None = "notes") -> dict:
+    card = await a2a.get_card(url)
+    body = {"url": mcp_url} | ({"name": name} if name else {})
+    await a2a.post_extension(url, card, MCP_CONFIG_URI, body)
+    return card
+
+
+async def test_card_declares_the_agentenv_extensions(start_agent, a2a):
+    url, _ = start_agent("replay", {"name": "scripted", "episodes": []})
+    card = await a2a.get_card(url)
+    assert httpx.get(url + "/.well-known/agent.json").json() == card
+    assert card["name"] == "scripted"
+    assert card["supportedInterfaces"][0]["url"] == url + "/"
+    params = {e["uri"]: e["params"] for e in card["capabilities"]["extensions"]}
+    assert params[MCP_CONFIG_URI]["endpoint"] == "/ext/mcp-config"
+    assert "name" in params[MCP_CONFIG_URI]["methods"]["add"]["request"]["optional"]
+    assert set(params[AGENT_CONFIG_URI]["methods"]["set"]["request"]["supported"]) == {
+        "model", "system_prompt", "max_turns", "timeout_seconds", "task_id", "model_params",
+        "name", "description", "role"}
+    assert params[SKILL_CONFIG_URI]["endpoint"] == "/ext/skill-config"
+    assert params[TRAJECTORY_URI]["endpoint"] == "/ext/trajectory"
+
+
+async def test_config_extensions_store_and_list(start_agent, a2a, notes_env):
+    url, _ = start_agent("replay", {"episodes": []})
+    card = await register(a2a, url, notes_env.url)
+    await register(a2a, url, notes_env.url, name=None)
+    listed = await a2a.get_extension(url, card, MCP_CONFIG_URI)
+    assert listed == {"mcp_servers": [{"name": "notes", "url": notes_env.url},
+                                      {"name": "env2", "url": notes_env.url}]}
+    await a2a.post_extension(url, card, AGENT_CONFIG_URI, {"system_prompt": "Be brief.", "role": "solver"})
+    assert (await a2a.get_extension(url, card, AGENT_CONFIG_URI))["config"] == {
+        "system_prompt": "Be brief.", "role": "solver"}
+    skill = {"name": "triage", "description": "Sort mail", "skill_md": "# Triage"}
+    assert (await a2a.post_extension(url, card, SKILL_CONFIG_URI, skill))["skills"] == [skill]
+
+
+async def test_replay_plays_the_matching_episode(start_agent, a2a, notes_env):
+    config = {"episodes": [
+        {"match": "never", "reply": "wrong episode"},
+        {"match": r"refund #\d+", "reply": "Refund noted.", "actions": [
+            {"tool": SAVE_NOTE, "arguments": {"text": "refund 42"}},
+            {"write_file": "/app/artifact/summary.txt", "content": "refund 42 done"},
+            {"tool": "save_note", "arguments": {"text": "bare name"}},
+        ]},
+    ]}
+    url, sandbox = start_agent("replay", config)
+    card = await register(a2a, url, notes_env.url)
+
+    reply = await a2a.send_and_wait(url, "Please handle refund #42", timeout_seconds=20)
+
+    assert (reply.state, reply.text) == ("completed", "Refund noted.")
+    assert reply.data == {"tool_call_count": 2, "model": "replay",
+                          "usage": {"input_tokens": 0, "output_tokens": 0}}
+    assert notes_env.notes == ["refund 42", "bare name"]
+    assert (sandbox / "app/artifact/summary.txt").read_text() == "refund 42 done"
+    events = await a2a.get_trajectory(url, card, reply.task_id)
+    assert [e["type"] for e in events] == ["message", "tool_call", "file_write", "tool_call", "message"]
+    call = events[1]
+    assert call["name"] == SAVE_NOTE and call["arguments"] == {"text": "refund 42"}
+    assert (call["is_error"], call["result"]) == (False, "saved note 1")
+    assert call["duration_seconds"] >= 0 and call["started_at"]
+    assert events[-1] == {"type": "message", "role": "assistant", "text": "Refund noted."}
+
+
+async def test_replay_without_a_matching_episode_fails(start_agent, a2a):
+    url, _ = start_agent("replay", {"episodes": [{"match": "refund", "reply": "ok"}]})
+    reply = await a2a.send_and_wait(url, "What is the weather?", timeout_seconds=20)
+    assert reply.state == "failed"
+    assert reply.data["error_type"] == "NoScriptedReply"
+    assert "What is the weather?" in reply.data["error_message"]
+
+
+async def test_replay_honours_its_delay(start_agent, a2a):
+    url, _ = start_agent("replay", {"delay_seconds": 0.6, "episodes": [{"match": "", "reply": "late"}]})
+    started = time.monotonic()
+    reply = await a2a.send_and_wait(url, "hi", timeout_seconds=20, poll_interval=0.05)
+    assert reply.text == "late" and time.monotonic() - started >= 0.6
+
+
+def test_a_broken_replay_script_fails_at_start(start_agent):
+    with pytest.raises(ServerStartError, match="replay episode 0: 'match' must be a regular"):
+        start_agent("replay", {"episodes": [{"match": "(", "reply": "x"}]})
+
+
+def anthropic_config(fake) -> dict:
+    return {"model": "claude-test", "base_url": fake.base_url, "max_tokens": 256}
+
+
+async def test_anthropic_agent_runs_a_tool_loop(start_agent, a2a, notes_env, fake_messages_api):
+    fake_messages_api.enqueue(
+        tool_use_reply(SAVE_NOTE, {"text": "from the model"}, text="Saving."),
+        text_reply("All saved."),
+    )
+    url, _ = start_agent("anthropic", anthropic_config(fake_messages_api),
+                         env={"ANTHROPIC_API_KEY": "sk-test"})
+    card = await register(a2a, url, notes_env.url)
+    await a2a.post_extension(url, card, AGENT_CONFIG_URI, {"system_prompt": "Be brief."})
+
+    reply = await a2a.send_and_wait(url, "Save a note", timeout_seconds=20)
+
+    assert (reply.state, reply.text) == ("completed", "All saved.")
+    assert reply.data == {"tool_call_count": 1, "model": "claude-test",
+                          "usage": {"input_tokens": 20, "output_tokens": 10}}
+    assert notes_env.notes == ["from the model"]
+    first, second = fake_messages_api.requests
+    assert first.headers["authorization"] == "Bearer sk-test"
+    assert first.body["system"] == "Be brief." and first.body["model"] == "claude-test"
+    assert [t["name"] for t in first.body["tools"]] == [SAVE_NOTE]
+    assert first.body["tools"][0]["input_schema"]["required"] == ["text"]
+    tool_use_id = second.body["messages"][1]["content"][-1]["id"]
+    assert second.body["messages"][2]["content"] == [{
+        "type": "tool_result", "tool_use_id": tool_use_id, "content": "saved note 1",
+        "is_error": False}]
+    events = await a2a.get_trajectory(url, card, reply.task_id)
+    assert [e.get("role") or e["name"] for e in events] == ["user", "assistant", SAVE_NOTE, "assistant"]
+
+
+async def test_anthropic_agent_retries_rate_limits(start_agent, a2a, fake_messages_api):
+    fake_messages_api.enqueue(error_reply(429, "slow down", retry_after_seconds=0.05), text_reply("ok"))
+    url, _ = start_agent("anthropic", anthropic_config(fake_messages_api),
+                         env={"ANTHROPIC_API_KEY": "sk-test"})
+    reply = await a2a.send_and_wait(url, "hi", timeout_seconds=20)
+    assert (reply.state, reply.text) == ("completed", "ok")
+    assert len(fake_messages_api.requests) == 2
+
+
+async def test_anthropic_agent_without_a_key_fails_clearly(
+    start_agent, a2a, fake_messages_api, monkeypatch
+):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    url, _ = start_agent("anthropic", anthropic_config(fake_messages_api))
+    reply = await a2a.send_and_wait(url, "hi", timeout_seconds=20)
+    assert reply.state == "failed"
+    assert reply.data["error_type"] == "MissingAPIKey"
+    assert "ANTHROPIC_API_KEY is not set" in reply.data["error_message"]
+    assert fake_messages_api.requests == []
