@@ -57,6 +57,9 @@ def project_dagster_home(config: AgentEnvConfig) -> Path:
     """``DAGSTER_HOME`` if set, else the project's ``.dagster_home`` (created on first use)."""
     home = Path(os.environ.get("DAGSTER_HOME") or config.root / ".dagster_home")
     home.mkdir(parents=True, exist_ok=True)
+    settings = home / "dagster.yaml"
+    if not settings.exists():  # no network here: opt out of telemetry, keep the defaults
+        settings.write_text("telemetry:\n  enabled: false\n")
     os.environ["DAGSTER_HOME"] = str(home)
     return home
 

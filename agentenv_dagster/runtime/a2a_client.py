@@ -30,6 +30,7 @@ DEFAULT_ENDPOINTS = {
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected"})
+MAX_POLL_FAILURES = 5
 _HEADERS = {"A2A-Version": "1.0"}
 
 
@@ -93,9 +94,11 @@ class A2AClient:
         poll_interval: float = 0.2,
         context_id: str | None = None,
     ) -> A2AReply:
-        """Send one text prompt to the JSON-RPC endpoint ``url`` and poll until the task ends.
+        """Send one text prompt and poll until its task ends.
 
-        On the deadline the task is cancelled (best effort) and TimeoutError is raised.
+        ``url`` is the agent's JSON-RPC endpoint: the base URL of an embedded agent, the
+        card's ``supportedInterfaces[].url`` in general. On the deadline the task is
+        cancelled (best effort) and TimeoutError is raised.
         """
         deadline = time.monotonic() + timeout_seconds
         message: dict[str, Any] = {
@@ -111,11 +114,13 @@ class A2AClient:
         except A2AError as exc:
             raise A2AError(f"A2A message/send failed: {exc}") from None
         if "message" in result:  # the agent answered directly, without a task
-            return _reply({"status": {"state": "TASK_STATE_COMPLETED", "message": result["message"]}})
+            status = {"state": "TASK_STATE_COMPLETED", "message": result["message"]}
+            return _reply({"status": status})
         task = result.get("task") or {}
         task_id = task.get("id")
         if not task_id:
             raise A2AError(f"A2A message/send succeeded but returned no task id: {result}")
+        failures = 0
         while _state(task) not in TERMINAL_STATES:
             if time.monotonic() + poll_interval >= deadline:
                 await self._cancel_quietly(url, task_id)
@@ -125,8 +130,11 @@ class A2AClient:
             await asyncio.sleep(poll_interval)
             try:
                 task = await self._rpc(url, "GetTask", {"id": task_id}, deadline)
+                failures = 0
             except httpx.TransportError:
-                continue  # a dropped poll is retried until the deadline
+                failures += 1  # a dropped poll is retried; an agent that is gone is not
+                if failures >= MAX_POLL_FAILURES:
+                    raise
         return _reply(task)
 
     async def _cancel_quietly(self, url: str, task_id: str) -> None:
@@ -163,9 +171,8 @@ def _join(base: str, path: str) -> str:
 
 def _raise_for_status(method: str, response: httpx.Response) -> None:
     if response.status_code >= 400:
-        raise A2AError(
-            f"{method} {response.request.url} -> HTTP {response.status_code}: {response.text[:2000]}"
-        )
+        raise A2AError(f"{method} {response.request.url} -> HTTP {response.status_code}: "
+                       f"{response.text[:2000]}")
 
 
 def _state(task: dict) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import AgentEnvConfig
-from ..context import DeployedAgent, DeployedEnv
+from ..context import DeployedAgent, DeployedEnv, DeployedSandbox
 from .processes import spawn_server, terminate
 from .sandbox import LocalSandbox
 
@@ -118,6 +118,24 @@ class LocalProvider:
             agent_name=agent_name, api_url=server.url, a2a_url=server.url, sandbox_id=instance_id,
             sandbox_type="local", instance_id=instance_id, sandbox_root=str(sandbox),
             a2a_agent_id=agent_id,
+        )
+
+    def deploy_sandbox(
+        self, sandbox_name: str, *, sandbox_mode: str, ttl_seconds: int,
+        network_policy: dict[str, Any] | None = None,
+    ) -> DeployedSandbox:
+        """A bare sandbox is a fresh folder of the run: no process, so nothing to end."""
+        if self.ledger.closed:
+            raise DeploymentError(f"run is tearing down; sandbox '{sandbox_name}' was not created")
+        instance_id = f"sandbox-{secrets.token_hex(4)}"
+        root = self.run_dir / "sandboxes" / instance_id
+        root.mkdir(parents=True)
+        created = _now()
+        return DeployedSandbox(
+            sandbox_name=sandbox_name, sandbox_mode=sandbox_mode, sandbox_id=instance_id,
+            sandbox_type="local", instance_id=instance_id, created_at_utc=created.isoformat(),
+            expires_at_utc=(created + timedelta(seconds=ttl_seconds)).isoformat(),
+            network_policy=network_policy, sandbox_root=str(root),
         )
 
     def sandbox_of(self, agent: DeployedAgent) -> LocalSandbox:

@@ -62,6 +62,29 @@ def check_dag(steps: Sequence[tuple[str, list[Any] | None]]) -> list[SpecError]:
     return errors
 
 
+def check_retry_targets(steps: Sequence[tuple[str, list[Any] | None, str | None]]) -> list[SpecError]:
+    """``retry_config.retry_from_step_id`` names the step itself or a dependency ancestor
+    (absent depends_on = every earlier step), as ``Task._validate_dag``. Needs a valid DAG."""
+    edges = resolve_edges([(step_id, depends_on) for step_id, depends_on, _ in steps])
+    ancestors: dict[str, set[Any]] = {}
+    errors: list[SpecError] = []
+    for position, (step_id, _, target) in enumerate(steps):
+        deps = edges[step_id]
+        ancestors[step_id] = set(deps).union(*(ancestors[d] for d in deps))
+        if target is None or target == step_id or target in ancestors[step_id]:
+            continue
+        errors.append(
+            SpecError(
+                f"Step '{step_id}' at position {position} declares retry_config.retry_from_step_id "
+                f"'{target}' which is not in the step's dependency ancestry "
+                f"(ancestor ids: {sorted(ancestors[step_id])})",
+                step_id=step_id,
+                field="retry_config",
+            )
+        )
+    return errors
+
+
 def resolve_edges(steps: Sequence[tuple[str, list[Any] | None]]) -> dict[str, tuple[str, ...]]:
     """Which steps each step waits for: absent = every earlier step, ``[]`` = none."""
     edges: dict[str, tuple[str, ...]] = {}

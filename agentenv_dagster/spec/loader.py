@@ -11,12 +11,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import SpecError, TaskLoadError
-from .depends import check_dag
+from .depends import check_dag, check_retry_targets
 
 if TYPE_CHECKING:
     from ..steps.base import TaskStep
@@ -86,6 +86,12 @@ def parse_task_document(
             errors.append(exc.located(source))
     if not errors:
         errors.extend(e.located(source) for e in check_dag([(s.id, s.depends_on) for s in steps]))
+    if not errors:
+        retry_targets = [
+            (s.id, s.depends_on, s.retry_config.retry_from_step_id if s.retry_config else None)
+            for s in steps
+        ]
+        errors.extend(e.located(source) for e in check_retry_targets(retry_targets))
     if errors:
         raise TaskLoadError(errors)
     return TaskDocument(task_id=task_id, version=version, steps=tuple(steps), source=source)
@@ -115,7 +121,8 @@ def _describe(err: dict[str, Any], cls: type) -> tuple[str | None, str]:
     field = ".".join(loc) or None
     kind = err.get("type")
     if kind == "extra_forbidden":
-        known = [name for name in cls.model_fields if name != "type"]
+        model = _model_at(cls, loc[:-1])
+        known = [name for name in model.model_fields if name != "type"] if model else []
         close = difflib.get_close_matches(loc[-1], known, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         return field, f"unknown field{hint}"
@@ -127,3 +134,27 @@ def _describe(err: dict[str, Any], cls: type) -> tuple[str | None, str]:
             return error.field or field, error.message
         return field, str(error) if error is not None else err["msg"]
     return field, f"{err['msg']} (got {err.get('input')!r})"
+
+
+def _model_at(cls: type, path: list[str]) -> type[BaseModel] | None:
+    """The pydantic model whose fields an error path ends in (``retry_config.x`` is a
+    field of RetryConfig, ``artifacts.0.x`` of ArtifactRef), or None when it is not one."""
+    model: Any = cls
+    for part in path:
+        if part.isdigit():
+            continue  # a list index: the element type was taken with the field
+        field = model.model_fields.get(part)
+        model = _first_model(field.annotation) if field is not None else None
+        if model is None:
+            return None
+    return model
+
+
+def _first_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Iterator, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..spec.depends import normalize_depends_on
 
@@ -36,7 +36,8 @@ class ContextName(NamedTuple):
 class RetryConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    retry_from_step_id: str = Field(alias="go_to_step_id")
+    # ``go_to_step_id`` is accepted on input only; the stored form says ``retry_from_step_id``.
+    retry_from_step_id: str = Field(validation_alias=AliasChoices("retry_from_step_id", "go_to_step_id"))
     max_retries: int = 1
 
     @model_validator(mode="before")

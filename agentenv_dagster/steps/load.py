@@ -11,12 +11,15 @@ from ..context import TaskStepContext
 from ..runtime.artifacts import ENVIRONMENT_TYPES, FILE_TYPES, Artifact
 from ..runtime.base import StepRuntime
 from ..runtime.dataplane import env_base_url, file_part_from_bytes
+from ..runtime.sandbox import LocalSandbox
 from .base import AGENT, ARTIFACT, ENV, PRODUCER, SANDBOX, TaskStep
 from .execution import step_param
 from .registry import step
+from .sandbox import deployed_sandbox
 
 AGENT_FILE_DESTINATION = "/tmp/file_artifacts"
 AGENT_ENVIRONMENT_DESTINATION = "/app/files"
+SANDBOX_FILE_DESTINATION = "/loaded"
 
 
 class ArtifactRef(BaseModel):
@@ -100,7 +103,7 @@ class LoadArtifactStep(TaskStep):
             elif self.agent_name:
                 self._into_agent(ctx, rt, artifact)
             else:
-                raise RuntimeError("loading into a sandbox needs deploy_sandbox, which this runtime lacks yet")
+                self._stage(ctx, artifact, deployed_sandbox(ctx, rt, self.sandbox_name), SANDBOX_FILE_DESTINATION)
 
     def _refs(self, ctx: TaskStepContext) -> list[ArtifactRef] | None:
         producer = self.artifact_from_step_id or self.collected_artifacts_step_id
@@ -151,14 +154,17 @@ class LoadArtifactStep(TaskStep):
         agent = ctx.find_agent(self.agent_name)
         if agent is None:
             raise RuntimeError(f"Agent with name '{self.agent_name}' not found in context.deployed_agents")
+        self._stage(ctx, artifact, rt.provider.sandbox_of(agent), AGENT_FILE_DESTINATION)
+
+    def _stage(self, ctx: TaskStepContext, artifact: Artifact, sandbox: LocalSandbox, file_default: str) -> None:
+        """Copy the artifact's files into an agent's or a bare sandbox's filesystem."""
         if artifact.type in FILE_TYPES:
-            default = AGENT_FILE_DESTINATION
+            default = file_default
         elif artifact.type in ENVIRONMENT_TYPES:
             default = AGENT_ENVIRONMENT_DESTINATION
         else:
             raise RuntimeError(f"Unsupported artifact type for loading: '{artifact.type}'")
         destination = step_param(ctx, self.id, "destination_path") or self.destination_path or default
-        sandbox = rt.provider.sandbox_of(agent)
         files = artifact.files
         for relpath, source in files.items():
             target = sandbox.resolve(str(PurePosixPath(destination) / relpath))
@@ -168,4 +174,6 @@ class LoadArtifactStep(TaskStep):
             **artifact.ref(), "artifact_type": artifact.type, "env_id": None,
             "agent_name": self.agent_name, "destination_path": destination, "files": sorted(files),
         }
+        if not self.agent_name:
+            entry["sandbox_name"] = self.sandbox_name
         ctx.metadata_list("loaded_file_artifact_universes").append(entry)

@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
-from ..config import DEFAULT_JUDGE_MODEL
 from ..context import PromptResponse, TaskStepContext
 from ..runtime.base import StepRuntime
 from ..runtime.judge import JudgeUnavailable
@@ -126,7 +125,7 @@ class RubricsVerifierStep(TaskStep):
             raise RuntimeError(f"output_format '{self.output_format}' is not supported by this runtime yet")
         trajectory = self._trajectory(rt, response)
         prompt = self.judge_prompt(ctx, response, trajectory)
-        model = user_override(ctx, "judge_model") or self.default_model or rt.config.model.roles.get("judge") or DEFAULT_JUDGE_MODEL
+        model = user_override(ctx, "judge_model") or self.default_model or rt.config.model.for_role("judge")
         try:
             items, judge = await self._grade(ctx, rt, prompt, model)
         except NotGraded as reason:

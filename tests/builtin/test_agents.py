@@ -27,10 +27,12 @@ SAVE_NOTE = "mcp__notes__save_note"
 
 
 class NotesEnv:
-    """A one-tool MCP env; every call the agent makes lands in ``notes``."""
+    """A one-tool MCP env; every call the agent makes lands in ``notes``, the headers of
+    every HTTP request in ``headers``."""
 
     def __init__(self) -> None:
         self.notes: list[str] = []
+        self.headers: list[dict[str, str]] = []
         server = MCPServer("notes")
 
         @server.tool()
@@ -39,7 +41,14 @@ class NotesEnv:
             self.notes.append(text)
             return f"saved note {len(self.notes)}"
 
-        self.app = server.streamable_http_app(stateless_http=True, json_response=True)
+        mcp_app = server.streamable_http_app(stateless_http=True, json_response=True)
+
+        async def app(scope, receive, send):
+            if scope["type"] == "http":
+                self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
+            await mcp_app(scope, receive, send)
+
+        self.app = app
         self.url = ""
 
 
@@ -89,9 +98,10 @@ async def a2a():
         yield A2AClient(http)
 
 
-async def register(a2a: A2AClient, url: str, mcp_url: str, name: str | None = "notes") -> dict:
+async def register(a2a: A2AClient, url: str, mcp_url: str, name: str | None = "notes",
+                   **extra) -> dict:
     card = await a2a.get_card(url)
-    body = {"url": mcp_url} | ({"name": name} if name else {})
+    body = {"url": mcp_url, **extra} | ({"name": name} if name else {})
     await a2a.post_extension(url, card, MCP_CONFIG_URI, body)
     return card
 
@@ -119,9 +129,9 @@ async def test_config_extensions_store_and_list(start_agent, a2a, notes_env):
     listed = await a2a.get_extension(url, card, MCP_CONFIG_URI)
     assert listed == {"mcp_servers": [{"name": "notes", "url": notes_env.url},
                                       {"name": "env2", "url": notes_env.url}]}
-    await a2a.post_extension(url, card, AGENT_CONFIG_URI, {"system_prompt": "Be brief.", "role": "solver"})
-    assert (await a2a.get_extension(url, card, AGENT_CONFIG_URI))["config"] == {
-        "system_prompt": "Be brief.", "role": "solver"}
+    config = {"system_prompt": "Be brief.", "role": "solver"}
+    await a2a.post_extension(url, card, AGENT_CONFIG_URI, config)
+    assert (await a2a.get_extension(url, card, AGENT_CONFIG_URI))["config"] == config
     skill = {"name": "triage", "description": "Sort mail", "skill_md": "# Triage"}
     assert (await a2a.post_extension(url, card, SKILL_CONFIG_URI, skill))["skills"] == [skill]
 
@@ -136,7 +146,7 @@ async def test_replay_plays_the_matching_episode(start_agent, a2a, notes_env):
         ]},
     ]}
     url, sandbox = start_agent("replay", config)
-    card = await register(a2a, url, notes_env.url)
+    card = await register(a2a, url, notes_env.url, headers={"X-Env-Token": "t0k"})
 
     reply = await a2a.send_and_wait(url, "Please handle refund #42", timeout_seconds=20)
 
@@ -144,9 +154,11 @@ async def test_replay_plays_the_matching_episode(start_agent, a2a, notes_env):
     assert reply.data == {"tool_call_count": 2, "model": "replay",
                           "usage": {"input_tokens": 0, "output_tokens": 0}}
     assert notes_env.notes == ["refund 42", "bare name"]
+    assert {h.get("x-env-token") for h in notes_env.headers} == {"t0k"}
     assert (sandbox / "app/artifact/summary.txt").read_text() == "refund 42 done"
     events = await a2a.get_trajectory(url, card, reply.task_id)
-    assert [e["type"] for e in events] == ["message", "tool_call", "file_write", "tool_call", "message"]
+    assert [e["type"] for e in events] == [
+        "message", "tool_call", "file_write", "tool_call", "message"]
     call = events[1]
     assert call["name"] == SAVE_NOTE and call["arguments"] == {"text": "refund 42"}
     assert (call["is_error"], call["result"]) == (False, "saved note 1")
@@ -163,10 +175,28 @@ async def test_replay_without_a_matching_episode_fails(start_agent, a2a):
 
 
 async def test_replay_honours_its_delay(start_agent, a2a):
-    url, _ = start_agent("replay", {"delay_seconds": 0.6, "episodes": [{"match": "", "reply": "late"}]})
+    url, _ = start_agent("replay", {"delay_seconds": 0.6,
+                                    "episodes": [{"match": "", "reply": "late"}]})
     started = time.monotonic()
     reply = await a2a.send_and_wait(url, "hi", timeout_seconds=20, poll_interval=0.05)
     assert reply.text == "late" and time.monotonic() - started >= 0.6
+
+
+async def test_timeouts_and_unreachable_envs_fail_the_task(start_agent, a2a):
+    url, _ = start_agent("replay", {"episodes": [
+        {"match": "", "reply": "x", "actions": [{"sleep": 10}]}]})
+    card = await a2a.get_card(url)
+    await a2a.post_extension(url, card, AGENT_CONFIG_URI, {"timeout_seconds": 0.3})
+    slow = await a2a.send_and_wait(url, "hi", timeout_seconds=20)
+    assert slow.state == "failed"
+    assert (slow.data["error_type"], slow.data["error_message"]) == (
+        "AgentTimeout", "no reply within timeout_seconds=0.3")
+
+    await a2a.post_extension(url, card, AGENT_CONFIG_URI, {"timeout_seconds": None})
+    await register(a2a, url, "http://127.0.0.1:9/mcp", name="gone")
+    broken = await a2a.send_and_wait(url, "hi", timeout_seconds=20)
+    assert broken.data["error_type"] == "MCPConnectionError"
+    assert broken.data["error_message"].startswith("MCP server 'gone' at http://127.0.0.1:9/mcp: ")
 
 
 def test_a_broken_replay_script_fails_at_start(start_agent):
@@ -204,11 +234,13 @@ async def test_anthropic_agent_runs_a_tool_loop(start_agent, a2a, notes_env, fak
         "type": "tool_result", "tool_use_id": tool_use_id, "content": "saved note 1",
         "is_error": False}]
     events = await a2a.get_trajectory(url, card, reply.task_id)
-    assert [e.get("role") or e["name"] for e in events] == ["user", "assistant", SAVE_NOTE, "assistant"]
+    assert [e.get("role") or e["name"] for e in events] == [
+        "user", "assistant", SAVE_NOTE, "assistant"]
 
 
 async def test_anthropic_agent_retries_rate_limits(start_agent, a2a, fake_messages_api):
-    fake_messages_api.enqueue(error_reply(429, "slow down", retry_after_seconds=0.05), text_reply("ok"))
+    fake_messages_api.enqueue(
+        error_reply(429, "slow down", retry_after_seconds=0.05), text_reply("ok"))
     url, _ = start_agent("anthropic", anthropic_config(fake_messages_api),
                          env={"ANTHROPIC_API_KEY": "sk-test"})
     reply = await a2a.send_and_wait(url, "hi", timeout_seconds=20)

@@ -62,7 +62,8 @@ class Scripted:
     delay_seconds: float = 0.0
 
 
-def text_reply(text: str, *, delay_seconds: float = 0.0, usage: tuple[int, int] = (10, 5)) -> Scripted:
+def text_reply(text: str, *, delay_seconds: float = 0.0,
+               usage: tuple[int, int] = (10, 5)) -> Scripted:
     return _message([{"type": "text", "text": text}], "end_turn", delay_seconds, usage)
 
 

@@ -30,9 +30,12 @@ def main(argv: list[str] | None = None) -> None:
     add_serving_arguments(parser)
     args = parser.parse_args(argv)
 
-    config = json.loads(args.config_file.read_text())
     module, cls = BRAINS[args.kind]
-    brain = getattr(importlib.import_module(module), cls)(config)
+    try:
+        config = json.loads(args.config_file.read_text())
+        brain = getattr(importlib.import_module(module), cls)(config)
+    except ValueError as exc:  # a bad config file fails the deploy with one clear line
+        raise SystemExit(f"agent config {args.config_file}: {exc}") from None
     args.sandbox.mkdir(parents=True, exist_ok=True)
 
     run_agent(

@@ -38,28 +38,13 @@ class AnthropicBrain:
             )
         import anthropic  # imported here: the replay agent never pays for it
 
-        settings = session.config
-        session.model = settings.get("model") or self.model or ""
-        if not session.model:
-            raise AgentFailure("NoModel", "no model in the agent config file or agent-config")
-        params = {**self.params, **settings.get("model_params", {})}
-        if RESERVED_PARAMS & params.keys():
-            raise AgentFailure("InvalidModelParams",
-                               f"model_params may not set {sorted(RESERVED_PARAMS & params.keys())}")
-        system = _system_prompt(settings.get("system_prompt") or self.system_prompt, session.skills)
-        if system:
-            params["system"] = system
-        if session.tools:
-            params["tools"] = [{"name": t.name, "description": t.description,
-                                "input_schema": t.input_schema} for t in session.tools]
-        max_turns = int(settings.get("max_turns") or self.max_turns)
-        client = anthropic.AsyncAnthropic(api_key=api_key, base_url=self.base_url, max_retries=2)
+        params = self._request_params(session)
+        max_turns = int(session.config.get("max_turns") or self.max_turns)
         messages: list[dict] = [{"role": "user", "content": prompt}]
+        client = anthropic.AsyncAnthropic(api_key=api_key, base_url=self.base_url, max_retries=2)
         async with client:
             for _ in range(max_turns):
-                response = await client.messages.create(
-                    model=session.model, messages=messages, **params
-                )
+                response = await client.messages.create(messages=messages, **params)
                 session.usage["input_tokens"] += response.usage.input_tokens
                 session.usage["output_tokens"] += response.usage.output_tokens
                 text = "".join(b.text for b in response.content if b.type == "text")
@@ -73,9 +58,29 @@ class AnthropicBrain:
                 for call in calls:
                     outcome = await session.call_tool(call.name, call.input)
                     results.append({"type": "tool_result", "tool_use_id": call.id,
-                                    "content": outcome.text, "is_error": outcome.is_error})
+                                    "is_error": outcome.is_error,
+                                    **({"content": outcome.text} if outcome.text else {})})
                 messages.append({"role": "user", "content": results})
         raise AgentFailure("MaxTurnsExceeded", f"no final reply within max_turns={max_turns}")
+
+    def _request_params(self, session: TaskSession) -> dict:
+        """Model, system prompt, tools and params of every request; agent-config wins over
+        the config file."""
+        settings = session.config
+        session.model = settings.get("model") or self.model or ""
+        if not session.model:
+            raise AgentFailure("NoModel", "no model in the agent config file or agent-config")
+        params = {**self.params, **settings.get("model_params", {})}
+        if reserved := sorted(RESERVED_PARAMS & params.keys()):
+            raise AgentFailure("InvalidModelParams", f"model_params may not set {reserved}")
+        params["model"] = session.model
+        system = _system_prompt(settings.get("system_prompt") or self.system_prompt, session.skills)
+        if system:
+            params["system"] = system
+        if session.tools:
+            params["tools"] = [{"name": t.name, "description": t.description,
+                                "input_schema": t.input_schema} for t in session.tools]
+        return params
 
 
 def _system_prompt(base: str, skills: list[dict]) -> str:

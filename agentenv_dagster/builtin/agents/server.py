@@ -73,7 +73,6 @@ class Tool:
 class ToolOutcome:
     text: str
     is_error: bool
-    structured: Any = None
 
 
 class Brain(Protocol):
@@ -101,17 +100,17 @@ class TaskSession:
         """Open every registered MCP server for the task's lifetime and list its tools."""
         if not servers:
             return
-        import mcp  # imported here: agents start faster without it
+        # Imported on first use, so agents start fast; httpx2 is the HTTP client mcp uses.
+        import httpx2
+        import mcp
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
         for server in servers:
             target: Any = server["url"]
             try:
-                if server.get("headers"):
-                    http = await stack.enter_async_context(
-                        create_mcp_http_client(headers=server["headers"])
-                    )
+                if server.get("headers"):  # mcp's documented way to send headers
+                    http = await stack.enter_async_context(httpx2.AsyncClient(
+                        headers=server["headers"], timeout=httpx2.Timeout(30.0, read=300.0)))
                     target = streamable_http_client(server["url"], http_client=http)
                 client = await stack.enter_async_context(mcp.Client(target))
                 tools, cursor = [], None
@@ -123,7 +122,7 @@ class TaskSession:
             except Exception as exc:
                 raise AgentFailure(
                     "MCPConnectionError",
-                    f"MCP server '{server['name']}' at {server['url']}: {exc}",
+                    f"MCP server '{server['name']}' at {server['url']}: {_root(exc)!r}",
                 ) from exc
             for tool in tools:
                 name = f"mcp__{server['name']}__{tool.name}"
@@ -144,7 +143,7 @@ class TaskSession:
             client, bare = self._routes[full]
             result = await client.call_tool(bare, arguments)
             text = "\n".join(getattr(block, "text", "") for block in result.content)
-            outcome = ToolOutcome(text, bool(result.is_error), result.structured_content)
+            outcome = ToolOutcome(text, bool(result.is_error))
         self.tool_call_count += 1
         self.record({
             "type": "tool_call", "name": full or name, "arguments": arguments,
@@ -182,15 +181,13 @@ class EmbeddedAgent(AgentExecutor):
         self.task_contexts[task.id] = task.context_id
         prompt = context.get_user_input()
         session.record_message("user", prompt)
+        timeout_seconds = session.config.get("timeout_seconds")
         try:
-            async with AsyncExitStack() as stack, asyncio.timeout(self.config.get("timeout_seconds")):
+            async with AsyncExitStack() as stack, asyncio.timeout(timeout_seconds):
                 await session.connect(stack, self.mcp_servers)
                 reply = await self.brain.run(prompt, session)
         except Exception as exc:  # any failure becomes a FAILED task the client can read
-            error_type = getattr(exc, "error_type", None) or (
-                "AgentTimeout" if isinstance(exc, TimeoutError) else type(exc).__name__
-            )
-            message = str(exc) or repr(exc)
+            error_type, message = _describe(exc, timeout_seconds)
             session.record({"type": "error", "error_type": error_type, "error_message": message})
             data = {**_reply_data(session), "error_type": error_type, "error_message": message}
             parts = [new_text_part(f"{error_type}: {message}"), new_data_part(data)]
@@ -209,10 +206,13 @@ class EmbeddedAgent(AgentExecutor):
             listed = [{"name": s["name"], "url": s["url"]} for s in self.mcp_servers]
             return JSONResponse({"mcp_servers": listed})
         body = await _json_object(request)
-        if not isinstance(body.get("url"), str) or not body["url"].startswith(("http://", "https://")):
+        url, name, headers = body.get("url"), body.get("name"), body.get("headers") or {}
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             return _bad_request("'url' must be an http(s) URL")
-        alias = re.sub(r"[^A-Za-z0-9_-]", "_", body.get("name") or f"env{len(self.mcp_servers) + 1}")
-        entry = {"name": alias, "url": body["url"], "headers": dict(body.get("headers") or {})}
+        if not isinstance(name, str | None) or not isinstance(headers, dict):
+            return _bad_request("'name' must be a string and 'headers' an object")
+        alias = re.sub(r"[^A-Za-z0-9_-]", "_", name or f"env{len(self.mcp_servers) + 1}")
+        entry = {"name": alias, "url": url, "headers": headers}
         self.mcp_servers = [s for s in self.mcp_servers if s["name"] != alias] + [entry]
         return JSONResponse({"name": alias, "url": entry["url"]})
 
@@ -220,16 +220,12 @@ class EmbeddedAgent(AgentExecutor):
         if request.method == "POST":
             body = await _json_object(request)
             unknown = sorted(set(body) - set(CONFIG_FIELDS))
-            if unknown:
-                return _bad_request(f"unsupported agent-config fields: {unknown}")
-            for key, value in body.items():
-                if value is not None and not isinstance(value, CONFIG_FIELDS[key]):
-                    return _bad_request(f"agent-config field '{key}' has the wrong type")
-            for key, value in body.items():
-                if value is None:
-                    self.config.pop(key, None)
-                else:
-                    self.config[key] = value
+            mistyped = sorted(k for k, v in body.items() if k in CONFIG_FIELDS
+                              and v is not None and not isinstance(v, CONFIG_FIELDS[k]))
+            if unknown or mistyped:
+                return _bad_request(f"unsupported agent-config fields: {unknown}" if unknown
+                                    else f"agent-config fields of the wrong type: {mistyped}")
+            self.config = {k: v for k, v in {**self.config, **body}.items() if v is not None}
         return JSONResponse({"config": self.config})
 
     async def skill_config(self, request: Request) -> JSONResponse:
@@ -252,6 +248,23 @@ class EmbeddedAgent(AgentExecutor):
         if not tasks:
             return JSONResponse({"error": f"no trajectory for {body}"}, status_code=404)
         return JSONResponse({"trajectory": [e for t in tasks for e in self.trajectories[t]]})
+
+
+def _root(exc: BaseException) -> BaseException:
+    """The first real cause inside (nested) exception groups, which say nothing themselves."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: Exception, timeout_seconds: float | None) -> tuple[str, str]:
+    """The ``error_type`` and ``error_message`` a client reads from a failed task."""
+    exc = _root(exc)
+    if isinstance(exc, AgentFailure):
+        return exc.error_type, str(exc)
+    if isinstance(exc, TimeoutError) and timeout_seconds:
+        return "AgentTimeout", f"no reply within timeout_seconds={timeout_seconds:g}"
+    return type(exc).__name__, str(exc) or repr(exc)
 
 
 def _reply_data(session: TaskSession) -> dict:
@@ -281,13 +294,15 @@ def build_card(name: str, description: str) -> AgentCard:
     """The card; ``run_agent`` replaces the placeholder URL once the port is known."""
     extensions = [
         _extension(MCP_CONFIG_URI, "Register MCP servers whose tools the agent may use", {
-            "add": {"method": "POST", "request": {"required": ["url"], "optional": ["headers", "name"]}},
+            "add": {"method": "POST",
+                    "request": {"required": ["url"], "optional": ["headers", "name"]}},
             "list": {"method": "GET"}}),
         _extension(AGENT_CONFIG_URI, "Set the model, system prompt, limits and identity", {
             "set": {"method": "POST", "request": {"supported": list(CONFIG_FIELDS)}},
             "get": {"method": "GET"}}),
         _extension(SKILL_CONFIG_URI, "Add inline skills", {
-            "add": {"method": "POST", "request": {"required": ["name", "skill_md"], "optional": ["description"]}},
+            "add": {"method": "POST",
+                    "request": {"required": ["name", "skill_md"], "optional": ["description"]}},
             "list": {"method": "GET"}}),
         _extension(TRAJECTORY_URI, "Read the events of a task", {
             "get": {"method": "POST", "request": {"optional": ["task_id", "context_id"]}}}),
@@ -295,8 +310,8 @@ def build_card(name: str, description: str) -> AgentCard:
     return AgentCard(
         name=name, description=description, version="1.0.0",
         supported_interfaces=[  # 0.3 too, so the card keeps the top-level ``url`` of 0.3
-            AgentInterface(url=PLACEHOLDER_URL, protocol_binding="JSONRPC", protocol_version=version)
-            for version in ("1.0", "0.3")
+            AgentInterface(url=PLACEHOLDER_URL, protocol_binding="JSONRPC", protocol_version=v)
+            for v in ("1.0", "0.3")
         ],
         capabilities=AgentCapabilities(streaming=False, extensions=extensions),
         default_input_modes=["text/plain"], default_output_modes=["text/plain", "application/json"],

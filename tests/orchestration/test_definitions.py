@@ -1,0 +1,74 @@
+"""The code location: jobs mirror the steps, assets and checks are declared before any run."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+
+from agentenv_dagster import build_definitions
+from agentenv_dagster.errors import TaskLoadError
+
+VERIFICATION = dg.AssetKey(["verifications", "reply_to_dana", "sent"])
+TONE = dg.AssetKey(["verifications", "reply_to_dana", "tone"])
+COLLECTED = dg.AssetKey(["artifacts", "reply_to_dana", "collect"])
+INBOX = dg.AssetKey(["artifacts", "inbox"])
+
+
+def test_one_job_per_task_with_ops_named_after_steps_and_depends_on_edges(project):
+    defs = build_definitions(project / "tasks")
+    job = defs.get_job_def("reply_to_dana")
+    nodes = {node.name for node in job.graph.nodes}
+    assert nodes == {"email", "inbox", "assistant", "reply", "tone", "sent", "collect", "teardown_run"}
+    upstream = {
+        invocation.alias: sorted(d.node for d in inputs["upstream"].get_node_dependencies())
+        if "upstream" in inputs else []
+        for invocation, inputs in job.graph.dependencies.items()
+    }
+    assert upstream["email"] == []
+    assert upstream["inbox"] == ["email"] and upstream["assistant"] == ["email"]
+    assert upstream["reply"] == ["assistant", "inbox"]
+    assert upstream["teardown_run"] == ["collect", "sent", "tone"]
+    # one op definition per step type, shared through aliases
+    assert job.graph.node_named("reply").definition.name == "prompt_agent"
+    assert job.tags["agentenv/task_id"] == "reply_to_dana"
+    assert len(job.tags["agentenv/content_hash"]) == 16
+
+
+def test_step_fields_are_launchpad_config(project):
+    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    config = job.run_config_schema.config_type.fields["ops"].config_type.fields["reply"]
+    default = config.default_value["config"]["step"]
+    assert default["prompt"] == "Reply to Dana." and default["agent_name"] == "assistant"
+
+
+def test_assets_and_checks_are_declared_with_lineage_from_the_loaded_artifact(project):
+    defs = build_definitions(project / "tasks")
+    graph = defs.resolve_asset_graph()
+    assert {VERIFICATION, TONE, COLLECTED, INBOX} <= set(graph.get_all_asset_keys())
+    # the env-outcome verdict reads the env loaded from the inbox, with its script artifact
+    assert graph.get(VERIFICATION).parent_keys == {INBOX, dg.AssetKey(["artifacts", "dana_reply_check"])}
+    assert graph.get(TONE).parent_keys == {INBOX}
+    assert graph.get(COLLECTED).parent_keys == {INBOX}
+    checks = {key for key in graph.asset_check_keys}
+    assert dg.AssetCheckKey(VERIFICATION, "passed") in checks
+    assert dg.AssetCheckKey(TONE, "passed") in checks
+
+
+def test_a_bad_task_file_is_skipped_and_reported_not_fatal(project):
+    (project / "tasks" / "broken.json").write_text(json.dumps([
+        {"id": "a", "type": "deploy_env", "env_id": "email", "ttl_secnds": 5}
+    ]))
+    defs = build_definitions(project / "tasks")
+    assert defs.get_job_def("reply_to_dana") is not None
+    placeholder = defs.get_job_def("broken__invalid")
+    assert "step 'a': field 'ttl_secnds': unknown field (did you mean 'ttl_seconds'?)" in placeholder.description
+    result = placeholder.execute_in_process(raise_on_error=False)
+    assert not result.success
+
+
+def test_strict_mode_refuses_a_bad_task_file(project):
+    (project / "tasks" / "broken.json").write_text("[{]")
+    with pytest.raises(TaskLoadError, match=r"broken.json: invalid JSON at line 1 column 3"):
+        build_definitions(project / "tasks", strict=True)

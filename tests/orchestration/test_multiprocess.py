@@ -1,0 +1,77 @@
+"""The real `dagster` CLI on the project's code location, under the multiprocess executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from projects import REPO, leaked_servers, make_project
+
+SLEEP_STEP = textwrap.dedent('''
+    import asyncio, time
+    from agentenv_dagster.steps.base import TaskStep
+
+    class SleepStep(TaskStep):
+        """A custom step type (``[task_steps] impls``) that sleeps and notes when."""
+        type_name = "sleep"
+        seconds: float = 1.0
+
+        async def execute(self, ctx, rt):
+            started = time.time()
+            await asyncio.sleep(self.seconds)
+            ctx.metadata_map("sleeps")[self.id] = [started, time.time()]
+''')
+
+
+def dagster(project, *args, timeout=300):
+    env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), "PYTHONPATH": str(project)}
+    (project / ".dagster_home").mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "dagster", *args], cwd=project, env=env,
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def run_contexts(project):
+    (run_dir,) = (project / ".agentenv" / "state" / "runs").iterdir()
+    return {p.stem: json.loads(p.read_text()) for p in (run_dir / "context").glob("*.json")}
+
+
+@pytest.mark.slow
+def test_independent_branches_overlap_under_the_multiprocess_executor(tmp_path):
+    project = make_project(tmp_path / "p", extra_config='[task_steps]\nimpls = ["slow_steps:SleepStep"]\n', tasks={
+        "overlap.json": [
+            {"id": "left", "type": "sleep", "seconds": 3, "depends_on": []},
+            {"id": "right", "type": "sleep", "seconds": 3, "depends_on": []},
+            {"id": "join", "type": "sleep", "seconds": 0},
+        ]})
+    (project / "slow_steps.py").write_text(SLEEP_STEP)
+    shutil.copy(REPO / "definitions.py", project / "definitions.py")
+    done = dagster(project, "job", "execute", "-f", "definitions.py", "-j", "overlap")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sleeps = run_contexts(project)["join"]["metadata"]["sleeps"]
+    (l_start, l_end), (r_start, r_end) = sleeps["left"], sleeps["right"]
+    assert max(l_start, r_start) < min(l_end, r_end), f"branches ran one after the other: {sleeps}"
+    assert sleeps["join"][0] >= max(l_end, r_end)  # null depends_on waits for every earlier step
+
+
+@pytest.mark.slow
+def test_dagster_cli_validates_and_executes_reply_to_dana(tmp_path):
+    project = make_project(tmp_path / "p")
+    shutil.copy(REPO / "definitions.py", project / "definitions.py")
+    shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
+    validated = dagster(project, "definitions", "validate", "-w", "workspace.yaml")
+    assert validated.returncode == 0, validated.stderr[-3000:]
+    assert "All code locations passed validation" in validated.stderr + validated.stdout
+    done = dagster(project, "job", "execute", "-f", "definitions.py", "-j", "reply_to_dana")
+    assert done.returncode == 0, done.stderr[-3000:]
+    final = run_contexts(project)["teardown_run"]
+    assert final["metadata"]["verifications"]["sent"]["score"] == 1.0
+    assert final["metadata"]["collected_artifacts"]["collect"]["artifacts"]
+    assert leaked_servers(project / ".agentenv" / "state") == []

@@ -1,0 +1,111 @@
+"""Tasks run through Dagster in-process: scores as asset metadata, failure semantics, teardown."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+
+from agentenv_dagster import build_definitions
+from agentenv_dagster.orchestration.io_manager import final_context
+from projects import leaked_servers, make_project
+
+SENT = dg.AssetKey(["verifications", "reply_to_dana", "sent"])
+TONE = dg.AssetKey(["verifications", "reply_to_dana", "tone"])
+COLLECTED = dg.AssetKey(["artifacts", "reply_to_dana", "collect"])
+
+
+def _metadata(instance, key):
+    event = instance.get_latest_materialization_event(key)
+    assert event is not None, f"{key} was not materialized"
+    return {k: v.value for k, v in event.asset_materialization.metadata.items()}
+
+
+def _checks(result):
+    return {
+        (e.event_specific_data.asset_key, e.event_specific_data.check_name): e.event_specific_data
+        for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
+
+
+def test_reply_to_dana_runs_end_to_end_offline(project):
+    defs = build_definitions(project / "tasks")
+    state = project / ".agentenv" / "state"
+    with dg.instance_for_test() as instance:
+        result = defs.get_job_def("reply_to_dana").execute_in_process(instance=instance)
+        assert result.success
+
+        sent = _metadata(instance, SENT)
+        assert sent["score"] == 1.0 and sent["passed"] is True
+        assert [r.data["id"] for r in sent["criteria"].records] == ["sent_to_dana", "about_q3", "signed"]
+
+        tone = _metadata(instance, TONE)  # no judge offline: recorded, never invented
+        assert tone["graded"] is False and "score" not in tone
+        assert "needs an API key" in tone["reason"]
+
+        collected = _metadata(instance, COLLECTED)
+        assert collected["file_count"] == 1
+        url = collected["files"]["reply_to_dana.txt"]
+        assert url.startswith("file://") and "Q3 numbers are reconciled" in open(url[7:]).read()
+
+        checks = _checks(result)
+        assert checks[(SENT, "passed")].passed is True
+        assert checks[(TONE, "passed")].passed is False
+        assert checks[(TONE, "passed")].severity == dg.AssetCheckSeverity.WARN
+
+        observation = instance.fetch_observations(dg.AssetKey(["artifacts", "inbox"]), limit=1).records
+        assert observation[0].asset_observation.metadata["version"].value == 1
+
+    context = final_context(state / "runs", result.run_id)
+    assert context.prompt_responses[0].tool_call_count == 2
+    assert context.metadata["loaded_environment_artifacts"][0]["id"] == "inbox"
+    assert leaked_servers(state) == []
+    assert json.loads((state / "runs" / result.run_id / "context" / "teardown_run.json").read_text())["metadata"][
+        "verifications"]["sent"]["score"] == 1.0
+
+
+FAILING_TASK = [
+    {"id": "email", "type": "deploy_env", "env_id": "email", "depends_on": []},
+    {"id": "agent", "type": "deploy_agent", "env_ids": ["email"], "a2a_agent_id": "replay",
+     "agent_name": "a", "depends_on": ["email"]},
+    {"id": "ask", "type": "prompt_agent", "agent_name": "a", "prompt_id": "p", "prompt": "nothing scripted",
+     "depends_on": ["agent"]},
+    {"id": "check", "type": "agent_prompt_response_verifier", "prompt_id": "p", "verifier_id": "v",
+     "criteria": [{"type": "response_contains", "needles": ["x"]}], "depends_on": ["ask"]},
+]
+
+
+def _run(tmp_path, steps):
+    root = make_project(tmp_path / "p", tasks={"t.json": steps})
+    defs = build_definitions(root / "tasks")
+    with dg.instance_for_test() as instance:
+        result = defs.get_job_def("t").execute_in_process(instance=instance, raise_on_error=False)
+    state = root / ".agentenv" / "state"
+    return result, final_context(state / "runs", result.run_id), state
+
+
+def test_a_fatal_failure_fails_the_run_skips_dependents_and_tears_down(tmp_path):
+    result, context, state = _run(tmp_path, FAILING_TASK)
+    assert not result.success
+    statuses = {e.step_key: e.event_type_value for e in result.all_events
+                if e.event_type_value in ("STEP_SUCCESS", "STEP_FAILURE", "STEP_SKIPPED")}
+    assert statuses["ask"] == "STEP_FAILURE"
+    assert "check" not in statuses or statuses["check"] == "STEP_SKIPPED"
+    failed = context.metadata["failed_steps"]
+    assert [(f["step_id"], f["is_fatal"]) for f in failed] == [("ask", True)]
+    assert "A2A task failed" in failed[0]["error"] and "NoScriptedReply" in failed[0]["error"]
+    # the failed agent still leaves its PromptResponse
+    assert context.find_prompt_response("p").error_type == "NoScriptedReply"
+    assert leaked_servers(state) == []
+
+
+def test_a_tolerated_failure_lets_dependents_run(tmp_path):
+    steps = [dict(s) for s in FAILING_TASK]
+    steps[2]["fail_task_on_error"] = False
+    result, context, state = _run(tmp_path, steps)
+    assert result.success
+    assert [(f["step_id"], f["is_fatal"]) for f in context.metadata["failed_steps"]] == [("ask", False)]
+    verdict = context.metadata["verifications"]["v"]
+    assert verdict["score"] == 0.0
+    assert verdict["results"][0]["message"] == "Skipped: prompt had error_type=NoScriptedReply"
+    assert leaked_servers(state) == []

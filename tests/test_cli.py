@@ -1,0 +1,109 @@
+"""The ``agentenv-dagster`` CLI, run for real in a subprocess, with its exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from projects import SHARED, leaked_servers, make_project
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = make_project(tmp_path / "project")
+    yield root
+    assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def cli(project: Path, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), **(env or {})}
+    environment.pop("ANTHROPIC_API_KEY", None) if "ANTHROPIC_API_KEY" not in (env or {}) else None
+    return subprocess.run(
+        [sys.executable, "-m", "agentenv_dagster.cli", *args], cwd=project, env=environment,
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_validate_accepts_the_examples_and_the_upstream_corpus(project):
+    done = cli(project, "validate", "tasks", str(SHARED / "corpus" / "agentenv"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "task document(s) valid" in done.stdout
+
+
+def test_validate_reports_one_line_per_problem_and_exits_1(project):
+    bad = project / "bad.json"
+    bad.write_text(json.dumps([
+        {"id": "a", "type": "deploy_env", "env_id": "email", "depends_on": ["b"]},
+        {"id": "b", "type": "prompt_agent", "promt": "hi"},
+    ]))
+    done = cli(project, "validate", str(bad))
+    assert done.returncode == 1
+    lines = done.stdout.strip().splitlines()
+    assert f"{bad}: step 'b': field 'promt': unknown field (did you mean 'prompt'?)" in lines[0]
+    assert len(lines) == 1  # the DAG is checked once every step parses
+
+
+def test_run_writes_the_redacted_context_and_prints_where_things_are(project, tmp_path):
+    out = tmp_path / "out"
+    done = cli(project, "run", "tasks/reply_to_dana.json", "--output-dir", str(out),
+               "-D", "metadata.user_overrides.litellm_api_key=sk-test-never-stored")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"context:          {out / 'context.json'}" in done.stdout
+    assert "verification sent: 1.000" in done.stdout
+    assert "verification tone: not graded" in done.stdout
+    context = json.loads((out / "context.json").read_text())
+    assert context["metadata"]["verifications"]["sent"]["score"] == 1.0
+    assert "litellm_api_key" not in json.dumps(context)
+    assert context["metadata"]["user_overrides"] == {}
+
+
+def test_run_exit_codes(project):
+    missing = cli(project, "run", "tasks/nope.json")
+    assert missing.returncode == 2 and "cannot read file" in missing.stderr
+    (project / "tasks" / "fails.json").write_text(json.dumps([
+        {"id": "email", "type": "deploy_env", "env_id": "no-such-env"},
+    ]))
+    failed = cli(project, "run", "tasks/fails.json")
+    assert failed.returncode == 1
+    assert "Env 'no-such-env' is not registered" in failed.stdout
+
+
+def test_task_create_adds_versions_and_task_run_regrades_a_saved_context(project, tmp_path):
+    first = cli(project, "task", "create", "tasks/reply_to_dana.json", "--id", "dana")
+    second = cli(project, "task", "create", "tasks/reply_to_dana.json", "--id", "dana")
+    assert first.stdout.strip() == "Created task 'dana' version 1"
+    assert second.stdout.strip() == "Created task 'dana' version 2"
+    stored = json.loads((project / ".agentenv/state/tasks/dana/1.json").read_text())
+    assert stored["type"] == "task" and stored["steps"][1]["depends_on"] == [{"task_step_id": "email"}]
+
+    out = tmp_path / "full"
+    assert cli(project, "task", "run", "--id", "dana", "--output-dir", str(out)).returncode == 0
+    saved = json.loads((out / "context.json").read_text())
+
+    # Re-run only `collect` (index 6) against the saved context: nothing is redeployed, the
+    # agent's files are still in its sandbox folder, the saved verifications are kept.
+    regrade = tmp_path / "regrade"
+    done = cli(project, "task", "run", "--id", "dana", "--version", "1", "--start-step", "6",
+               "--context", str(out / "context.json"), "--output-dir", str(regrade))
+    assert done.returncode == 0, done.stdout + done.stderr
+    context = json.loads((regrade / "context.json").read_text())
+    assert context["deployed_envs"] == saved["deployed_envs"]
+    assert context["metadata"]["verifications"]["sent"]["score"] == 1.0
+    assert context["metadata"]["collected_artifacts"]["collect"]["file_artifact_universe"]["version"] == 2
+
+
+def test_task_run_refuses_bad_slices_and_unknown_tasks(project):
+    assert cli(project, "task", "create", "tasks/reply_to_dana.json", "--id", "dana").returncode == 0
+    out_of_range = cli(project, "task", "run", "--id", "dana", "--start-step", "7")
+    assert out_of_range.returncode == 2 and "start_step=7 out of range [0, 7)" in out_of_range.stderr
+    unknown = cli(project, "task", "run", "--id", "nobody")
+    assert unknown.returncode == 2 and "Task 'nobody' not found" in unknown.stderr
+    # a slice whose steps need names nothing provides is refused before running
+    no_context = cli(project, "task", "run", "--id", "dana", "--start-step", "3")
+    assert no_context.returncode == 2
+    assert "step 'reply': field 'agent_name': no step it depends on deploys agent 'assistant'" in no_context.stderr
