@@ -24,7 +24,8 @@ from .translator import TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
 FORKSERVER_EXECUTOR = dg.multiprocess_executor.configured(
-    {"start_method": {"forkserver": {}}}, name="multiprocess_forkserver"
+    {"start_method": {"forkserver": {"preload_modules": ["dagster", "agentenv_dagster.orchestration.ops"]}}},
+    name="multiprocess_forkserver",
 )
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import anthropic
-
 from ..config import AgentEnvConfig
 
 VERDICT_TOOL = "submit_verdict"
@@ -44,6 +42,8 @@ class LLMJudge:
 
         The SDK retries 429/5xx itself; transport failures are tried ``attempts`` times.
         """
+        import anthropic  # ~1 s to import: only when a judge really runs
+
         client = anthropic.AsyncAnthropic(api_key=self.api_key, base_url=self.base_url, max_retries=2)
         tool = {"name": VERDICT_TOOL, "description": "Submit the grading verdict.", "input_schema": input_schema}
         last_error: Exception | None = None

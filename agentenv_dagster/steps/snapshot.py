@@ -73,7 +73,10 @@ class SnapshotEnvStep(TaskStep):
         if self.env_instance_id:
             found = next((e for e in ctx.deployed_envs if e.instance_id == self.env_instance_id), None)
             if found is None:
-                raise RuntimeError(f"No deployed env with instance_id '{self.env_instance_id}' in context {have}")
+                raise RuntimeError(
+                    f"No deployed env with instance_id '{self.env_instance_id}' in context "
+                    f"(have: {[e.instance_id for e in ctx.deployed_envs]})"
+                )
             return found
         candidates = [e for e in ctx.deployed_envs if self.env_id in (None, e.env_id)]
         if self.env_step_id is not None:
