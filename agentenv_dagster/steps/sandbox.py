@@ -123,7 +123,8 @@ class VerifySandboxStep(_Verifier):
             row = {**criterion, "criterion_index": index}
             kind = criterion.get("type")
             if kind not in HANDLED_TYPES:
-                rows.append({**row, "skipped": True, "justification": f"type {kind!r} not handled by verify_sandbox"})
+                why = f"type {kind!r} not handled by verify_sandbox"
+                rows.append({**row, "skipped": True, "justification": why})
                 continue
             try:
                 passed, why = await self._evaluate(sandbox, criterion)

@@ -92,7 +92,8 @@ def test_a_snapshot_loads_back_into_a_fresh_env(quickstart):
     plan = plan_of(root, config, "reload", [
         {"id": "deploy", "type": "deploy_env", "env_id": "copy"},
         {"id": "load", "type": "load_artifact", "env_id": "copy", "artifacts": [ref]},
-        {"id": "again", "type": "snapshot_env", "snapshot_id": "reloaded", "original_universe_artifact_id": ref["id"]},
+        {"id": "again", "type": "snapshot_env", "snapshot_id": "reloaded",
+         "original_universe_artifact_id": ref["id"]},
         {"id": "again2", "type": "snapshot_env", "env_id": "copy", "snapshot_id": "reloaded"},
     ])
     ctx = run(plan, config, "reload")
