@@ -34,7 +34,7 @@ def validate(paths: tuple[Path, ...]) -> None:
     """Exit 0 when every document under PATHS is valid; else one line per problem."""
     config = _config()
     files = [f for p in paths for f in (discover(p) if p.is_dir() else [p])]
-    report = compile_paths(files, config)
+    report = _load_or_exit(lambda: compile_paths(files, config))
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
     for error in report.errors:
@@ -135,7 +135,7 @@ def _load_or_exit(load):
     except TaskLoadError as exc:
         for error in exc.errors:
             click.echo(str(error), err=True)
-    except (SpecError, LookupError) as exc:
+    except (SpecError, ConfigError, LookupError) as exc:
         click.echo(f"error: {exc}", err=True)
     sys.exit(EXIT_BAD_INPUT)
 

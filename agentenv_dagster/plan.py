@@ -79,15 +79,19 @@ class TaskPlan:
                     continue
                 verb, noun = _NOUNS.get(name.kind, ("writes", name.kind))
                 message = f"no step it depends on {verb} {noun} '{name.name}'"
-                elsewhere = [
-                    s.id for s in self.steps
+                producers = [
+                    s for s in self.steps
                     if s.id != step.id and (name.kind, name.name) in self.written_by(s)
                 ]
-                if elsewhere:
-                    message += (
-                        f" (step '{elsewhere[0]}' does, but is not among its dependencies: "
-                        "add it to depends_on)"
-                    )
+                if producers:
+                    producer = producers[0].id
+                    if self._position(producer) < self._position(step.id):
+                        message += (
+                            f" (step '{producer}' does, but is not among its dependencies: "
+                            "add it to depends_on)"
+                        )
+                    else:
+                        message += f" (step '{producer}' does, but comes after it in the list)"
                 errors.append(
                     SpecError(message, file=self.document.source, step_id=step.id, field=name.field)
                 )
@@ -103,8 +107,12 @@ class TaskPlan:
                     found.append(name.name)
         return found
 
+    @cached_property
+    def _positions(self) -> dict[str, int]:
+        return {s.id: i for i, s in enumerate(self.steps)}
+
     def _position(self, step_id: str) -> int:
-        return next(i for i, s in enumerate(self.steps) if s.id == step_id)
+        return self._positions[step_id]
 
     def slice(self, start_step: int = 0, end_step: int | None = None,
               given_names: Iterable[tuple[str, str]] = ()) -> "TaskPlan":

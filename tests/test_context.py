@@ -305,13 +305,10 @@ def test_parse_structured_output_none(text):
     assert parse_structured_output(text) is None
 
 
-@pytest.mark.xfail(strict=True, reason="parse_structured_output returns the innermost last '{' object "
-                   "(here {'b': 1}) instead of the last whole embedded object")
 def test_parse_structured_output_embedded_nested_object():
     assert parse_structured_output('Result: {"a": {"b": 1}}') == {"a": {"b": 1}}
 
 
-@pytest.mark.xfail(strict=True, reason="a JSON array of objects yields its last element instead of None")
 def test_parse_structured_output_array_of_objects():
     assert parse_structured_output('[{"a": 1}, {"a": 2}]') is None
 

@@ -459,7 +459,8 @@ def test_a_custom_type_colliding_with_a_builtin_is_refused():
     with pytest.raises(StepRegistryError) as info:
         BUILTIN_STEPS.with_impls(["custom_steps:CollidingStep"])
     assert str(info.value) == (
-        "custom_steps:CollidingStep declares type 'deploy_env', which collides with a built-in step type"
+        "custom_steps:CollidingStep declares type 'deploy_env', which collides with "
+        "agentenv_dagster.steps.deploy:DeployEnvStep"
     )
 
 
@@ -526,5 +527,17 @@ def test_a_bad_impl_in_the_project_config_fails_the_compile(tmp_path, monkeypatc
     (tmp_path / ".agentenv").mkdir()
     (tmp_path / ".agentenv" / "config.toml").write_text('[task_steps]\nimpls = ["custom_steps:CollidingStep"]\n')
     config = load_config(tmp_path)
-    with pytest.raises(StepRegistryError, match=re.escape("collides with a built-in step type")):
+    with pytest.raises(StepRegistryError, match=re.escape("collides with agentenv_dagster.steps.deploy:DeployEnvStep")):
         compile_paths([write(tmp_path, "t.json", [ENV])], config)
+
+
+def test_a_producer_later_in_the_list_is_named_without_suggesting_a_forward_ref(tmp_path):
+    path = write(tmp_path, "t.json", [
+        {"id": "ask", "type": "prompt_agent", "agent_name": "late", "prompt": "hi", "depends_on": []},
+        {"id": "agent", "type": "deploy_agent", "agent_name": "late", "depends_on": []},
+    ])
+    report = compile_paths([path], load_config(tmp_path))
+    assert [str(e) for e in report.errors] == [
+        f"{path}: step 'ask': field 'agent_name': no step it depends on deploys agent 'late' "
+        "(step 'agent' does, but comes after it in the list)"
+    ]

@@ -110,9 +110,20 @@ def asset_events(
                 yield dg.AssetMaterialization(asset_key=key, metadata=verification_metadata(entry))
                 yield _check_evaluation(key, entry)
         elif kind == PRODUCER:
-            entry = (ctx.metadata.get("collected_artifacts") or {}).get(name)
+            entry = _produced(ctx, name)
             if entry is not None:
                 yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry))
+
+
+def _produced(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:
+    """What a producer step recorded: collected files, or an env snapshot's universe."""
+    collected = (ctx.metadata.get("collected_artifacts") or {}).get(step_id)
+    if collected is not None:
+        return collected
+    snapshots = ctx.metadata.get("env_snapshotted_universes") or {}
+    if step_id in snapshots:
+        return {"artifacts": {}, "file_artifact_universe": snapshots[step_id]}
+    return None
 
 
 def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:

@@ -74,7 +74,7 @@ class TaskTranslator:
         for step in plan.steps:
             deps = [self.get_loaded_artifact_asset_key(a) for a in plan.artifact_lineage(step.id)]
             for kind, _, key in self.produced_asset_keys(plan.task_id, step):
-                what = "verification" if kind == VERIFICATION else "collected artifacts"
+                what = "verification" if kind == VERIFICATION else "artifacts produced"
                 specs.append(dg.AssetSpec(
                     key=key, deps=deps, group_name=self.get_group_name(plan),
                     description=f"The {what} of step `{step.id}` ({step.type}) of task `{plan.task_id}`.",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from pydantic import BaseModel, ValidationError
 
 from ..errors import SpecError, TaskLoadError
-from .depends import check_dag, check_retry_targets
+from .depends import check_dag, check_retry_targets, normalize_depends_on
 
 if TYPE_CHECKING:
     from ..steps.base import TaskStep
@@ -84,8 +84,12 @@ def parse_task_document(
             steps.append(_parse_step(raw, position, registry))
         except SpecError as exc:
             errors.append(exc.located(source))
-    if not errors:
-        errors.extend(e.located(source) for e in check_dag([(s.id, s.depends_on) for s in steps]))
+    # The DAG is checked over every step with an id, even when some failed field validation.
+    edges = [
+        (raw["id"], _depends_on_or_none(raw))
+        for raw in raw_steps if isinstance(raw, dict) and isinstance(raw.get("id"), str)
+    ]
+    errors.extend(e.located(source) for e in check_dag(edges))
     if not errors:
         retry_targets = [
             (s.id, s.depends_on, s.retry_config.retry_from_step_id if s.retry_config else None)
@@ -97,6 +101,14 @@ def parse_task_document(
     return TaskDocument(task_id=task_id, version=version, steps=tuple(steps), source=source)
 
 
+def _depends_on_or_none(raw: dict[str, Any]) -> list[Any] | None:
+    """depends_on for the DAG check; a malformed one is reported by the step itself."""
+    try:
+        return normalize_depends_on(raw.get("depends_on"))
+    except SpecError:
+        return None
+
+
 def _parse_step(raw: Any, position: int, registry: "StepRegistry") -> "TaskStep":
     if not isinstance(raw, dict):
         raise SpecError(f"step at position {position} is not an object: {raw!r}")
@@ -104,6 +116,8 @@ def _parse_step(raw: Any, position: int, registry: "StepRegistry") -> "TaskStep"
     if not isinstance(step_id, str) or not step_id:
         raise SpecError(f"step at position {position} needs a non-empty string 'id'", field="id")
     step_type = raw.get("type")
+    if step_type is None:
+        raise SpecError("required field is missing", step_id=step_id, field="type")
     cls = registry.get(step_type) if isinstance(step_type, str) else None
     if cls is None:
         raise SpecError(f"Unknown task step type: {step_type}", step_id=step_id, field="type")

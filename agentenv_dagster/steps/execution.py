@@ -86,21 +86,28 @@ def step_param(ctx: TaskStepContext, step_id: str, key: str) -> Any:
 
 
 def parse_structured_output(text: str | None) -> Any:
-    """The last JSON object in a reply (whole text, a ```json fence, or embedded)."""
-    if not text:
+    """The reply as a JSON object: the whole text, a ```json fence, or else the last
+    top-level object embedded in prose; None for arrays, prose and empty replies."""
+    if not text or not text.strip():
         return None
     stripped = text.strip()
     if stripped.startswith("```"):
         stripped = stripped.strip("`").removeprefix("json").strip()
+    try:
+        whole = json.loads(stripped)
+    except ValueError:
+        pass
+    else:
+        return whole if isinstance(whole, dict) else None
     decoder = json.JSONDecoder()
-    found = None
-    for start in [i for i, ch in enumerate(stripped) if ch == "{"]:
+    found, position = None, 0
+    while (start := stripped.find("{", position)) != -1:
         try:
-            value, _ = decoder.raw_decode(stripped[start:])
+            value, end = decoder.raw_decode(stripped, start)
         except ValueError:
+            position = start + 1
             continue
         if isinstance(value, dict):
             found = value
-            if start == 0:
-                break
+        position = end
     return found

@@ -5,12 +5,13 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Iterable, TypeVar
 
+from ..config import ConfigError
 from .base import TaskStep
 
 S = TypeVar("S", bound=type[TaskStep])
 
 
-class StepRegistryError(ValueError):
+class StepRegistryError(ConfigError):
     """A custom step impl that cannot be used (agent-env raises ConfigError here)."""
 
 
@@ -18,14 +19,15 @@ class StepRegistry:
     def __init__(self, types: dict[str, type[TaskStep]] | None = None):
         self._types: dict[str, type[TaskStep]] = dict(types or {})
 
-    def register(self, cls: type[TaskStep], *, builtin: bool = False) -> type[TaskStep]:
+    def register(self, cls: type[TaskStep]) -> type[TaskStep]:
         name = cls.type_name
         if name == TaskStep.type_name:
             raise StepRegistryError(f"{cls.__module__}:{cls.__name__} must declare its own type_name")
-        if name in self._types and self._types[name] is not cls:
+        existing = self._types.get(name)
+        if existing is not None and existing is not cls:
             raise StepRegistryError(
                 f"{cls.__module__}:{cls.__name__} declares type '{name}', which collides with "
-                f"{'a built-in' if not builtin else 'another'} step type"
+                f"{existing.__module__}:{existing.__name__}"
             )
         self._types[name] = cls
         return cls
@@ -65,7 +67,7 @@ def step(type_name: str) -> Callable[[S], S]:
 
     def decorate(cls: S) -> S:
         cls.type_name = type_name
-        BUILTIN_STEPS.register(cls, builtin=True)
+        BUILTIN_STEPS.register(cls)
         return cls
 
     return decorate

@@ -288,7 +288,7 @@ def test_unknown_step_type(tmp_path):
 
 
 def test_missing_step_type(tmp_path):
-    assert step_problem(tmp_path, {"id": "x"}) == "step 'x': field 'type': Unknown task step type: None"
+    assert step_problem(tmp_path, {"id": "x"}) == "step 'x': field 'type': required field is missing"
 
 
 def test_misspelled_field_suggests_the_right_one(tmp_path):
