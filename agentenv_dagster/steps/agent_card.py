@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-MCP_CONFIG = "urn:agentenv:mcp-config/v1"
-AGENT_CONFIG = "urn:agentenv:agent-config/v1"
-SKILL_CONFIG = "urn:agentenv:skill-config/v1"
-TRAJECTORY = "urn:agentenv:trajectory/v1"
+from ..runtime.a2a_client import AGENT_CONFIG_URI as AGENT_CONFIG
+from ..runtime.a2a_client import MCP_CONFIG_URI as MCP_CONFIG
+from ..runtime.a2a_client import SKILL_CONFIG_URI as SKILL_CONFIG
+from ..runtime.a2a_client import TRAJECTORY_URI as TRAJECTORY
+
+__all__ = ["AGENT_CONFIG", "MCP_CONFIG", "SKILL_CONFIG", "TRAJECTORY", "ExtensionRequest", "extension_request"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,93 @@
+"""`dagster dev` on the project: jobs listed, a launch from the launchpad's API, assets and
+checks as the UI reads them (GraphQL), and every process ended afterwards."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from dagster_graphql import DagsterGraphQLClient
+
+from agentenv_dagster.runtime.processes import is_running, terminate
+from projects import REPO, leaked_servers, make_project
+
+ASSETS_QUERY = """{
+  assetNodes {
+    assetKey { path }
+    dependencyKeys { path }
+    assetChecksOrError { ... on AssetChecks { checks { name executionForLatestMaterialization { status } } } }
+    assetMaterializations(limit: 1) {
+      metadataEntries { label ... on FloatMetadataEntry { floatValue } ... on BoolMetadataEntry { boolValue } }
+    }
+  }
+}"""
+JOBS_QUERY = """{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
+    project = make_project(tmp_path / "p")
+    (project / "tasks" / "broken.json").write_text("[{]")
+    shutil.copy(REPO / "definitions.py", project / "definitions.py")
+    shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
+    (project / ".dagster_home").mkdir()
+    port = free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home")}
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)],
+        cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        def up():
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, 120, "the webserver")
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+        jobs = client._execute(JOBS_QUERY)["repositoriesOrError"]["nodes"][0]["jobs"]
+        assert {"reply_to_dana", "broken__invalid"} <= {j["name"] for j in jobs}
+
+        run_id = client.submit_job_execution("reply_to_dana", repository_location_name="agentenv_tasks")
+        status = wait_until(
+            lambda: (s := client.get_run_status(run_id)).value in ("SUCCESS", "FAILURE", "CANCELED") and s,
+            240, "the launched run")
+        assert status.value == "SUCCESS"
+
+        nodes = {tuple(n["assetKey"]["path"]): n for n in client._execute(ASSETS_QUERY)["assetNodes"]}
+        sent = nodes[("verifications", "reply_to_dana", "sent")]
+        metadata = {e["label"]: e.get("floatValue", e.get("boolValue")) for e in sent["assetMaterializations"][0]["metadataEntries"]}
+        assert metadata["score"] == 1.0 and metadata["passed"] is True
+        checks = sent["assetChecksOrError"]["checks"]
+        assert checks == [{"name": "passed", "executionForLatestMaterialization": {"status": "SUCCEEDED"}}]
+        collected = nodes[("artifacts", "reply_to_dana", "collect")]
+        assert ["artifacts", "inbox"] in [d["path"] for d in collected["dependencyKeys"]]
+        assert collected["assetMaterializations"]
+    finally:
+        terminate(dev.pid, grace_seconds=20)
+        dev.wait(timeout=30)
+    wait_until(lambda: not is_running(dev.pid), 30, "dagster dev to stop")
+    assert leaked_servers(project / ".agentenv" / "state") == []

@@ -1,0 +1,120 @@
+"""The six core steps against real servers, with the plain asyncio walker."""
+
+from __future__ import annotations
+
+import pytest
+from fakes.messages_api import text_reply, tool_use_reply
+
+from agentenv_dagster.steps.execution import StepFailed
+from projects import leaked_servers, make_project, run_steps
+
+EMAIL = {"id": "email", "type": "deploy_env", "env_id": "email", "depends_on": []}
+INBOX = {"id": "inbox", "type": "load_artifact", "env_id": "email", "artifact_id": "inbox", "depends_on": ["email"]}
+REPLAY = """
+[agents.registry.scribe]
+kind = "replay"
+episodes = [{match = "note", reply = "noted", actions = [{write_file = "/app/artifact/notes/a.txt", content = "A"}]},
+            {match = "nothing", reply = "ok"}]
+"""
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = make_project(tmp_path / "p", extra_config=REPLAY)
+    yield root
+    assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_the_anthropic_agent_uses_the_env_tools_skills_and_system_prompt(tmp_path, fake_messages_api):
+    root = make_project(tmp_path / "p", model={
+        "api_key": "sk-test", "base_url": fake_messages_api.base_url, "default": "claude-test",
+    }, extra_config='[agents.registry.live]\nkind = "anthropic"\n')
+    fake_messages_api.enqueue(
+        tool_use_reply("mcp__email__email_search", {"sender": "dana"}),
+        tool_use_reply("mcp__email__send", {"to": "dana@example.com", "subject": "Re: Q3 numbers",
+                                            "body": "Hi Dana, Q3 is reconciled.\n\nBest regards,\nA"}),
+        text_reply("Done: I replied to Dana."),
+    )
+    context = run_steps(root, [
+        EMAIL, INBOX,
+        {"id": "agent", "type": "deploy_agent", "env_ids": ["email"], "a2a_agent_id": "live", "agent_name": "a",
+         "system_prompt": "You are Dana's assistant.", "depends_on": ["email"],
+         "skills": [{"name": "tone", "description": "Write politely", "skill_md": "Always sign emails."}]},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "a", "prompt_id": "p", "prompt": "Reply to Dana.",
+         "depends_on": ["inbox", "agent"]},
+        {"id": "sent", "type": "env_outcome_verifier", "env_id": "email", "file_artifact_id": "dana_reply_check",
+         "verifier_id": "sent", "score_aggregator": "weighted_average", "depends_on": ["ask"]},
+    ])
+    response = context.find_prompt_response("p")
+    assert response.response == "Done: I replied to Dana." and response.tool_call_count == 2
+    assert response.model == "claude-test" and context.default_agent_model == "claude-test"
+    assert context.metadata["verifications"]["sent"]["score"] == 1.0
+    first = fake_messages_api.requests[0].body
+    assert "You are Dana's assistant." in str(first["system"]) and "Always sign emails." in str(first["system"])
+    assert {"mcp__email__email_search", "mcp__email__send"} <= {t["name"] for t in first["tools"]}
+    # the search result went back to the model as a tool_result of the inbox loaded via the data plane
+    assert "Q3 numbers" in str(fake_messages_api.requests[1].body["messages"])
+    assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_an_env_is_deployed_once_per_run(project):
+    with pytest.raises(StepFailed, match=r"Env 'email' is already deployed"):
+        run_steps(project, [EMAIL, {**EMAIL, "id": "again", "depends_on": ["email"]}])
+
+
+def test_an_agent_name_is_deployed_once_per_run(project):
+    agent = {"id": "a1", "type": "deploy_agent", "a2a_agent_id": "scribe", "agent_name": "s", "depends_on": []}
+    with pytest.raises(StepFailed, match=r"Agent with name 's' is already deployed"):
+        run_steps(project, [agent, {**agent, "id": "a2", "depends_on": ["a1"]}])
+
+
+def test_an_environment_artifact_must_match_the_env(project):
+    (project / "artifacts" / "items").mkdir()
+    (project / "artifacts" / "items" / "artifact.json").write_text('{"type": "environment", "environment_name": "item-store"}')
+    (project / "artifacts" / "items" / "items.json").write_text('{"items": ["a"]}')
+    with pytest.raises(StepFailed, match=r"Artifact 'items' is for environment 'item-store', not 'email'"):
+        run_steps(project, [EMAIL, {**INBOX, "artifact_id": "items"}])
+
+
+def test_collect_with_no_files_collects_nothing_and_named_unreadable_files_fail(project):
+    agent = {"id": "agent", "type": "deploy_agent", "a2a_agent_id": "scribe", "agent_name": "s", "depends_on": []}
+    context = run_steps(project, [agent, {"id": "collect", "type": "collect_artifacts", "agent_name": "s"}])
+    assert context.metadata["collected_artifacts"]["collect"] == {"artifacts": {}, "file_artifact_universe": None}
+
+    with pytest.raises(StepFailed, match=r"collect: resolved 1 artifact path\(s\) but produced no file_artifact_universe"):
+        run_steps(project, [agent, {"id": "collect", "type": "collect_artifacts", "agent_name": "s",
+                                    "artifact_paths": ["missing.txt"]}])
+
+
+def test_collect_lists_base_path_recursively_and_hands_files_on(project):
+    context = run_steps(project, [
+        {"id": "agent", "type": "deploy_agent", "a2a_agent_id": "scribe", "agent_name": "s", "depends_on": []},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "s", "prompt_id": "p", "prompt": "take a note"},
+        {"id": "collect", "type": "collect_artifacts", "agent_name": "s"},
+    ])
+    entry = context.metadata["collected_artifacts"]["collect"]
+    assert list(entry["artifacts"]) == ["notes/a.txt"]
+    assert entry["file_artifact_universe"]["version"] == 1
+
+
+def test_teardown_sandboxes_stops_the_named_agent_and_is_best_effort(project):
+    context = run_steps(project, [
+        EMAIL,
+        {"id": "agent", "type": "deploy_agent", "a2a_agent_id": "scribe", "agent_name": "s", "depends_on": []},
+        {"id": "stop", "type": "teardown_sandboxes", "agent_names": ["s"], "env_ids": ["email"]},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "s", "prompt": "nothing", "fail_task_on_error": False},
+    ])
+    torn = context.metadata["torn_down_sandbox_ids"]
+    assert sorted(torn) == sorted([context.deployed_agents[0].instance_id, context.deployed_envs[0].instance_id])
+    # the record stays (lists are append-only) but the agent is gone: the prompt fails, tolerated
+    assert context.find_agent("s") is not None
+    assert [f["step_id"] for f in context.metadata["failed_steps"]] == ["ask"]
+
+
+def test_seed_templating_substitutes_every_string(project):
+    context = run_steps(project, [
+        {"id": "agent", "type": "deploy_agent", "a2a_agent_id": "<agent>", "agent_name": "s", "depends_on": []},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "s", "prompt_id": "p", "prompt": "<verb> please"},
+    ], context={"metadata": {"seed": {"agent": "scribe", "verb": "nothing"}}})
+    assert context.find_prompt_response("p").response == "ok"
+    assert context.find_prompt_response("p").prompt_text == "nothing please"
