@@ -6,6 +6,7 @@ a problem is fatal (strict: ``validate``, CI) or skipped and reported (the code 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,10 @@ TASK_SUFFIXES = (".json",)
 
 
 def step_registry(config: AgentEnvConfig) -> StepRegistry:
+    """Built-in steps plus ``[task_steps] impls``, importable from the project root (as a
+    Dagster code location's working directory is)."""
+    if config.task_steps.impls and str(config.root) not in sys.path:
+        sys.path.append(str(config.root))
     return BUILTIN_STEPS.with_impls(config.task_steps.impls)
 
 

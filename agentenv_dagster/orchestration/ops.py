@@ -18,7 +18,7 @@ from ..steps.execution import StepFailed
 from ..steps.scoring import verification_passed
 from .io_manager import context_folder, write_context
 from .resources import AgentEnvResource
-from .translator import PASSED_CHECK, TAG_TASK_ID, TaskTranslator
+from .translator import PASSED_CHECK, TAG_CONTENT_HASH, TAG_TASK_ID, TaskTranslator
 
 IO_MANAGER_KEY = "task_context_io_manager"
 RESOURCE_KEY = "agentenv"
@@ -52,6 +52,7 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
     run_id = context.run_id
     task_id = context.run.tags.get(TAG_TASK_ID) or context.job_name
+    refuse_changed_task(context)
     step = resource.parse_step(step_type, context.op_config["step"])
     if upstream:
         ctx = TaskStepContext.merge(TaskStepContext.from_dict(u) for u in upstream)
@@ -68,12 +69,31 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
             description=str(failed),
             metadata={"error_type": failed.record["error_type"], "torn_down": torn_down},
         ) from None
+    except BaseException:
+        # Interrupted (run terminated from the UI) or an unexpected error: nothing may leak.
+        resource.teardown(run_id)
+        raise
     if outcome.failure:
         context.log.warning(
             f"step '{step.id}' failed (tolerated, fail_task_on_error=false): {outcome.failure['error']}"
         )
     yield from asset_events(TaskTranslator(), task_id, outcome.step, ctx)
     yield dg.Output(ctx.to_dict(), metadata={"duration_seconds": round(outcome.duration_seconds, 3)})
+
+
+def refuse_changed_task(context) -> None:
+    """A re-execution must run the task its parent ran: refuse when the content changed."""
+    parent_id = context.run.parent_run_id
+    if not parent_id:
+        return
+    parent = context.instance.get_run_by_id(parent_id)
+    before = parent.tags.get(TAG_CONTENT_HASH) if parent else None
+    now = context.job_def.tags.get(TAG_CONTENT_HASH)
+    if before and now and before != now:
+        raise dg.Failure(
+            description=f"re-execution refused: the task changed since run {parent_id} "
+            f"(content hash {before} -> {now}); launch a new run instead"
+        )
 
 
 @lru_cache(maxsize=None)

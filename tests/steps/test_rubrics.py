@@ -135,3 +135,15 @@ episodes = [{{match = "/tmp/file_artifacts/q3.png", reply = {json.dumps(judge_re
     entry = context.metadata["verifications"]["chart"]
     assert entry["score"] == 1.0 and entry["results"][0]["id"] == "bars"
     assert entry["judge"] == {"agent_name": "judge"}
+
+
+def test_a_prompt_error_skips_the_judge_and_scores_zero(judged):
+    root, api = judged
+    failing = steps()
+    failing[1] = {**failing[1], "prompt": "nothing matches", "fail_task_on_error": False}
+    context = run_steps(root, failing)
+    entry = context.metadata["verifications"]["tone"]
+    assert entry["score"] == 0.0
+    assert entry["results"] == [{"id": "prompt_error", "score": 0, "result": False,
+                                 "message": "Skipped: prompt had error_type=NoScriptedReply"}]
+    assert api.requests == []  # the judge was never asked

@@ -1,0 +1,76 @@
+"""Re-execution from a failed run: reuses the parent's stored contexts, and is refused when
+the task changed since (the content hash tag differs)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import dagster as dg
+from dagster._core.definitions.reconstruct import ReconstructableJob
+import pytest
+
+from projects import make_project
+
+GATE_STEP = textwrap.dedent('''
+    from pathlib import Path
+    from agentenv_dagster.steps.base import TaskStep
+
+    class GateStep(TaskStep):
+        """Fails until its gate file exists; counts its runs in the context."""
+        type_name = "gate"
+        gate: str
+
+        async def execute(self, ctx, rt):
+            ctx.metadata_map("ran").setdefault(self.id, 0)
+            ctx.metadata["ran"][self.id] += 1
+            if not Path(self.gate).exists():
+                raise RuntimeError(f"gate {self.gate} is closed")
+''')
+
+
+@pytest.mark.slow
+def test_reexecution_from_failure_resumes_and_refuses_a_changed_task(tmp_path):
+    gate = tmp_path / "open"
+    steps = [
+        {"id": "first", "type": "gate", "gate": str(tmp_path), "depends_on": []},
+        {"id": "second", "type": "gate", "gate": str(gate)},
+    ]
+    project = make_project(tmp_path / "p", extra_config='[task_steps]\nimpls = ["gate_steps:GateStep"]\n',
+                           tasks={"t.json": steps})
+    (project / "gate_steps.py").write_text(GATE_STEP)
+
+    def job_pointer(name: str) -> ReconstructableJob:
+        """A fresh module per pointer: this process caches imported modules, so a changed
+        task file is only seen through a new one."""
+        (project / f"{name}.py").write_text(
+            "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
+            "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).get_job_def('t')\n"
+        )
+        return ReconstructableJob.for_file(str(project / f"{name}.py"), "job")
+
+    recon = job_pointer("jobs_v1")
+
+    with dg.instance_for_test() as instance:
+        with dg.execute_job(recon, instance=instance, raise_on_error=False) as failed:
+            assert not failed.success
+        gate.touch()
+        options = dg.ReexecutionOptions.from_failure(failed.run_id, instance)
+        with dg.execute_job(recon, instance=instance, reexecution_options=options, raise_on_error=False) as resumed:
+            assert resumed.success
+            final = json.loads((project / ".agentenv/state/runs" / resumed.run_id / "context" / "teardown_run.json").read_text())
+        assert final["metadata"]["ran"] == {"first": 1, "second": 1}  # `first` came from the parent run
+
+        steps[0]["gate"] = str(project)  # the task changes: its content hash too
+        (project / "tasks" / "t.json").write_text(json.dumps(steps))
+        gate.unlink()
+        with dg.execute_job(job_pointer("jobs_v2"), instance=instance, raise_on_error=False) as failed_again:
+            assert not failed_again.success
+        (project / "tasks" / "t.json").write_text(json.dumps([{**steps[0], "gate": str(tmp_path)}, steps[1]]))
+        gate.touch()
+        options = dg.ReexecutionOptions.from_failure(failed_again.run_id, instance)
+        with dg.execute_job(job_pointer("jobs_v3"), instance=instance, reexecution_options=options,
+                            raise_on_error=False) as refused:
+            assert not refused.success
+            failures = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"]
+            assert "re-execution refused: the task changed since run" in failures[0].step_failure_data.error.message
