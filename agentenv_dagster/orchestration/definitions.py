@@ -18,8 +18,8 @@ from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..plan import TaskPlan
 from .io_manager import TaskContextIOManager
-from .ops import IO_MANAGER_KEY, RESOURCE_KEY, TEARDOWN_OP, step_op, teardown_op
-from .resources import AgentEnvResource
+from .ops import IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
+from .resources import agentenv_resources
 from .translator import TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
@@ -97,7 +97,7 @@ def build_definitions(
         assets=specs,
         asset_checks=[verification_checks(check_specs)] if check_specs else [],
         resources={
-            RESOURCE_KEY: AgentEnvResource(project_dir=str(project_dir)),
+            **agentenv_resources(config),
             IO_MANAGER_KEY: TaskContextIOManager(base_dir=str(runs_dir)),
         },
     )

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-from contextlib import nullcontext
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,8 @@ from ..context import TaskStepContext
 from ..plan import TaskPlan
 from .definitions import build_job
 from .io_manager import TaskContextIOManager, final_context
-from .ops import IO_MANAGER_KEY, RESOURCE_KEY
-from .resources import AgentEnvResource
+from .ops import IO_MANAGER_KEY
+from .resources import RESOURCE_KEY, agentenv_resources
 
 
 @dataclass
@@ -78,17 +78,16 @@ def execute_plan(
     config.state_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=config.state_dir, delete=False) as seed:
         json.dump(initial_context or {}, seed)
-    resource = AgentEnvResource(project_dir=str(config.root), initial_context_path=seed.name)
+    resources = agentenv_resources(config, initial_context_path=seed.name)
     defs = dg.Definitions(
-        jobs=[job],
-        resources={RESOURCE_KEY: resource, IO_MANAGER_KEY: TaskContextIOManager(base_dir=str(runs_dir))},
+        jobs=[job], resources={**resources, IO_MANAGER_KEY: TaskContextIOManager(base_dir=str(runs_dir))},
     )
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
             result = defs.get_job_def(job.name).execute_in_process(instance=active, raise_on_error=False)
     finally:
         os.unlink(seed.name)
-    resource.teardown(result.run_id)  # the safety net: the teardown op did it on success
+    resources[RESOURCE_KEY].teardown(result.run_id)  # the safety net: the teardown op did it on success
     context = final_context(runs_dir, result.run_id)
     output_dir = output_dir or config.root / "out" / job.name
     output_dir.mkdir(parents=True, exist_ok=True)

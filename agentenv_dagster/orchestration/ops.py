@@ -17,11 +17,10 @@ from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.execution import StepFailed
 from ..steps.scoring import verification_passed
 from .io_manager import context_folder, write_context
-from .resources import AgentEnvResource
+from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .translator import PASSED_CHECK, TAG_CONTENT_HASH, TAG_TASK_ID, TaskTranslator
 
 IO_MANAGER_KEY = "task_context_io_manager"
-RESOURCE_KEY = "agentenv"
 TEARDOWN_OP = "teardown_run"
 
 
@@ -38,7 +37,7 @@ def step_op(step_type: str) -> dg.OpDefinition:
         ins=_ins(),
         out=dg.Out(io_manager_key=IO_MANAGER_KEY),
         config_schema={"step": dg.Field(dg.Permissive(), description="the step's fields")},
-        required_resource_keys={RESOURCE_KEY},
+        required_resource_keys={RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY},
         tags={"agentenv/step_type": step_type},
         description=f"Runs an agent-env `{step_type}` step.",
     )
@@ -59,7 +58,10 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     else:
         ctx = resource.initial_context(run_id, task_id)
     try:
-        outcome = resource.execute(step, ctx, run_id, task_id, context.log)
+        outcome = resource.execute(
+            step, ctx, run_id, task_id, context.log,
+            judge=getattr(context.resources, JUDGE_KEY), artifacts=getattr(context.resources, ARTIFACTS_KEY),
+        )
     except StepFailed as failed:
         # Keep the failed step's context (its failed_steps record, a partial PromptResponse)
         # for the final context, end what the run deployed, then fail the op.

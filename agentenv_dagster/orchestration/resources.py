@@ -1,7 +1,8 @@
-"""AgentEnvResource: the Dagster face of the runtime (config, runs, teardown).
+"""The Dagster face of the runtime: resources that hold settings and build plain runtimes.
 
-It holds settings only; each op builds a plain :class:`StepRuntime` from it, so the step
-code never sees Dagster.
+``AgentEnvResource`` (runs, teardown), ``ArtifactStoreResource`` and ``JudgeResource``: their
+defaults come from ``.agentenv/config.toml`` and the launchpad can override each. Every op
+builds a :class:`StepRuntime` from them, so step code never sees Dagster.
 """
 
 from __future__ import annotations
@@ -16,10 +17,34 @@ import dagster as dg
 from ..compiler import step_registry
 from ..config import AgentEnvConfig, load_config
 from ..context import TaskStepContext
-from ..runtime.base import RunInfo, StepRuntime
+from ..runtime.artifacts import FilesystemArtifactStore
+from ..runtime.base import RunInfo, StepRuntime, artifact_store
 from ..runtime.local import Ledger
 from ..steps.base import TaskStep
 from ..steps.execution import StepOutcome, run_step
+
+
+RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY = "agentenv", "agentenv_artifacts", "agentenv_judge"
+
+
+class ArtifactStoreResource(dg.ConfigurableResource):
+    """The versioned artifact store: a folder, plus read-only bundle folders (version 1)."""
+
+    root: str
+    bundle_dirs: list[str] = []
+
+    def get_store(self) -> FilesystemArtifactStore:
+        return FilesystemArtifactStore(Path(self.root), [Path(d) for d in self.bundle_dirs])
+
+
+class JudgeResource(dg.ConfigurableResource):
+    """The LLM judge (the Anthropic Messages API or a compatible ``base_url``). The key is
+    read from the environment variable named by ``api_key_env`` when a judge runs, so no
+    secret sits in run config; unset = as ``.agentenv/config.toml`` says."""
+
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = None
 
 
 class AgentEnvResource(dg.ConfigurableResource):
@@ -29,8 +54,16 @@ class AgentEnvResource(dg.ConfigurableResource):
     project_dir: str
     initial_context_path: str | None = None
 
-    def load_config(self) -> AgentEnvConfig:
-        return load_config(Path(self.project_dir))
+    def load_config(self, judge: JudgeResource | None = None) -> AgentEnvConfig:
+        config = load_config(Path(self.project_dir))
+        if judge is None:
+            return config
+        model = config.model.model_copy(update={
+            "roles": {**config.model.roles, "judge": judge.model},
+            "base_url": judge.base_url,
+            **({"api_key": f"env:{judge.api_key_env}"} if judge.api_key_env else {}),
+        })
+        return config.model_copy(update={"model": model})
 
     @property
     def runs_dir(self) -> Path:
@@ -54,13 +87,13 @@ class AgentEnvResource(dg.ConfigurableResource):
         return ctx
 
     def execute(self, step: TaskStep, ctx: TaskStepContext, run_id: str, task_id: str,
-                logger: logging.Logger) -> StepOutcome:
+                logger: logging.Logger, *, judge: JudgeResource, artifacts: ArtifactStoreResource) -> StepOutcome:
         """Run one step on its own event loop (the op owns the loop)."""
-        config = self.load_config()
+        config = self.load_config(judge)
         run = RunInfo(run_id=run_id, task_id=task_id, run_dir=self.run_dir(run_id))
 
         async def go() -> StepOutcome:
-            async with StepRuntime(config, run, logger) as rt:
+            async with StepRuntime(config, run, logger, artifacts=artifacts.get_store()) as rt:
                 return await run_step(step, ctx, rt)
 
         return asyncio.run(go())
@@ -68,3 +101,13 @@ class AgentEnvResource(dg.ConfigurableResource):
     def teardown(self, run_id: str) -> list[str]:
         """End everything the run deployed; later deployments of the run are refused."""
         return Ledger.of_run(self.run_dir(run_id)).close()
+
+
+def agentenv_resources(config: AgentEnvConfig, initial_context_path: str | None = None) -> dict[str, dg.ConfigurableResource]:
+    """The resources, with the project's settings as their (launchpad-visible) defaults."""
+    store = artifact_store(config)
+    return {
+        RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), initial_context_path=initial_context_path),
+        ARTIFACTS_KEY: ArtifactStoreResource(root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs]),
+        JUDGE_KEY: JudgeResource(model=config.model.for_role("judge"), base_url=config.model.base_url),
+    }

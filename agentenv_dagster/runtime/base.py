@@ -27,12 +27,15 @@ class RunInfo:
 
 
 class StepRuntime:
-    def __init__(self, config: AgentEnvConfig, run: RunInfo, logger: logging.Logger | None = None):
+    def __init__(
+        self, config: AgentEnvConfig, run: RunInfo, logger: logging.Logger | None = None,
+        *, artifacts: FilesystemArtifactStore | None = None,
+    ):
         self.config = config
         self.run = run
         self.log = logger or logging.getLogger("agentenv_dagster")
         self.provider = LocalProvider(config, run.run_dir)
-        self.artifacts = artifact_store(config)
+        self.artifacts = artifacts or artifact_store(config)
         self.objects = ObjectStore(config.state_dir / "objects")
         self.http: httpx.AsyncClient | None = None
 

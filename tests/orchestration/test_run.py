@@ -109,3 +109,27 @@ def test_a_tolerated_failure_lets_dependents_run(tmp_path):
     assert verdict["score"] == 0.0
     assert verdict["results"][0]["message"] == "Skipped: prompt had error_type=NoScriptedReply"
     assert leaked_servers(state) == []
+
+
+def test_the_judge_resource_is_configurable_from_the_launchpad(tmp_path, monkeypatch, fake_messages_api):
+    from fakes.messages_api import tool_use_reply
+
+    steps = json.loads((make_project(tmp_path / "src") / "tasks" / "reply_to_dana.json").read_text())
+    next(s for s in steps if s["id"] == "tone")["use_agent_judge"] = False
+    root = make_project(tmp_path / "p", tasks={"reply_to_dana.json": steps})
+    monkeypatch.setenv("LAUNCHPAD_JUDGE_KEY", "sk-launchpad")
+    fake_messages_api.enqueue(tool_use_reply("submit_verdict", {"results": [
+        {"id": "c1", "score": 1, "justification": "polite"}, {"id": "c2", "score": 0, "justification": "vague"}]}))
+    run_config = {"resources": {"agentenv_judge": {"config": {
+        "model": "claude-launchpad", "base_url": fake_messages_api.base_url, "api_key_env": "LAUNCHPAD_JUDGE_KEY",
+    }}}}
+    defs = build_definitions(root / "tasks")
+    with dg.instance_for_test() as instance:
+        result = defs.get_job_def("reply_to_dana").execute_in_process(instance=instance, run_config=run_config)
+        assert result.success
+        tone = _metadata(instance, TONE)
+    assert "score" in tone, tone.get("reason")
+    assert tone["score"] == 0.0 and tone["judge_model"] == "claude-launchpad" and tone["passed"] is False
+    assert fake_messages_api.requests[0].body["model"] == "claude-launchpad"
+    assert fake_messages_api.requests[0].headers["authorization"] == "Bearer sk-launchpad"
+    assert leaked_servers(root / ".agentenv" / "state") == []
