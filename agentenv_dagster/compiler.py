@@ -61,6 +61,9 @@ def compile_paths(paths: list[Path], config: AgentEnvConfig) -> CompileReport:
         except TaskLoadError as exc:
             report.errors.extend(exc.errors)
             continue
+        except Exception as exc:  # a bug or an odd file must not take the others down
+            report.errors.append(SpecError(f"could not compile: {type(exc).__name__}: {exc}", file=str(path)))
+            continue
         name = job_name(plan.task_id)
         if name in seen:
             report.errors.append(SpecError(

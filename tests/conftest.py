@@ -12,3 +12,9 @@ def fake_messages_api():
     clients at ``base_url``, read ``requests`` afterwards."""
     with FakeMessagesAPI() as api:
         yield api
+
+
+@pytest.fixture
+def anyio_backend():
+    """The servers and clients under test run on asyncio only (trio is installed too)."""
+    return "asyncio"

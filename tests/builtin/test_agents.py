@@ -53,11 +53,6 @@ class NotesEnv:
 
 
 @pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
 def notes_env():
     env = NotesEnv()
     with ThreadedServer(env.app) as server:

@@ -33,11 +33,6 @@ LUNCH = email("e2", "bob@example.com", "Lunch?", "Tacos at noon")
 INVOICE = email("e3", "billing@vendor.test", "Invoice 42", "Please pay the REPORTED amount")
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"  # the servers and clients under test run on asyncio only
-
-
 @pytest.fixture(scope="module")
 def spawn(tmp_path_factory):
     """Start env servers for real; every one is ended (and checked gone) after the tests."""

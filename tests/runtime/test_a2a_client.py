@@ -31,11 +31,6 @@ SCRIPT = {"episodes": [
 ]}
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def agent_url(tmp_path_factory):
     """One replay agent for the module; it must be gone afterwards."""

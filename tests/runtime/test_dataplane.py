@@ -22,11 +22,6 @@ from agentenv_dagster.runtime.dataplane import (
 BASE = "http://env.test"
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"  # the servers and clients under test run on asyncio only
-
-
 def in_process(kind: str) -> httpx.AsyncClient:
     # The data plane needs no MCP session, so the app runs without its lifespan.
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=build_env(kind).starlette_app()))
