@@ -62,7 +62,6 @@ class TaskStep(BaseModel):
     type_name: ClassVar[str] = "task_step"
     reads: ClassVar[dict[str, str]] = {}
     writes: ClassVar[dict[str, str]] = {}
-    optional_reads: ClassVar[frozenset[str]] = frozenset()
 
     id: str
     type: str

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import re
-import sys
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..context import TaskStepContext
 from ..runtime.base import StepRuntime
+from ..runtime.verify_script import run_verify_script
 from .base import ARTIFACT, ENV, PROMPT, VERIFICATION, TaskStep
 from .registry import step
 from .scoring import ScoreAggregator, aggregate
@@ -37,13 +35,15 @@ class _Verifier(TaskStep):
 
 @step("env_outcome_verifier")
 class EnvOutcomeVerifierStep(_Verifier):
-    """Runs a stored script's ``async verify(mcp_url)`` against the env's end state."""
+    """Runs a stored script's ``async verify(mcp_url)`` against the env's end state, in a
+    subprocess with a timeout (the script is task data)."""
 
     reads = {"env_id": ENV, "file_artifact_id": ARTIFACT}
 
     env_id: str
     file_artifact_id: str
     file_artifact_version: int | None = None
+    timeout_seconds: float = 300
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         env = ctx.find_env(self.env_id)
@@ -53,24 +53,7 @@ class EnvOutcomeVerifierStep(_Verifier):
         scripts = [path for name, path in artifact.files.items() if name.endswith(".py")]
         if not scripts:
             raise RuntimeError(f"Artifact '{self.file_artifact_id}' holds no Python script")
-        verify = _load_verify(scripts[0], f"_agentenv_verify_{self.id}")
-        rows = verify(env.mcp_url)
-        if inspect.isawaitable(rows):
-            rows = await rows
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise RuntimeError(f"verify() of '{self.file_artifact_id}' must return a list of dicts")
-        self.record(ctx, rows)
-
-
-def _load_verify(path, module_name: str):
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.pop(module_name, None)
-    spec.loader.exec_module(module)
-    verify = getattr(module, "verify", None)
-    if not callable(verify):
-        raise RuntimeError(f"{path.name} defines no verify(mcp_url)")
-    return verify
+        self.record(ctx, await run_verify_script(scripts[0], env.mcp_url, self.timeout_seconds))
 
 
 class ResponseCriterion(BaseModel):

@@ -118,3 +118,21 @@ def test_seed_templating_substitutes_every_string(project):
     ], context={"metadata": {"seed": {"agent": "scribe", "verb": "nothing"}}})
     assert context.find_prompt_response("p").response == "ok"
     assert context.find_prompt_response("p").prompt_text == "nothing please"
+
+
+def test_env_outcome_scripts_run_outside_the_process_with_a_timeout(project):
+    for name, body in {"slow_check": "import time\nasync def verify(url):\n    time.sleep(30)\n",
+                       "bad_check": "async def verify(url):\n    raise ValueError('env unreachable')\n"}.items():
+        (project / "artifacts" / name).mkdir()
+        (project / "artifacts" / name / "artifact.json").write_text('{"type": "file"}')
+        (project / "artifacts" / name / "verify.py").write_text(body)
+    context = run_steps(project, [
+        EMAIL,
+        {"id": "slow", "type": "env_outcome_verifier", "env_id": "email", "file_artifact_id": "slow_check",
+         "timeout_seconds": 1, "fail_task_on_error": False, "depends_on": ["email"]},
+        {"id": "bad", "type": "env_outcome_verifier", "env_id": "email", "file_artifact_id": "bad_check",
+         "fail_task_on_error": False, "depends_on": ["email"]},
+    ])
+    errors = {f["step_id"]: f["error"] for f in context.metadata["failed_steps"]}
+    assert errors == {"slow": "verify.py: verify() did not finish within 1s",
+                      "bad": "verify.py: verify() failed: ValueError: env unreachable"}
