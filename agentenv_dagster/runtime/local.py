@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from ..config import AgentEnvConfig
+from ..config import AgentEntry, AgentEnvConfig
 from ..context import DeployedAgent, DeployedEnv, DeployedSandbox
 from .processes import spawn_server, terminate
 from .sandbox import LocalSandbox
@@ -87,12 +87,17 @@ class LocalProvider:
         )
 
     def deploy_agent(
-        self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None
+        self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
+        workspace: Path | None = None, overrides: dict[str, Any] | None = None,
     ) -> DeployedAgent:
+        """Start agent ``agent_id`` (its registry entry, with ``overrides`` on top). With a
+        ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools."""
         entry = self.config.agent_entry(agent_id)
         if entry is None:
             known = sorted({*self.config.agents.registry, "replay", "anthropic", "a2a-default"})
             raise DeploymentError(f"A2A agent '{agent_id}' is not registered (known agents: {known})")
+        if overrides:
+            entry = AgentEntry.model_validate({**entry.model_dump(exclude_unset=True), **overrides})
         process_env = dict(env_vars or {})
         if entry.kind == "anthropic":
             api_key = self.config.model.resolved_api_key()
@@ -104,11 +109,11 @@ class LocalProvider:
             process_env["ANTHROPIC_API_KEY"] = api_key
         instance_id = f"{agent_id}-{secrets.token_hex(4)}"
         workdir = self.run_dir / "agents" / instance_id
-        sandbox = self.run_dir / "sandboxes" / instance_id
+        sandbox = workspace or self.run_dir / "sandboxes" / instance_id
         sandbox.mkdir(parents=True, exist_ok=True)
         workdir.mkdir(parents=True, exist_ok=True)
         config_file = workdir / "agent.json"
-        config_file.write_text(json.dumps(self._agent_config(entry)))
+        config_file.write_text(json.dumps({**self._agent_config(entry), "workspace_tools": workspace is not None}))
         server = self._spawn(
             AGENT_SERVER_MODULE,
             [entry.kind, "--sandbox", str(sandbox), "--config-file", str(config_file)],

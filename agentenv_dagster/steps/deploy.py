@@ -9,9 +9,10 @@ from ..context import DeployedEnv, TaskStepContext
 from ..runtime.base import StepRuntime
 from ..runtime.dataplane import env_base_url
 from .agent_card import MCP_CONFIG, SKILL_CONFIG, AGENT_CONFIG, extension_request
-from .base import AGENT, DEFAULT_AGENT_NAME, DEFAULT_TTL_SECONDS, ENV, TaskStep
+from .base import AGENT, DEFAULT_AGENT_NAME, DEFAULT_TTL_SECONDS, ENV, SANDBOX, TaskStep
 from .execution import user_override
 from .registry import step
+from .sandbox import deployed_sandbox
 
 
 @step("deploy_env")
@@ -50,7 +51,7 @@ class DeployEnvStep(TaskStep):
 
 @step("deploy_agent")
 class DeployAgentStep(TaskStep):
-    reads = {"env_ids": ENV}
+    reads = {"env_ids": ENV, "sandbox_name": SANDBOX}
     writes = {"agent_name": AGENT}
 
     env_ids: list[str] = []
@@ -74,6 +75,7 @@ class DeployAgentStep(TaskStep):
     sandbox_name: str | None = None
     enable_docker: bool = False
     metadata: dict[str, Any] = {}
+    agent_config: dict[str, Any] = {}  # ours: inline settings over the registry entry (Coder Eval `agent:`)
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         envs = [self._resolve_env(ctx, env_id) for env_id in self.env_ids]
@@ -84,9 +86,10 @@ class DeployAgentStep(TaskStep):
             or rt.config.agents.default_a2a_agent_id
         )
         ttl = user_override(ctx, "ttl_seconds") or self.ttl_seconds or DEFAULT_TTL_SECONDS
+        workspace = deployed_sandbox(ctx, rt, self.sandbox_name).root if self.sandbox_name else None
         agent = await asyncio.to_thread(
             rt.provider.deploy_agent, agent_id, agent_name=self.agent_name,
-            ttl_seconds=ttl, env_vars=self.env_vars,
+            ttl_seconds=ttl, env_vars=self.env_vars, workspace=workspace, overrides=self.agent_config,
         )
         try:
             card = await rt.a2a.get_card(agent.a2a_url)

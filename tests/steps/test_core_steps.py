@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fakes.messages_api import text_reply, tool_use_reply
 
+from agentenv_dagster.runtime.artifacts import ObjectStore
 from agentenv_dagster.steps.execution import StepFailed
 from projects import leaked_servers, make_project, run_steps
 
@@ -136,3 +139,22 @@ def test_env_outcome_scripts_run_outside_the_process_with_a_timeout(project):
     errors = {f["step_id"]: f["error"] for f in context.metadata["failed_steps"]}
     assert errors == {"slow": "verify.py: verify() did not finish within 1s",
                       "bad": "verify.py: verify() failed: ValueError: env unreachable"}
+
+
+def test_an_agent_deployed_into_a_sandbox_works_there_with_workspace_tools(project):
+    context = run_steps(project, [
+        {"id": "box", "type": "deploy_sandbox", "sandbox_name": "box", "sandbox_mode": "vm", "depends_on": []},
+        {"id": "agent", "type": "deploy_agent", "a2a_agent_id": "replay", "agent_name": "coder", "sandbox_name": "box",
+         "agent_config": {"episodes": [{"match": "hello", "reply": "done", "actions": [
+             {"tool": "Write", "arguments": {"file_path": "hello.py", "content": "print('hello')"}},
+             {"tool": "Bash", "arguments": {"command": "python hello.py > out.txt"}},
+             {"tool": "Bash", "arguments": {"command": "exit 3"}}]}]}},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "coder", "prompt_id": "p", "prompt": "write hello"},
+        {"id": "check", "type": "verify_sandbox", "sandbox_name": "box", "base_dir": "/", "verifier_id": "v",
+         "criteria": [{"type": "probe_file_contains", "paths": ["out.txt"], "expected": "^hello$"}]},
+    ])
+    assert context.find_prompt_response("p").tool_call_count == 3
+    assert context.metadata["verifications"]["v"]["score"] == 1.0
+    trajectory = json.loads(ObjectStore.read(context.find_prompt_response("p").agent_trajectory_object_url))
+    calls = [(e["name"], e["is_error"]) for e in trajectory if e["type"] == "tool_call"]
+    assert calls == [("Write", False), ("Bash", False), ("Bash", True)]

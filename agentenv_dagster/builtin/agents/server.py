@@ -85,11 +85,17 @@ class TaskSession:
     """One task as a brain sees it: config, skills, sandbox, MCP tools, and the trajectory
     (every tool call goes through here, so it is recorded and counted)."""
 
-    def __init__(self, config: dict, skills: list[dict], sandbox: LocalSandbox) -> None:
+    def __init__(self, config: dict, skills: list[dict], sandbox: LocalSandbox,
+                 workspace_tools: bool = False) -> None:
         self.config = dict(config)
         self.skills = list(skills)
         self.sandbox = sandbox
         self.tools: list[Tool] = []
+        self._workspace = workspace_tools
+        if workspace_tools:
+            from agentenv_dagster.builtin.agents.workspace import WORKSPACE_TOOLS
+
+            self.tools += WORKSPACE_TOOLS
         self.events: list[dict] = []
         self.tool_call_count = 0
         self.model = ""
@@ -137,7 +143,12 @@ class TaskSession:
             matches = [n for n in self._routes if n.endswith(f"__{name}")]
             full = matches[0] if len(matches) == 1 else None
         started, clock = datetime.now(timezone.utc), time.monotonic()
-        if full is None:
+        if self._workspace and full is None and name in _workspace_tool_names():
+            from agentenv_dagster.builtin.agents.workspace import call_workspace_tool
+
+            full = name
+            outcome = await call_workspace_tool(self.sandbox, self.skills, name, arguments)
+        elif full is None:
             outcome = ToolOutcome(f"Unknown tool '{name}'; available: {sorted(self._routes)}", True)
         else:
             client, bare = self._routes[full]
@@ -162,9 +173,10 @@ class TaskSession:
 class EmbeddedAgent(AgentExecutor):
     """Runs tasks with a brain and serves the agentenv extensions around it."""
 
-    def __init__(self, brain: Brain, sandbox: LocalSandbox) -> None:
+    def __init__(self, brain: Brain, sandbox: LocalSandbox, workspace_tools: bool = False) -> None:
         self.brain = brain
         self.sandbox = sandbox
+        self.workspace_tools = workspace_tools
         self.mcp_servers: list[dict] = []
         self.config: dict[str, Any] = {}
         self.skills: list[dict] = []
@@ -176,7 +188,7 @@ class EmbeddedAgent(AgentExecutor):
         await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         await updater.start_work()
-        session = TaskSession(self.config, self.skills, self.sandbox)
+        session = TaskSession(self.config, self.skills, self.sandbox, self.workspace_tools)
         self.trajectories[task.id] = session.events
         self.task_contexts[task.id] = task.context_id
         prompt = context.get_user_input()
@@ -248,6 +260,12 @@ class EmbeddedAgent(AgentExecutor):
         if not tasks:
             return JSONResponse({"error": f"no trajectory for {body}"}, status_code=404)
         return JSONResponse({"trajectory": [e for t in tasks for e in self.trajectories[t]]})
+
+
+def _workspace_tool_names() -> frozenset[str]:
+    from agentenv_dagster.builtin.agents.workspace import NAMES
+
+    return NAMES
 
 
 def _root(exc: BaseException) -> BaseException:
@@ -333,12 +351,13 @@ def build_app(agent: EmbeddedAgent, card: AgentCard) -> Starlette:
 
 
 def run_agent(brain: Brain, sandbox: LocalSandbox, name: str, description: str,
-              args: argparse.Namespace) -> None:
-    """Serve ``brain`` as an A2A agent until SIGTERM or the TTL."""
+              args: argparse.Namespace, workspace_tools: bool = False) -> None:
+    """Serve ``brain`` as an A2A agent until SIGTERM or the TTL; ``workspace_tools`` gives
+    it Bash/Write/Read/Skill in its sandbox (a coding agent)."""
     card = build_card(name, description)
 
     def on_ready(url: str) -> None:
         for interface in card.supported_interfaces:
             interface.url = url + "/"
 
-    serve(build_app(EmbeddedAgent(brain, sandbox), card), args, on_ready=on_ready)
+    serve(build_app(EmbeddedAgent(brain, sandbox, workspace_tools), card), args, on_ready=on_ready)
