@@ -18,7 +18,7 @@ from ..steps.execution import StepFailed
 from ..steps.scoring import verification_passed
 from .io_manager import context_folder, write_context
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
-from .translator import PASSED_CHECK, TAG_CONTENT_HASH, TAG_TASK_ID, TaskTranslator
+from .translator import TAG_CONTENT_HASH, TAG_TASK_ID, TaskTranslator
 
 IO_MANAGER_KEY = "task_context_io_manager"
 TEARDOWN_OP = "teardown_run"
@@ -130,7 +130,7 @@ def asset_events(
             entry = (ctx.metadata.get("verifications") or {}).get(name)
             if entry is not None:
                 yield dg.AssetMaterialization(asset_key=key, metadata=verification_metadata(entry))
-                yield _check_evaluation(key, entry)
+                yield from _check_evaluations(key, entry, step)
         elif kind == PRODUCER:
             entry = _produced(ctx, name)
             if entry is not None:
@@ -157,11 +157,13 @@ def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
         "criteria": dg.MetadataValue.table(
             records=[
                 dg.TableRecord({
-                    "id": str(row.get("id", row.get("criterion_index", i))),
-                    "result": str(row.get("result")),
+                    "id": str(row.get("id") or row.get("description") or row.get("criterion_type") or i),
+                    "result": str(row.get("result", row.get("evaluation_status"))),
                     "score": float(row.get("score") or 0.0),
                     "weight": float(row.get("weight", 1) or 0),
-                    "justification": str(row.get("justification") or row.get("message") or "")[:500],
+                    "justification": str(
+                        row.get("justification") or row.get("message") or row.get("details") or row.get("error") or ""
+                    )[:500],
                 })
                 for i, row in enumerate(rows)
             ],
@@ -195,14 +197,16 @@ def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
     return metadata
 
 
-def _check_evaluation(key: dg.AssetKey, entry: dict[str, Any]) -> dg.AssetCheckEvaluation:
-    passed = verification_passed(entry)
-    metadata = {"score": entry["score"]} if entry.get("score") is not None else {"reason": entry.get("reason", "")}
-    return dg.AssetCheckEvaluation(
-        asset_key=key, check_name=PASSED_CHECK, passed=bool(passed),
-        severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
-        metadata=metadata,
-    )
+def _check_evaluations(key: dg.AssetKey, entry: dict[str, Any], step: TaskStep) -> Iterator[dg.AssetCheckEvaluation]:
+    """One evaluation per declared check; unknown (not graded) fails with severity WARN."""
+    outcomes = entry.get("checks") or {"passed": verification_passed(entry)}
+    metadata = {"score": entry["score"]} if entry.get("score") is not None else {"reason": entry.get("reason", "not graded")}
+    for name, _ in step.verification_checks():
+        passed = outcomes.get(name)
+        yield dg.AssetCheckEvaluation(
+            asset_key=key, check_name=name, passed=bool(passed), metadata=metadata,
+            severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
+        )
 
 
 def _loaded_version(ctx: TaskStepContext, step_id: str, artifact_id: str) -> int | None:

@@ -16,7 +16,6 @@ TAG_TASK_ID = "agentenv/task_id"
 TAG_TASK_VERSION = "agentenv/task_version"
 TAG_CONTENT_HASH = "agentenv/content_hash"
 TAG_SOURCE = "agentenv/source"
-PASSED_CHECK = "passed"
 
 
 class TaskTranslator:
@@ -92,13 +91,12 @@ class TaskTranslator:
         ]
 
     def get_check_specs(self, plan: TaskPlan) -> list[dg.AssetCheckSpec]:
+        """The checks each verifier declares (``passed``; Coder Eval adds one per gating
+        criterion) on its verification asset."""
         return [
-            dg.AssetCheckSpec(
-                name=PASSED_CHECK, asset=key,
-                description="Passes when the verification scored 1.0 (its pass threshold); "
-                "a verification that was not graded fails with severity WARN.",
-            )
+            dg.AssetCheckSpec(name=name, asset=key, description=description)
             for step in plan.steps
             for kind, _, key in self.produced_asset_keys(plan.task_id, step)
             if kind == VERIFICATION
+            for name, description in step.verification_checks()
         ]

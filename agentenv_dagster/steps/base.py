@@ -92,6 +92,11 @@ class TaskStep(BaseModel):
                 if isinstance(name, str) and name:
                     yield ContextName(kind, name, field)
 
+    def verification_checks(self) -> list[tuple[str, str]]:
+        """(name, description) of the asset checks on the verification this step writes."""
+        return [("passed", "Passes when the verification scored 1.0 (its pass threshold); a "
+                           "verification that was not graded fails with severity WARN.")]
+
     def to_document(self) -> dict[str, Any]:
         """The stored form: object-form depends_on, defaults omitted except the base fields."""
         data = self.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)

@@ -39,7 +39,10 @@ def aggregate(rows: list[dict[str, Any]], aggregator: ScoreAggregator) -> float:
 
 
 def verification_passed(entry: dict[str, Any]) -> bool | None:
-    """Pass/fail of a verification entry: score 1.0 passes; not graded is unknown (None)."""
+    """Pass/fail of a verification entry: its own verdict when it has one (Coder Eval), else
+    score 1.0 passes; not graded is unknown (None)."""
+    if "passed" in entry:
+        return entry["passed"]
     score = entry.get("score")
     if score is None:
         return None

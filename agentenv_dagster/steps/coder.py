@@ -1,0 +1,223 @@
+"""The Coder Eval step family: a workspace built from templates, shell commands before and
+after the agent, and the task's success criteria graded over the workspace and telemetry.
+
+A Coder Eval task is lowered to these plus the core steps (``deploy_sandbox``,
+``deploy_agent`` into the sandbox, ``prompt_agent``), so it runs on the same compiler, ops,
+IO manager and assets as an agent-env task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import json
+import os
+import shlex
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from ..context import TaskStepContext
+from ..runtime.artifacts import ObjectStore
+from ..runtime.base import StepRuntime
+from ..runtime.sandbox import LocalSandbox
+from .base import PROMPT, SANDBOX, VERIFICATION, TaskStep
+from .registry import step
+from .sandbox import deployed_sandbox
+
+DEFAULT_IGNORE_PATTERNS = (
+    ".venv", "venv", "ENV", "env", "virtualenv", ".git", ".svn", ".hg", "__pycache__", "*.pyc", "*.pyo",
+    "*.pyd", ".pytest_cache", ".ruff_cache", "*.egg-info", ".eggs", "dist", "build", ".vscode", ".idea",
+    "*.swp", "*.swo", "*~", ".DS_Store", "Thumbs.db", "node_modules", ".npm", "bower_components",
+    ".coverage", "htmlcov", ".tox", ".nox", "*.so", "*.dylib", "*.dll", "cli_mocks",
+)
+OUTPUT_LIMIT = 20_000
+
+
+def ignore_patterns(extra: list[str]) -> list[str]:
+    """The default list, plus plain entries, minus ``!name`` entries."""
+    removed = {p[1:] for p in extra if p.startswith("!")}
+    return [p for p in DEFAULT_IGNORE_PATTERNS if p not in removed] + [p for p in extra if not p.startswith("!")]
+
+
+def copy_tree(source: Path, target: Path, patterns: list[str]) -> None:
+    """Copy ``source`` into ``target``, skipping any path with an ignored component."""
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if any(fnmatch.fnmatch(part, p) for part in relative.parts for p in patterns):
+            continue
+        if path.is_file():
+            (target / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target / relative)
+
+
+@step("prepare_workspace")
+class PrepareWorkspaceStep(TaskStep):
+    """Fills the task's sandbox: template sources (or, grading only, a finished workspace),
+    a Python venv with ``env_packages``, and a private copy of the reference."""
+
+    reads = {"sandbox_name": SANDBOX}
+
+    sandbox_name: str
+    task_dir: str
+    sandbox: dict[str, Any] = {}
+    reference_directory: str | None = None
+    grade_only_from: str | None = None
+
+    async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        workspace = deployed_sandbox(ctx, rt, self.sandbox_name)
+        patterns = ignore_patterns(self.sandbox.get("ignore_patterns") or [])
+        if self.grade_only_from:
+            copy_tree(Path(self.grade_only_from), workspace.root, [])
+        for source in self.sandbox.get("template_sources") or []:
+            self._apply(source, workspace, patterns)
+        python = self.sandbox.get("python", {})
+        packages = (python or {}).get("env_packages") or []
+        if packages and not self.grade_only_from:
+            await _run(f"{sys.executable} -m venv .venv && .venv/bin/pip install -q " + " ".join(map(shlex.quote, packages)),
+                       workspace.root, 600)
+        info: dict[str, Any] = {"sandbox_name": self.sandbox_name, "task_dir": self.task_dir, "reference_dir": None}
+        if self.reference_directory:
+            private = rt.run.run_dir / "reference" / self.id
+            copy_tree(Path(self.task_dir) / self.reference_directory, private, [])
+            info["reference_dir"] = str(private)
+        ctx.metadata["workspace"] = info
+
+    def _apply(self, source: dict[str, Any], workspace: LocalSandbox, patterns: list[str]) -> None:
+        kind = source.get("type")
+        if kind == "template_dir":
+            origin = Path(os.path.expandvars(source["path"]))
+            origin = origin if origin.is_absolute() else Path(self.task_dir) / origin
+            if not origin.is_dir():
+                raise RuntimeError(f"template_dir {source['path']!r} is not a directory ({origin})")
+            copy_tree(origin, workspace.resolve(source.get("mount_point") or "."), patterns)
+        elif kind == "starter_files":
+            for entry in source.get("files") or []:
+                target = workspace.resolve(entry["path"])
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(entry.get("content", ""))
+        elif kind == "repo":
+            raise RuntimeError(
+                f"template source repo {source.get('url')!r}: cloning needs network access, which "
+                "this runtime does not have; use a template_dir"
+            )
+        else:
+            raise RuntimeError(f"unknown template source type {kind!r}")
+
+
+@step("run_commands")
+class RunCommandsStep(TaskStep):
+    """``pre_run`` / ``post_run``: shell commands in the workspace, each with its timeout.
+    A failing pre_run command with ``fail_on_error`` fails the step (the task is an ERROR)."""
+
+    reads = {"sandbox_name": SANDBOX}
+
+    sandbox_name: str
+    phase: Literal["pre_run", "post_run"]
+    commands: list[dict[str, Any]]
+
+    async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        workspace = deployed_sandbox(ctx, rt, self.sandbox_name)
+        results = ctx.metadata_list(f"{self.phase}_results")
+        for command in self.commands:
+            result = await _run(command["command"], workspace.root, command.get("timeout", 30))
+            results.append(result)
+            if self.phase == "pre_run" and result["error"] and command.get("fail_on_error", True):
+                raise RuntimeError(f"pre_run command {command['command']!r} failed: {result['error']}")
+
+
+@step("success_criteria")
+class SuccessCriteriaStep(TaskStep):
+    """Grades the Coder Eval criteria over the workspace, the agent's reply and its tool
+    calls; writes one verification (weighted score, per-criterion rows, pass/fail)."""
+
+    reads = {"sandbox_name": SANDBOX, "prompt_id": PROMPT}
+    writes = {"verifier_key": VERIFICATION}
+
+    sandbox_name: str
+    criteria: list[dict[str, Any]]
+    prompt_id: str | None = None
+    verifier_id: str | None = None
+    expected_commands: int | None = None
+
+    @property
+    def verifier_key(self) -> str:
+        return self.verifier_id or self.id
+
+    def verification_checks(self) -> list[tuple[str, str]]:
+        """One asset check per gating criterion, besides the task-level ``passed``."""
+        return [
+            *super().verification_checks(),
+            *((criterion_check_name(i, c), c.get("description", "")) for i, c in enumerate(self.criteria)
+              if float(c.get("weight", 1.0)) > 0),
+        ]
+
+    async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        from ..criteria import CriterionContext, ToolCall, evaluate_all, parse_criterion, task_passed, weighted_score
+
+        workspace = deployed_sandbox(ctx, rt, self.sandbox_name)
+        info = ctx.metadata.get("workspace") or {}
+        response = ctx.find_prompt_response(self.prompt_id) if self.prompt_id else None
+        events = _trajectory(response)
+        criterion_ctx = CriterionContext(
+            sandbox_dir=workspace.root, task_dir=Path(info.get("task_dir") or workspace.root),
+            reference_dir=Path(info["reference_dir"]) if info.get("reference_dir") else None,
+            tool_calls=[
+                ToolCall(name=e["name"], parameters=e.get("arguments") or {},
+                         status="error" if e.get("is_error") else "success",
+                         duration_seconds=e.get("duration_seconds"), result=e.get("result"),
+                         skill=(e.get("arguments") or {}).get("skill") if e["name"] == "Skill" else None)
+                for e in events if e.get("type") == "tool_call"
+            ],
+            final_text=response.response if response else "", expected_commands=self.expected_commands,
+        )
+        models = [parse_criterion(c) for c in self.criteria]
+        results = await evaluate_all(models, criterion_ctx)
+        rows = [r.to_dict() for r in results]
+        passed = task_passed(results)
+        checks = {"passed": passed}
+        for i, (criterion, result) in enumerate(zip(self.criteria, results)):
+            if result.gating:
+                checks[criterion_check_name(i, criterion)] = (
+                    None if result.score is None else result.score >= result.pass_threshold
+                )
+        ctx.metadata_map("verifications")[self.verifier_key] = {
+            "format": "coder_eval", "results": rows, "score": weighted_score(results),
+            "passed": passed, "graded": passed is not None, "checks": checks,
+            "prompt_error": response.error_type if response else None,
+        }
+
+
+def criterion_check_name(index: int, criterion: dict[str, Any]) -> str:
+    return f"criterion_{index + 1}_{criterion.get('type', 'unknown')}"
+
+
+def _trajectory(response) -> list[dict[str, Any]]:
+    url = getattr(response, "agent_trajectory_object_url", None)
+    return json.loads(ObjectStore.read(url)) if url else []
+
+
+async def _run(command: str, cwd: Path, timeout: float) -> dict[str, Any]:
+    """One shell command; its result in the report's ``CommandRunResult`` shape."""
+    started = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", command, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    error = None
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = await proc.communicate()
+        error = f"timed out after {timeout:g}s"
+    if error is None and proc.returncode != 0:
+        error = f"exit code {proc.returncode}"
+    return {
+        "command": command, "exit_code": proc.returncode, "error": error,
+        "stdout": out.decode(errors="replace")[-OUTPUT_LIMIT:], "stderr": err.decode(errors="replace")[-OUTPUT_LIMIT:],
+        "duration_seconds": round(time.perf_counter() - started, 3),
+    }
