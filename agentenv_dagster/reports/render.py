@@ -1,0 +1,112 @@
+"""Writes a run's reports: run.json, run.md and task.html at the root, task.json per replicate.
+
+run.md is shaped for a GitHub job summary; task.html is one self-contained page (inline CSS,
+no scripts, no external assets) so it opens straight from a CI artifact.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from .models import EvaluationResult, RunSummary
+
+
+@dataclass(frozen=True)
+class WrittenReports:
+    """Where `write_reports` put each file, so callers can attach or link them."""
+
+    run_json: Path
+    run_md: Path
+    task_html: Path
+    task_jsons: list[Path]
+
+
+def task_json_path(out_dir: Path | str, result: EvaluationResult) -> Path:
+    """`<out_dir>/<variant>/<task_id>/<NN>/task.json`; a dataset task id's `/` nests folders.
+
+    Ids come from task documents, so a segment that would climb out of `out_dir` is refused.
+    """
+    segments = [result.variant_id, *result.task_id.split("/")]
+    for segment in segments:
+        if segment in ("", ".", "..") or "\\" in segment:
+            raise ValueError(
+                f"task {result.task_id!r} (variant {result.variant_id!r}): "
+                f"path segment {segment!r} cannot name a report folder"
+            )
+    return Path(out_dir).joinpath(*segments, f"{result.replicate_index:02d}", "task.json")
+
+
+def write_reports(
+    out_dir: Path | str, summary: RunSummary, results: list[EvaluationResult]
+) -> WrittenReports:
+    """Write every report of one run; existing files are overwritten so a re-run refreshes them."""
+    out_dir = Path(out_dir)
+    task_jsons = []
+    for result in results:
+        path = task_json_path(out_dir, result)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(result.model_dump_json(indent=2), encoding="utf-8")
+        task_jsons.append(path)
+    written = WrittenReports(
+        run_json=out_dir / "run.json",
+        run_md=out_dir / "run.md",
+        task_html=out_dir / "task.html",
+        task_jsons=task_jsons,
+    )
+    written.run_json.write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+    written.run_md.write_text(_render("run.md", summary, results), encoding="utf-8")
+    written.task_html.write_text(_render("task.html", summary, results), encoding="utf-8")
+    return written
+
+
+def _render(template: str, summary: RunSummary, results: list[EvaluationResult]) -> str:
+    return _environment().get_template(template).render(summary=summary, results=results)
+
+
+def _score(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _usd(value: float | None) -> str:
+    """Unpriced is not free, so `None` never prints as $0."""
+    return "n/a" if value is None else f"${value:.4f}"
+
+
+def _md_cell(value: Any, limit: int = 300) -> str:
+    """Keep a value inside one GitHub table cell: no raw HTML, no pipes, no line breaks."""
+    text = "" if value is None else str(value)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return html.escape(text, quote=False).replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+
+def _pretty_json(value: Any) -> str:
+    """Plain text for a <pre>; autoescaping then makes it safe."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("agentenv_dagster.reports", "templates"),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html",), default_for_string=False),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        score=_score, percent=_percent, usd=_usd, md_cell=_md_cell, pretty_json=_pretty_json
+    )
+    return env

@@ -1,0 +1,98 @@
+"""write_reports: the on-disk layout, run.md for a GitHub job summary, and an inert task.html."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from report_samples import HOSTILE_IMG, HOSTILE_SCRIPT
+
+from agentenv_dagster.reports.models import EvaluationResult, RunSummary
+from agentenv_dagster.reports.render import task_json_path, write_reports
+
+
+@pytest.fixture
+def written(tmp_path, summary, results):
+    return write_reports(tmp_path / "run", summary, results)
+
+
+def test_layout(tmp_path, written, results):
+    out = tmp_path / "run"
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "default/broken_env/00/task.json",
+        "default/exec_only/00/task.json",
+        "default/hello_world/00/task.json",
+        "opus/sentiment/row-3/01/task.json",
+        "run.json",
+        "run.md",
+        "task.html",
+    ]
+    assert written.task_jsons[1] == out / "opus" / "sentiment" / "row-3" / "01" / "task.json"
+    assert [EvaluationResult.model_validate_json(p.read_text()) for p in written.task_jsons] == results
+
+
+def test_run_json_is_the_summary(written, summary):
+    data = json.loads(written.run_json.read_text())
+    assert data["pass_rate"] == pytest.approx(1 / 3)
+    assert RunSummary.model_validate(data) == summary
+
+
+@pytest.mark.parametrize("task_id", ["../escape", "a//b", "suite/./row", "/abs"])
+def test_task_ids_cannot_leave_the_run_directory(tmp_path, task_id):
+    result = EvaluationResult(task_id=task_id, final_status="SUCCESS")
+    with pytest.raises(ValueError, match=r"path segment '(\.\.|\.|)' cannot name a report folder"):
+        task_json_path(tmp_path, result)
+
+
+def test_run_md_summary_table(written):
+    md = written.run_md.read_text()
+    assert "## Coder Eval run `2025-10-09_15-30-45`" in md
+    assert "| 33.3% | 1 | 1 | 1 | 1 | 1 | 42.0 s | $0.0320 (floor: 1 unpriced) |" in md
+    assert "| `+` | hello_world | default | 00 | SUCCESS | 0.85 | 12.2 s |" in md
+    assert "| `-` | sentiment/row-3 | opus | 01 | FAILURE | 0.00 | 4.0 s |" in md
+    assert "| `B` | broken_env | default | 00 | BUILD_FAILED | 0.00 | 0.0 s |" in md
+    assert "| `?` | exec_only | default | 00 | NOT_GRADED | – | 0.0 s |" in md
+    assert "| tasks/bad.yaml | ValidationError: field 'promt' |" in md
+
+
+def test_run_md_criteria_tables(written):
+    md = written.run_md.read_text()
+    assert "### `+` hello_world · default · #00 — SUCCESS, score 0.85" in md
+    assert "| pass | file_exists | hello.py exists | 1.00 | 0.90 | yes | 1 file matched |  |" in md
+    assert "| pass | llm_judge | Code is idiomatic | 0.70 | 0.70 | yes | rationale: fine |  |" in md
+    assert "| info | commands_efficiency | few commands | 0.50 | 0.90 | no |  |  |" in md
+    assert "> **Error:** criteria not met \\| see details" in md
+    assert "_No criteria were graded._" in md
+
+
+def test_run_md_cells_hold_no_raw_html_or_line_breaks(written):
+    md = written.run_md.read_text()
+    assert "<script" not in md
+    row = next(line for line in md.splitlines() if "classification_match" in line)
+    assert row == (
+        "| fail | classification_match | label is positive | 0.00 | 0.90 | yes | observed (other)<br>"
+        "&lt;script&gt;document.title = 'PW' + 'NED';&lt;/script&gt; |  |"
+    )
+
+
+def test_task_html_escapes_hostile_content_and_loads_nothing(written):
+    page = written.task_html.read_text()
+    assert "&lt;script&gt;document.title = &#39;PW&#39; + &#39;NED&#39;;&lt;/script&gt;" in page
+    assert "&lt;img src=x onerror=" in page
+    assert HOSTILE_SCRIPT not in page and HOSTILE_IMG not in page
+    assert not re.search(r"<(script|link|iframe|img|object|embed)\b|url\(|https?://", page, re.IGNORECASE)
+
+
+def test_task_html_content(written):
+    page = written.task_html.read_text()
+    for text in [
+        "hello_world", "sentiment/row-3", "broken_env", "exec_only",  # every task
+        'class="weighted-score">0.85<', "0.70",  # scores
+        "pip install -q requests", "hello.py\n",  # pre/post-run output
+        "python hello.py", "Turn 1: 2 tool calls",  # turns with tool calls
+        "expected <code>positive</code>, observed <code>(other)</code>", "uses print", "judge-0.yaml",
+        "Post-failure evidence", "not evaluated", "Step 3/7 : RUN false",
+    ]:  # fmt: skip
+        assert text in page, text
+    assert page.count('<tr class="criterion ') == 6  # 3 + 1 + 2 post-failure
