@@ -1,0 +1,197 @@
+"""The criterion contract: what a checker reads, what it returns, and how results combine.
+
+A criterion type is a pydantic model of its task-file fields plus ``async check(ctx)``;
+``evaluate`` wraps ``check`` so that any fault in a checker scores 0.0 with the error
+recorded, except a ``CheckerMisuseError`` (the task definition is wrong, which must not count
+against the agent).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+EvaluationStatus = Literal["evaluated", "not_evaluated"]
+ResultKind = Literal["basic", "classification", "judge"]
+
+
+class CheckerMisuseError(Exception):
+    """A task-definition fault found while checking: the task is an ERROR, not a FAILURE."""
+
+
+@dataclass
+class ToolCall:
+    """One tool call of the agent's run (Coder Eval's ``CommandTelemetry``), crashed turns included."""
+
+    name: str
+    parameters: dict
+    status: str | None  # "success" | "error" | "unknown" (closed by a crash) | None (in flight)
+    duration_seconds: float | None = None
+    result: str | None = None
+    skill: str | None = None
+
+
+@dataclass
+class CriterionContext:
+    """Everything a checker may read. ``tool_calls`` is None when the run has no agent
+    telemetry at all (agentless task, lost trajectory), which agent criteria report as an error;
+    ``offered_skills`` is None when the agent's offered skills are unknown."""
+
+    sandbox_dir: Path
+    task_dir: Path
+    reference_dir: Path | None
+    tool_calls: list[ToolCall] | None
+    final_text: str
+    expected_commands: int | None = None
+    row: dict | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    offered_skills: frozenset[str] | None = None
+
+
+@dataclass
+class CriterionResult:
+    """One criterion's verdict; ``to_dict()`` is its row in task.json. ``weight`` is kept for
+    ``weighted_score`` but is not part of the row (``gating`` carries what readers need)."""
+
+    criterion_type: str
+    description: str
+    score: float | None
+    weight: float = 1.0
+    details: str = ""
+    error: str | None = None
+    evaluation_status: EvaluationStatus = "evaluated"
+    pass_threshold: float = 0.9
+    result_kind: ResultKind = "basic"
+    observed_label: str | None = None
+    expected_label: str | None = None
+    findings: list[str] = field(default_factory=list)
+    token_usage: dict[str, Any] | None = None
+    transcript_path: str | None = None
+
+    @property
+    def gating(self) -> bool:
+        return self.weight > 0
+
+    @property
+    def graded(self) -> bool:
+        return self.score is not None
+
+    @property
+    def passed(self) -> bool | None:
+        return None if self.score is None else self.score >= self.pass_threshold
+
+    def to_dict(self) -> dict[str, Any]:
+        row: dict[str, Any] = {
+            "criterion_type": self.criterion_type,
+            "description": self.description,
+            "score": self.score,
+            "details": self.details,
+            "error": self.error,
+            "evaluation_status": self.evaluation_status,
+            "pass_threshold": self.pass_threshold,
+            "gating": self.gating,
+            "result_kind": self.result_kind,
+        }
+        if self.result_kind == "classification":
+            row.update(observed_label=self.observed_label, expected_label=self.expected_label)
+        if self.result_kind == "judge":
+            row.update(findings=list(self.findings), token_usage=self.token_usage, transcript_path=self.transcript_path)
+        return row
+
+
+class StopEarly(BaseModel):
+    """Arms a live-observable criterion for early stop; its presence is the arming."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    on_pass: Literal["continue", "stop"] = "continue"
+    decide_within: int | None = Field(default=None, ge=1)
+
+
+class Criterion(BaseModel):
+    """Fields every criterion type shares; subclasses add theirs and implement ``check``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type_name: ClassVar[str] = ""
+    requires_agent: ClassVar[bool] = False
+
+    type: str
+    description: str
+    weight: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    pass_threshold: float = Field(default=0.9, ge=0, le=1)
+    suite_thresholds: dict[str, float] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_type(cls, data: Any) -> Any:
+        """Constructing a model directly may omit ``type``; a task file always names it."""
+        if isinstance(data, dict) and "type" not in data and cls.type_name:
+            return {"type": cls.type_name, **data}
+        return data
+
+    @field_validator("type")
+    @classmethod
+    def _own_type(cls, value: str) -> str:
+        if cls.type_name and value != cls.type_name:
+            raise ValueError(f"type must be '{cls.type_name}', got '{value}'")
+        return value
+
+    @model_validator(mode="after")
+    def _informational_cannot_gate(self) -> Criterion:
+        """A weight-0 criterion is informational; arming it for a gate would let it fail a run."""
+        if self.weight == 0:
+            for name in ("stop_early", "suite_thresholds"):
+                if getattr(self, name, None) is not None:
+                    raise ValueError(f"a criterion with weight 0 is informational and may not set {name}")
+        return self
+
+    async def evaluate(self, ctx: CriterionContext) -> CriterionResult:
+        """Run the checker; a fault in it is the agent's 0.0, a misuse of it propagates."""
+        try:
+            return await self.check(ctx)
+        except CheckerMisuseError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any checker fault is scored, by contract
+            return self.result(0.0, details="Check failed", error=f"{type(exc).__name__}: {exc}")
+
+    async def check(self, ctx: CriterionContext) -> CriterionResult:
+        raise NotImplementedError(f"criterion type '{self.type}' does not implement check()")
+
+    def result(self, score: float | None, details: str = "", error: str | None = None, **extra: Any) -> CriterionResult:
+        """A result stamped with this criterion's identity, threshold and weight."""
+        return CriterionResult(
+            criterion_type=self.type, description=self.description, score=score, details=details,
+            error=error, pass_threshold=self.pass_threshold, weight=self.weight, **extra,
+        )
+
+    def missing_telemetry(self) -> CriterionResult:
+        """The shared answer of agent criteria when the run left no tool-call telemetry."""
+        return self.result(0.0, details="No turn records available",
+                           error="turn_records not provided to checker (no agent telemetry for this run)")
+
+
+def weighted_score(results: list[CriterionResult]) -> float | None:
+    """Σ wᵢsᵢ / Σ wᵢ over gating, graded criteria; None when no gating criterion was graded."""
+    counted = [r for r in results if r.gating and r.graded]
+    if not counted:
+        return None
+    total = math.fsum(r.weight for r in counted)
+    return math.fsum(r.weight * r.score for r in counted) / total  # type: ignore[operator]
+
+
+def task_passed(results: list[CriterionResult]) -> bool | None:
+    """Strict AND over gating criteria; None when any of them is not graded (never a guess)."""
+    gating = [r for r in results if r.gating]
+    if any(not r.graded for r in gating):
+        return None
+    return all(r.passed for r in gating)
+
+
+async def evaluate_all(criteria: list[Criterion], ctx: CriterionContext) -> list[CriterionResult]:
+    """Criteria run one after another, in task order: commands they run share the sandbox."""
+    return [await criterion.evaluate(ctx) for criterion in criteria]
