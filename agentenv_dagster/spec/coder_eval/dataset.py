@@ -1,0 +1,83 @@
+"""``dataset:``: one task fanned out into one row-task per row.
+
+Rows come inline (``rows``) or from JSONL files (``paths``, relative to the task YAML,
+concatenated in order). Row ids become directory names, so they are checked over the whole
+dataset, before any ``--split`` / sampling narrows it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from ...errors import SpecError
+from .base import Strict
+
+ROW_ID_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+class Dataset(Strict):
+    paths: list[str] | None = None
+    rows: list[dict[str, Any]] | None = None
+    id_field: str = "id"
+    sample_per_stratum: int | None = Field(default=None, ge=1)
+    stratify_field: str = "expected_skill"
+    sample_seed: int | None = None
+    # Newer upstream: the row field ``--split`` selects on (unlabelled rows: absent, null, "").
+    split_field: str = "split"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Dataset":
+        if self.paths is None and self.rows is None:
+            raise ValueError("Dataset must specify either 'paths' or 'rows'")
+        if self.paths is not None and self.rows is not None:
+            raise ValueError("Dataset must specify only one of 'paths' or 'rows'")
+        if self.paths is not None and not self.paths:
+            raise SpecError("Dataset.paths must be a non-empty list", field="paths")
+        return self
+
+
+def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of one JSONL file; blank lines are skipped, a bad line is named."""
+    if not path.is_file():
+        raise FileNotFoundError(f"Dataset file not found: {path}")
+    rows: list[dict[str, Any]] = []
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"Dataset {path}: invalid JSON on line {number}: {exc}") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"Dataset {path}: row on line {number} is not a JSON object: {row!r}")
+        rows.append(row)
+    return rows
+
+
+def load_dataset_rows(dataset: Dataset, base_dir: Path) -> list[dict[str, Any]]:
+    """Every row, inline or from the JSONL ``paths`` (relative ones resolved against ``base_dir``)."""
+    if dataset.rows is not None:
+        return [dict(row) for row in dataset.rows]
+    return [row for path in dataset.paths or [] for row in read_jsonl_rows(base_dir / path)]
+
+
+def check_row_ids(rows: list[dict[str, Any]], dataset: Dataset, task_id: str) -> None:
+    """Each row has an id, unique, usable as a directory name."""
+    seen: set[str] = set()
+    for index, row in enumerate(rows):
+        if dataset.id_field not in row:
+            raise ValueError(f"Dataset row {index} for task '{task_id}' missing id_field '{dataset.id_field}': {row}")
+        row_id = str(row[dataset.id_field])
+        if not ROW_ID_PATTERN.match(row_id):
+            raise ValueError(
+                f"Dataset row id {row_id!r} must match {ROW_ID_PATTERN.pattern} (letters, digits, underscore, hyphen, dot)"
+            )
+        if row_id in seen:
+            raise ValueError(f"Duplicate dataset row id for task '{task_id}': {row_id!r}")
+        seen.add(row_id)
