@@ -46,12 +46,23 @@ def validate(paths: tuple[Path, ...]) -> None:
 
 @main.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--output-dir", type=click.Path(path_type=Path), help="where context.json is written")
+@click.option("--output-dir", type=click.Path(path_type=Path), help="where the context / reports are written")
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE",
-              help="set a value in the initial context, e.g. -D metadata.seed.name=acme")
-def run(path: Path, output_dir: Path | None, defines: tuple[str, ...]) -> None:
-    """Compile PATH and execute it through Dagster; write the final redacted context."""
+              help="agent-env: a value in the initial context (-D metadata.seed.name=acme); "
+              "Coder Eval: a task override (-D run_limits.max_turns=30)")
+@click.option("--grade-only", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Coder Eval: grade this finished workspace; no agent runs")
+def run(path: Path, output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None) -> None:
+    """Compile PATH and execute it through Dagster. An agent-env task writes its final
+    redacted context.json; a Coder Eval task writes run.json, run.md, task.html."""
     config = _config()
+    if path.suffix.lower() in (".yaml", ".yml"):
+        from .orchestration.coder_eval import run_coder_eval_task  # Dagster only when running
+
+        done = _load_or_exit(lambda: run_coder_eval_task(
+            path, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir))
+        click.echo("\n".join(done.lines()))
+        sys.exit(done.exit_code)
     plan = _load_or_exit(lambda: load_plan(path, config))
     initial = _defines_to_context(defines)
     sys.exit(_execute(plan, config, output_dir, initial))
@@ -135,7 +146,7 @@ def _load_or_exit(load):
     except TaskLoadError as exc:
         for error in exc.errors:
             click.echo(str(error), err=True)
-    except (SpecError, ConfigError, LookupError) as exc:
+    except (SpecError, ConfigError, LookupError, ValueError) as exc:
         click.echo(f"error: {exc}", err=True)
     sys.exit(EXIT_BAD_INPUT)
 

@@ -7,17 +7,18 @@ a problem is fatal (strict: ``validate``, CI) or skipped and reported (the code 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Sequence
 
 from .config import AgentEnvConfig
 from .errors import SpecError, TaskLoadError
 from .naming import job_name, node_name
 from .plan import TaskPlan
-from .spec.loader import load_task_file
+from .spec.loader import TaskDocument, load_task_file, parse_task_document
 from .steps import BUILTIN_STEPS, StepRegistry
 
-TASK_SUFFIXES = (".json",)
+TASK_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 def step_registry(config: AgentEnvConfig) -> StepRegistry:
@@ -28,9 +29,45 @@ def step_registry(config: AgentEnvConfig) -> StepRegistry:
     return BUILTIN_STEPS.with_impls(config.task_steps.impls)
 
 
-def load_plan(path: str | Path, config: AgentEnvConfig, registry: StepRegistry | None = None) -> TaskPlan:
+def load_document(
+    path: str | Path, registry: StepRegistry, *, overrides: Sequence[str] = (),
+    grade_only_from: Path | None = None,
+) -> tuple[TaskDocument, list[str]]:
+    """A task document of either format, and its load warnings. A Coder Eval YAML is
+    lowered to steps (``overrides`` are its ``-D`` values)."""
+    path = Path(path)
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        return load_task_file(path, registry), []
+    from .spec.coder_eval import apply_overrides, is_coder_eval_document, load_coder_eval_task
+    from .spec.coder_eval.lowering import lower_task
+
+    if path.is_file() and not is_coder_eval_document(path):
+        raise TaskLoadError([SpecError(
+            "not a Coder Eval task (a mapping with task_id and success_criteria); "
+            "experiment files are run with `agentenv-dagster run`", file=str(path))])
+    loaded = load_coder_eval_task(path)
+    if overrides:
+        try:
+            loaded = replace(loaded, task=apply_overrides(loaded.task, overrides))
+        except ValueError as exc:
+            raise TaskLoadError([SpecError(f"-D: {exc}", file=str(path))]) from None
+    steps = lower_task(loaded, grade_only_from=grade_only_from)
+    document = parse_task_document(
+        steps, source=str(path), default_id=loaded.task.task_id, registry=registry, format="coder-eval",
+    )
+    return document, list(loaded.warnings)
+
+
+def load_plan(
+    path: str | Path, config: AgentEnvConfig, registry: StepRegistry | None = None, **options,
+) -> TaskPlan:
     """One checked plan, or :class:`TaskLoadError` with every problem of the file."""
-    document = load_task_file(path, registry or step_registry(config))
+    document, _ = load_document(path, registry or step_registry(config), **options)
+    return checked_plan(document)
+
+
+def checked_plan(document: TaskDocument) -> TaskPlan:
+    """The document's plan, once its joins are known to hold."""
     plan = TaskPlan(document)
     errors = plan.join_errors()
     if errors:
@@ -57,7 +94,9 @@ def compile_paths(paths: list[Path], config: AgentEnvConfig) -> CompileReport:
     seen: dict[str, str] = {}
     for path in paths:
         try:
-            plan = load_plan(path, config, registry)
+            document, warnings = load_document(path, registry)
+            report.warnings.extend(warnings)
+            plan = checked_plan(document)
         except TaskLoadError as exc:
             report.errors.extend(exc.errors)
             continue

@@ -132,6 +132,6 @@ class TaskPlan:
             sliced.append(step.model_copy(update={"depends_on": deps}))
         document = TaskDocument(
             task_id=self.document.task_id, version=self.document.version,
-            steps=tuple(sliced), source=self.document.source,
+            steps=tuple(sliced), source=self.document.source, format=self.document.format,
         )
         return TaskPlan(document, given_names=frozenset(given_names))

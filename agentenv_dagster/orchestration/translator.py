@@ -15,7 +15,7 @@ from ..steps.base import PRODUCER, SELF, VERIFICATION, TaskStep
 TAG_TASK_ID = "agentenv/task_id"
 TAG_TASK_VERSION = "agentenv/task_version"
 TAG_CONTENT_HASH = "agentenv/content_hash"
-TAG_SOURCE = "agentenv/source"
+TAG_FORMAT = "agentenv/format"
 
 
 class TaskTranslator:
@@ -30,10 +30,11 @@ class TaskTranslator:
             TAG_TASK_ID: plan.task_id,
             TAG_TASK_VERSION: str(plan.document.version or "unversioned"),
             TAG_CONTENT_HASH: plan.document.content_hash,
+            TAG_FORMAT: plan.document.format,
         }
 
     def get_job_description(self, plan: TaskPlan) -> str:
-        return f"agent-env task `{plan.task_id}` from `{plan.document.source}` ({len(plan.steps)} steps)"
+        return f"{plan.document.format} task `{plan.task_id}` from `{plan.document.source}` ({len(plan.steps)} steps)"
 
     def get_op_tags(self, step: TaskStep) -> dict[str, str]:
         return {"agentenv/step_type": step.type}

@@ -33,6 +33,7 @@ class TaskDocument:
     version: int | None
     steps: tuple["TaskStep", ...]
     source: str
+    format: str = "agent-env"  # or "coder-eval": a Coder Eval YAML lowered to steps
 
     def step_documents(self) -> list[dict[str, Any]]:
         return [step.to_document() for step in self.steps]
@@ -64,7 +65,7 @@ def load_task_file(path: str | Path, registry: "StepRegistry") -> TaskDocument:
 
 
 def parse_task_document(
-    data: Any, *, source: str, default_id: str, registry: "StepRegistry"
+    data: Any, *, source: str, default_id: str, registry: "StepRegistry", format: str = "agent-env"
 ) -> TaskDocument:
     """Both stored forms: a bare list of steps, or ``{id, type: "task", version, steps}``."""
     task_id, version, raw_steps = default_id, None, data
@@ -98,7 +99,7 @@ def parse_task_document(
         errors.extend(e.located(source) for e in check_retry_targets(retry_targets))
     if errors:
         raise TaskLoadError(errors)
-    return TaskDocument(task_id=task_id, version=version, steps=tuple(steps), source=source)
+    return TaskDocument(task_id=task_id, version=version, steps=tuple(steps), source=source, format=format)
 
 
 def _depends_on_or_none(raw: dict[str, Any]) -> list[Any] | None:

@@ -18,32 +18,21 @@ import signal
 import sys
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any, Iterable, Literal
 
 from ..context import TaskStepContext
 from ..runtime.artifacts import ObjectStore
 from ..runtime.base import StepRuntime
 from ..runtime.sandbox import LocalSandbox
+from ..spec.coder_eval.ignore import effective_ignore_patterns
 from .base import PROMPT, SANDBOX, VERIFICATION, TaskStep
 from .registry import step
 from .sandbox import deployed_sandbox
 
-DEFAULT_IGNORE_PATTERNS = (
-    ".venv", "venv", "ENV", "env", "virtualenv", ".git", ".svn", ".hg", "__pycache__", "*.pyc", "*.pyo",
-    "*.pyd", ".pytest_cache", ".ruff_cache", "*.egg-info", ".eggs", "dist", "build", ".vscode", ".idea",
-    "*.swp", "*.swo", "*~", ".DS_Store", "Thumbs.db", "node_modules", ".npm", "bower_components",
-    ".coverage", "htmlcov", ".tox", ".nox", "*.so", "*.dylib", "*.dll", "cli_mocks",
-)
 OUTPUT_LIMIT = 20_000
 
 
-def ignore_patterns(extra: list[str]) -> list[str]:
-    """The default list, plus plain entries, minus ``!name`` entries."""
-    removed = {p[1:] for p in extra if p.startswith("!")}
-    return [p for p in DEFAULT_IGNORE_PATTERNS if p not in removed] + [p for p in extra if not p.startswith("!")]
-
-
-def copy_tree(source: Path, target: Path, patterns: list[str]) -> None:
+def copy_tree(source: Path, target: Path, patterns: Iterable[str]) -> None:
     """Copy ``source`` into ``target``, skipping any path with an ignored component."""
     for path in sorted(source.rglob("*")):
         relative = path.relative_to(source)
@@ -69,7 +58,7 @@ class PrepareWorkspaceStep(TaskStep):
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         workspace = deployed_sandbox(ctx, rt, self.sandbox_name)
-        patterns = ignore_patterns(self.sandbox.get("ignore_patterns") or [])
+        patterns = effective_ignore_patterns(self.sandbox.get("ignore_patterns") or [])
         if self.grade_only_from:
             copy_tree(Path(self.grade_only_from), workspace.root, [])
         for source in self.sandbox.get("template_sources") or []:
@@ -79,14 +68,17 @@ class PrepareWorkspaceStep(TaskStep):
         if packages and not self.grade_only_from:
             await _run(f"{sys.executable} -m venv .venv && .venv/bin/pip install -q " + " ".join(map(shlex.quote, packages)),
                        workspace.root, 600)
-        info: dict[str, Any] = {"sandbox_name": self.sandbox_name, "task_dir": self.task_dir, "reference_dir": None}
+        info: dict[str, Any] = {
+            "sandbox_name": self.sandbox_name, "sandbox_root": str(workspace.root), "task_dir": self.task_dir,
+            "reference_dir": None,
+        }
         if self.reference_directory:
             private = rt.run.run_dir / "reference" / self.id
             copy_tree(Path(self.task_dir) / self.reference_directory, private, [])
             info["reference_dir"] = str(private)
         ctx.metadata["workspace"] = info
 
-    def _apply(self, source: dict[str, Any], workspace: LocalSandbox, patterns: list[str]) -> None:
+    def _apply(self, source: dict[str, Any], workspace: LocalSandbox, patterns: Iterable[str]) -> None:
         kind = source.get("type")
         if kind == "template_dir":
             origin = Path(os.path.expandvars(source["path"]))

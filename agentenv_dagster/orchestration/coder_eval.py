@@ -1,0 +1,102 @@
+"""Run a Coder Eval task through Dagster and write its reports (the CLI's ``run TASK.yaml``).
+
+Each row of a dataset (or the task itself) is one Dagster run of the lowered job, its row
+values given as ``metadata.seed``; the finished contexts become task.json records, summed up
+in run.json / run.md / task.html with upstream's exit code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+import dagster as dg
+
+from ..compiler import checked_plan, load_document, step_registry
+from ..config import AgentEnvConfig
+from ..naming import job_name
+from ..reports.evaluation import evaluation_result
+from ..reports.models import EvaluationResult, RunSummary, exit_code
+from ..reports.render import WrittenReports, write_reports
+from ..runtime.artifacts import ObjectStore
+from ..spec.coder_eval import apply_overrides, check_row_ids, load_coder_eval_task, load_dataset_rows
+from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID, row_seed
+from .execute import execute_plan
+
+
+@dataclass
+class CoderEvalRun:
+    summary: RunSummary
+    results: list[EvaluationResult]
+    reports: WrittenReports
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.summary)
+
+    def lines(self) -> list[str]:
+        lines = [
+            f"{r.final_status.icon} {r.task_id}: {r.final_status.value}"
+            + (f" (score {r.weighted_score:.3f})" if r.weighted_score is not None else "")
+            + (f" - {r.error_message}" if r.error_message else "")
+            for r in self.results
+        ]
+        lines += [f"  skipped {s.path}: {s.reason}" for s in self.summary.skipped_tasks]
+        lines += [f"  reports: {self.reports.run_json.parent}  (run.json, run.md, task.html)"]
+        return lines
+
+
+def run_coder_eval_task(
+    path: Path, config: AgentEnvConfig, *, overrides: Sequence[str] = (), grade_only_from: Path | None = None,
+    output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
+) -> CoderEvalRun:
+    """Raises ``TaskLoadError`` for a bad task (exit 2 in the CLI)."""
+    loaded = load_coder_eval_task(path)
+    if overrides:
+        loaded = replace(loaded, task=apply_overrides(loaded.task, overrides))
+    task = loaded.task
+    out = output_dir or config.root / "out" / job_name(task.task_id)
+    started = _now()
+    if task.skip:
+        summary = RunSummary.from_results(_run_id(started), started, _now(), [],
+                                          skipped=[{"path": str(path), "reason": "skip: true"}])
+        return CoderEvalRun(summary, [], write_reports(out, summary, []))
+    document, _ = load_document(path, step_registry(config), overrides=overrides, grade_only_from=grade_only_from)
+    plan = checked_plan(document)
+    results = []
+    for index, (row_id, seed) in enumerate(_rows(task, path)):
+        row_started = _now()
+        run = execute_plan(
+            plan, config, initial_context={"metadata": {"seed": seed}} if seed else {},
+            output_dir=out / "contexts" / (row_id or "task"), instance=instance,
+        )
+        response = run.context.find_prompt_response(PROMPT_ID)
+        url = response.agent_trajectory_object_url if response else None
+        results.append(evaluation_result(
+            run.context, task_id=f"{task.task_id}/{row_id}" if row_id else task.task_id,
+            description=task.description, agent_type=task.agent.type if task.agent else "none",
+            started=row_started, completed=_now(), verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
+            trajectory=json.loads(ObjectStore.read(url)) if url else None,
+            resolved_task=task.model_dump(mode="json", exclude_none=True), source_file=str(path),
+        ))
+    summary = RunSummary.from_results(_run_id(started), started, _now(), results)
+    return CoderEvalRun(summary, results, write_reports(out, summary, results))
+
+
+def _rows(task, path: Path) -> list[tuple[str | None, dict[str, Any]]]:
+    if task.dataset is None:
+        return [(None, {})]
+    rows = load_dataset_rows(task.dataset, path.parent.resolve())
+    check_row_ids(rows, task.dataset, task.task_id)
+    return [(str(row[task.dataset.id_field]), row_seed(row)) for row in rows]
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _run_id(started: datetime) -> str:
+    return started.strftime("%Y-%m-%d_%H-%M-%S")

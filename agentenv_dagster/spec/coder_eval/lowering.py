@@ -1,0 +1,95 @@
+"""Lower a Coder Eval task to agent-env steps, so one compiler and one back end serve both.
+
+The steps, in the JSON form ``agent-env task create`` reads (validated afterwards by the step
+registry like any task file):
+
+    deploy_sandbox -> prepare_workspace -> [run_commands pre_run] -> [deploy_agent ->
+    prompt_agent] -> success_criteria -> [run_commands post_run]
+
+The agent works inside the task's sandbox. Its prompt tolerates failure, so the criteria
+still grade what it left (the report turns the prompt's error into TIMEOUT / ERROR ...).
+Dataset values ``${row.field}`` become seed tokens ``<row.field>``, filled per row at run
+time from ``metadata.seed`` (agent-env's run-batch mechanism).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .loader import LoadedCoderEvalTask
+from .task import TaskDefinition
+
+WORKSPACE = "workspace"
+AGENT_NAME = "agent"
+PROMPT_ID = "task"
+VERIFIER_ID = "success_criteria"
+DEFAULT_TASK_TIMEOUT = 600
+ROW_TOKEN = re.compile(r"\$\{row\.([A-Za-z0-9_.\-]+)\}")
+
+
+def lower_task(loaded: LoadedCoderEvalTask, *, grade_only_from: Path | None = None) -> list[dict[str, Any]]:
+    """The task's steps. ``grade_only_from`` grades a finished workspace: no agent runs."""
+    task = loaded.task
+    task_dir = loaded.source.parent.resolve()
+    steps: list[dict[str, Any]] = [
+        {"id": "sandbox", "type": "deploy_sandbox", "sandbox_name": WORKSPACE, "sandbox_mode": "vm",
+         "depends_on": []},
+        {"id": "workspace", "type": "prepare_workspace", "sandbox_name": WORKSPACE, "task_dir": str(task_dir),
+         "sandbox": task.sandbox.model_dump(mode="json", exclude_none=True),
+         "reference_directory": task.reference.directory if task.reference else None,
+         "grade_only_from": str(grade_only_from.resolve()) if grade_only_from else None},
+    ]
+    if task.pre_run:
+        steps.append(_commands("pre_run", task.pre_run))
+    runs_agent = grade_only_from is None and task.agent is not None and not task.is_none_agent
+    if runs_agent:
+        steps += _agent_steps(task)
+    steps.append({
+        "id": "criteria", "type": "success_criteria", "sandbox_name": WORKSPACE, "verifier_id": VERIFIER_ID,
+        "criteria": [c.model_dump(mode="json", exclude_none=True, by_alias=True) for c in task.success_criteria],
+        "prompt_id": PROMPT_ID if runs_agent else None, "expected_commands": task.expected_commands,
+    })
+    if task.post_run:
+        steps.append({**_commands("post_run", task.post_run), "fail_task_on_error": False})
+    return _row_tokens(steps)
+
+
+def _agent_steps(task: TaskDefinition) -> list[dict[str, Any]]:
+    agent = task.agent
+    limits = task.run_limits
+    overrides = {
+        k: v for k, v in agent.model_dump(mode="json", exclude_none=True).items()
+        if k in ("script", "episodes", "delay_seconds", "model", "max_turns")
+    }
+    deploy = {"id": "agent", "type": "deploy_agent", "a2a_agent_id": agent.type, "agent_name": AGENT_NAME,
+              "sandbox_name": WORKSPACE, "agent_config": overrides}
+    if getattr(agent, "system_prompt", None):
+        deploy["system_prompt"] = agent.system_prompt
+    prompt = {"id": "prompt", "type": "prompt_agent", "agent_name": AGENT_NAME, "prompt_id": PROMPT_ID,
+              "prompt": task.initial_prompt or "", "fail_task_on_error": False,
+              "timeout_seconds": (limits.task_timeout if limits and limits.task_timeout else DEFAULT_TASK_TIMEOUT)}
+    if limits and limits.max_turns:
+        prompt["max_turns"] = limits.max_turns
+    return [deploy, prompt]
+
+
+def _commands(phase: str, commands: list) -> dict[str, Any]:
+    return {"id": phase, "type": "run_commands", "sandbox_name": WORKSPACE, "phase": phase,
+            "commands": [c.model_dump(mode="json") for c in commands]}
+
+
+def _row_tokens(value: Any) -> Any:
+    if isinstance(value, str):
+        return ROW_TOKEN.sub(lambda m: f"<row.{m.group(1)}>", value)
+    if isinstance(value, list):
+        return [_row_tokens(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _row_tokens(v) for k, v in value.items()}
+    return value
+
+
+def row_seed(row: dict[str, Any]) -> dict[str, Any]:
+    """The ``metadata.seed`` that fills a row's ``<row.field>`` tokens."""
+    return {f"row.{key}": value for key, value in row.items()}
