@@ -31,8 +31,12 @@ def evaluation_result(
     entry = (context.metadata.get("verifications") or {}).get(verifier_id) or {}
     rows = [CriterionResultRow.model_validate(r) for r in entry.get("results") or []]
     response = context.find_prompt_response(prompt_id)
-    status, error = _status(context, entry, response)
     usage = (response.model_extra or {}).get("usage") if response else None
+    status, error = _status(context, entry, response)
+    if status in (FinalStatus.SUCCESS, FinalStatus.FAILURE, FinalStatus.NOT_GRADED):
+        over = _over_token_budget(usage, (resolved_task or {}).get("run_limits") or {})
+        if over:
+            status, error = FinalStatus.TOKEN_BUDGET_EXCEEDED, over
     turns = []
     if response is not None:
         turns.append(TurnRecord(
@@ -71,6 +75,22 @@ def _status(context: TaskStepContext, entry: dict[str, Any], response) -> tuple[
     if passed is None:
         return FinalStatus.NOT_GRADED, None
     return (FinalStatus.SUCCESS if passed else FinalStatus.FAILURE), None
+
+
+def _over_token_budget(usage: dict[str, Any] | None, limits: dict[str, Any]) -> str | None:
+    """The first token cap the agent's usage went over (judge and simulator never count).
+    Checked after the agent's turn: the embedded agents report usage when they finish."""
+    if not usage:
+        return None
+    spent = {
+        "max_input_tokens": usage.get("input_tokens", 0),
+        "max_output_tokens": usage.get("output_tokens", 0),
+        "max_total_tokens": usage.get("input_tokens", 0) + usage.get("output_tokens", 0),
+    }
+    for cap, used in spent.items():
+        if limits.get(cap) is not None and used > limits[cap]:
+            return f"run_limits.{cap}={limits[cap]} exceeded: the agent used {used} tokens"
+    return None
 
 
 def _command(event: dict[str, Any]) -> CommandTelemetry:

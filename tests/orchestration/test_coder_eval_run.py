@@ -172,3 +172,37 @@ def test_every_loadable_corpus_task_compiles_to_a_job(project):
         build_job(load_plan(path, config))
         compiled += 1
     assert compiled >= 45
+
+
+def test_the_anthropic_agent_on_a_coder_task_and_its_token_budget(tmp_path, fake_messages_api):
+    from fakes.messages_api import text_reply, tool_use_reply
+
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+
+    root = make_project(tmp_path / "p", tasks={}, model={"api_key": "sk-test", "base_url": fake_messages_api.base_url})
+    path = root / "tasks" / "live.yaml"
+    path.write_text(textwrap.dedent("""
+        task_id: live
+        description: the live agent writes a file
+        initial_prompt: Write ok.txt containing ok.
+        agent: {type: anthropic, model: claude-test, max_turns: 4}
+        sandbox: {python: null}
+        run_limits: {max_total_tokens: 40}
+        success_criteria:
+          - {type: file_contains, path: ok.txt, includes: [ok], description: ok.txt says ok}
+    """))
+    fake_messages_api.enqueue(
+        tool_use_reply("Write", {"file_path": "ok.txt", "content": "ok"}, usage=(10, 5)),
+        text_reply("Done.", usage=(20, 10)),
+    )
+    with dg.instance_for_test() as instance:
+        run = run_coder_eval_task(path, load_config(root), output_dir=tmp_path / "out", instance=instance)
+    (result,) = run.results
+    assert [r.score for r in result.success_criteria_results] == [1.0]  # graded: the file is there
+    assert result.final_status.value == "TOKEN_BUDGET_EXCEEDED"
+    assert result.error_message == "run_limits.max_total_tokens=40 exceeded: the agent used 45 tokens"
+    assert run.exit_code == 1
+    assert fake_messages_api.requests[0].body["model"] == "claude-test"
+    assert "Write" in {t["name"] for t in fake_messages_api.requests[0].body["tools"]}
+    assert leaked_servers(root / ".agentenv" / "state") == []

@@ -72,6 +72,8 @@ def _agent_steps(task: TaskDefinition) -> list[dict[str, Any]]:
               "timeout_seconds": (limits.task_timeout if limits and limits.task_timeout else DEFAULT_TASK_TIMEOUT)}
     if limits and limits.max_turns:
         prompt["max_turns"] = limits.max_turns
+    if getattr(agent, "model", None):
+        prompt["model"] = agent.model  # the task's model wins over the run's default agent model
     return [deploy, prompt]
 
 
