@@ -88,13 +88,18 @@ class FileContains(FileCriterion):
         if found is None:
             return self.missing()
         text, name = found
-        parts = []
-        if self.includes:
-            parts.append(includes_score(text, self.includes))
-        if self.excludes:
-            parts.append(excludes_score(text, self.excludes))
-        score, details = mean_of_categories(parts, f"File {name}")
+        score, details = mean_of_categories(content_parts(text, self.includes, self.excludes), f"File {name}")
         return self.result(score, details=details)
+
+
+def content_parts(text: str, includes: list[str] | None, excludes: list[str] | None) -> list:
+    """The include and exclude categories a file check averages (only those it asks for)."""
+    parts = []
+    if includes:
+        parts.append(includes_score(text, includes))
+    if excludes:
+        parts.append(excludes_score(text, excludes))
+    return parts
 
 
 class PatternRule(BaseModel):
@@ -118,11 +123,7 @@ class FileCheck(FileCriterion):
         if found is None:
             return self.missing()
         text, name = found
-        parts = []
-        if self.includes:
-            parts.append(includes_score(text, self.includes))
-        if self.excludes:
-            parts.append(excludes_score(text, self.excludes))
+        parts = content_parts(text, self.includes, self.excludes)
         if self.patterns:
             parts.append(self._patterns_score(text))
         score, details = mean_of_categories(parts, f"File {name} exists")
