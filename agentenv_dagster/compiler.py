@@ -21,6 +21,10 @@ from .steps import BUILTIN_STEPS, StepRegistry
 TASK_SUFFIXES = (".json", ".yaml", ".yml")
 
 
+class SkippedTask(Exception):
+    """A Coder Eval task marked ``skip: true``: listed, never compiled or run."""
+
+
 def step_registry(config: AgentEnvConfig) -> StepRegistry:
     """Built-in steps plus ``[task_steps] impls``, importable from the project root (as a
     Dagster code location's working directory is)."""
@@ -46,6 +50,8 @@ def load_document(
             "not a Coder Eval task (a mapping with task_id and success_criteria); "
             "experiment files are run with `agentenv-dagster run`", file=str(path))])
     loaded = load_coder_eval_task(path)
+    if loaded.task.skip:
+        raise SkippedTask(f"{path}: task '{loaded.task.task_id}' has skip: true; not compiled")
     if overrides:
         try:
             loaded = replace(loaded, task=apply_overrides(loaded.task, overrides))
@@ -99,6 +105,9 @@ def compile_paths(paths: list[Path], config: AgentEnvConfig) -> CompileReport:
             plan = checked_plan(document)
         except TaskLoadError as exc:
             report.errors.extend(exc.errors)
+            continue
+        except SkippedTask as skipped:
+            report.warnings.append(str(skipped))
             continue
         except Exception as exc:  # a bug or an odd file must not take the others down
             report.errors.append(SpecError(f"could not compile: {type(exc).__name__}: {exc}", file=str(path)))

@@ -58,6 +58,7 @@ def evaluation_result(
         pre_run_results=[CommandRunResult.model_validate(r) for r in context.metadata.get("pre_run_results") or []],
         post_run_results=[CommandRunResult.model_validate(r) for r in context.metadata.get("post_run_results") or []],
         sandbox_path=(context.metadata.get("workspace") or {}).get("sandbox_root"),
+        command_stats=command_stats(trajectory or []),
         task_config={"resolved": resolved_task or {}, "source_file": source_file} if resolved_task else None,
     )
 
@@ -91,6 +92,22 @@ def _over_token_budget(usage: dict[str, Any] | None, limits: dict[str, Any]) -> 
         if limits.get(cap) is not None and used > limits[cap]:
             return f"run_limits.{cap}={limits[cap]} exceeded: the agent used {used} tokens"
     return None
+
+
+def command_stats(trajectory: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tool calls by name, with errors and time spent (task.json ``command_stats``)."""
+    calls = [e for e in trajectory if e.get("type") == "tool_call"]
+    by_tool: dict[str, dict[str, Any]] = {}
+    for call in calls:
+        stats = by_tool.setdefault(call["name"], {"count": 0, "errors": 0, "duration_seconds": 0.0})
+        stats["count"] += 1
+        stats["errors"] += bool(call.get("is_error"))
+        stats["duration_seconds"] = round(stats["duration_seconds"] + (call.get("duration_seconds") or 0.0), 3)
+    return {
+        "total_commands": len(calls), "failed_commands": sum(s["errors"] for s in by_tool.values()),
+        "total_duration_seconds": round(sum(s["duration_seconds"] for s in by_tool.values()), 3),
+        "by_tool": by_tool,
+    }
 
 
 def _command(event: dict[str, Any]) -> CommandTelemetry:

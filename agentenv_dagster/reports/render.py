@@ -48,6 +48,7 @@ def write_reports(
 ) -> WrittenReports:
     """Write every report of one run; existing files are overwritten so a re-run refreshes them."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     task_jsons = []
     for result in results:
         path = task_json_path(out_dir, result)

@@ -206,3 +206,18 @@ def test_the_anthropic_agent_on_a_coder_task_and_its_token_budget(tmp_path, fake
     assert fake_messages_api.requests[0].body["model"] == "claude-test"
     assert "Write" in {t["name"] for t in fake_messages_api.requests[0].body["tools"]}
     assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_skipped_tasks_are_listed_not_run_and_command_stats_are_reported(project, tmp_path):
+    text = (project / "tasks" / "hello_python.yaml").read_text()
+    (project / "tasks" / "skipped.yaml").write_text(text.replace("task_id: hello-python", "task_id: skipped\nskip: true"))
+    defs = build_definitions(project / "tasks")
+    assert defs.get_job_def("hello_python") and "skipped" not in {j.name for j in defs.resolve_all_job_defs()}
+    out = tmp_path / "out"
+    done = cli(project, "run", "tasks/skipped.yaml", "--output-dir", str(out))
+    assert done.returncode == 0 and "skipped" in done.stdout
+    summary = json.loads((out / "run.json").read_text())
+    assert summary["tasks_run"] == 0 and summary["skipped_tasks"][0]["reason"] == "skip: true"
+    assert cli(project, "run", "tasks/hello_python.yaml", "--output-dir", str(out)).returncode == 0
+    stats = task_json(out, "hello-python")["command_stats"]
+    assert (stats["total_commands"], stats["failed_commands"], sorted(stats["by_tool"])) == (2, 0, ["Bash", "Write"])

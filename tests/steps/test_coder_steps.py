@@ -103,3 +103,37 @@ def test_a_repo_template_needs_network_and_says_so(project):
               template_sources: [{type: repo, url: "https://example.invalid/r.git"}]
             success_criteria: [{type: file_exists, path: a, description: d}]
         """)
+
+
+def _wheel(folder, name="greeting", version="1.0"):
+    """A minimal pure-Python wheel, so the venv test installs offline."""
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    files = {
+        f"{name}.py": "WORD = 'hello from the venv'\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(path, "w") as wheel:
+        for arcname, text in files.items():
+            wheel.writestr(arcname, text)
+        wheel.writestr(f"{dist}/RECORD", "".join(f"{n},,\n" for n in [*files, f"{dist}/RECORD"]))
+    return path
+
+
+@pytest.mark.slow
+def test_env_packages_are_installed_into_a_workspace_venv(project, tmp_path):
+    wheel = _wheel(tmp_path)
+    context = run_yaml(project, f"""
+        task_id: t
+        description: d
+        agent: {{type: none}}
+        sandbox:
+          python: {{env_packages: ["{wheel}"]}}
+        success_criteria:
+          - {{type: run_command, command: ".venv/bin/python -c 'import greeting; print(greeting.WORD)'",
+              expected_stdout: "hello from the venv", description: the package is importable in the venv}}
+    """)
+    assert context.metadata["verifications"]["success_criteria"]["passed"] is True

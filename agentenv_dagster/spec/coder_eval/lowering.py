@@ -67,9 +67,11 @@ def _agent_steps(task: TaskDefinition) -> list[dict[str, Any]]:
               "sandbox_name": WORKSPACE, "agent_config": overrides}
     if getattr(agent, "system_prompt", None):
         deploy["system_prompt"] = agent.system_prompt
+    timeouts = [t for t in (limits.task_timeout, limits.turn_timeout) if t] if limits else []
     prompt = {"id": "prompt", "type": "prompt_agent", "agent_name": AGENT_NAME, "prompt_id": PROMPT_ID,
               "prompt": task.initial_prompt or "", "fail_task_on_error": False,
-              "timeout_seconds": (limits.task_timeout if limits and limits.task_timeout else DEFAULT_TASK_TIMEOUT)}
+              # one prompt is one turn: the tighter of the task and turn timeouts bounds it
+              "timeout_seconds": min(timeouts, default=DEFAULT_TASK_TIMEOUT)}
     if limits and limits.max_turns:
         prompt["max_turns"] = limits.max_turns
     if getattr(agent, "model", None):
