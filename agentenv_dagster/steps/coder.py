@@ -15,7 +15,9 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Literal
@@ -92,12 +94,28 @@ class PrepareWorkspaceStep(TaskStep):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(entry.get("content", ""))
         elif kind == "repo":
-            raise RuntimeError(
-                f"template source repo {source.get('url')!r}: cloning needs network access, which "
-                "this runtime does not have; use a template_dir"
-            )
+            self._clone(source, workspace)
         else:
             raise RuntimeError(f"unknown template source type {kind!r}")
+
+
+    def _clone(self, source: dict[str, Any], workspace: LocalSandbox) -> None:
+        """A repo template from a local path or ``file://`` URL (no network here), at its
+        commit, without its ``.git`` (the agent gets the files, not the history)."""
+        url = source["url"]
+        local = Path(url.removeprefix("file://"))
+        local = local if local.is_absolute() else Path(self.task_dir) / local
+        if "://" in url and not url.startswith("file://") or not local.exists():
+            raise RuntimeError(
+                f"template source repo {url!r}: cloning needs network access, which this runtime "
+                "does not have; use a local path, a file:// URL or a template_dir"
+            )
+        with tempfile.TemporaryDirectory() as scratch:
+            clone = Path(scratch) / "repo"
+            _git("clone", "--quiet", str(local), str(clone))
+            if source.get("commit"):
+                _git("-C", str(clone), "checkout", "--quiet", source["commit"])
+            copy_tree(clone, workspace.root, [".git"])
 
 
 @step("run_commands")
@@ -181,6 +199,12 @@ class SuccessCriteriaStep(TaskStep):
             "passed": passed, "graded": passed is not None, "checks": checks,
             "prompt_error": response.error_type if response else None,
         }
+
+
+def _git(*args: str) -> None:
+    done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"git {args[0]} failed: {done.stderr.strip()}")
 
 
 def criterion_check_name(index: int, criterion: dict[str, Any]) -> str:

@@ -90,7 +90,35 @@ def test_pre_run_failures_tolerated_on_request_and_post_run_never_gates(project)
     assert "failed_steps" not in context.metadata
 
 
-def test_a_repo_template_needs_network_and_says_so(project):
+def test_a_repo_template_clones_a_local_repository_at_its_commit(project, tmp_path):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "app.py").write_text("v1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    first = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    (repo / "app.py").write_text("v2\n")
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    context = run_yaml(project, f"""
+        task_id: t
+        description: d
+        agent: {{type: none}}
+        sandbox:
+          python: null
+          template_sources: [{{type: repo, url: "file://{repo}", commit: "{first}"}}]
+        success_criteria:
+          - {{type: file_contains, path: app.py, includes: [v1], description: the pinned commit}}
+          - {{type: file_exists, path: .git/HEAD, description: no history, weight: 0}}
+    """)
+    rows = context.metadata["verifications"]["success_criteria"]["results"]
+    assert [r["score"] for r in rows] == [1.0, 0.0]
+
+
+def test_a_remote_repo_template_needs_network_and_says_so(project):
     from agentenv_dagster.steps.execution import StepFailed
 
     with pytest.raises(StepFailed, match="cloning needs network access"):
