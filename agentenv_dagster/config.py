@@ -32,6 +32,9 @@ class ModelConfig(_Section):
     default: str = DEFAULT_JUDGE_MODEL
     params: dict[str, Any] = Field(default_factory=dict)
     roles: dict[str, str] = Field(default_factory=dict)
+    # USD per million tokens, {"<model>": {"input": 3.0, "output": 15.0}}: what turns usage
+    # into cost (run_limits.max_usd). No price, no cost: the cap is skipped, as upstream.
+    prices: dict[str, dict[str, float]] = Field(default_factory=dict)
 
     def for_role(self, role: str) -> str:
         return self.roles.get(role) or self.default

@@ -81,6 +81,7 @@ def run_coder_eval_task(
             started=row_started, completed=_now(), verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
             trajectory=json.loads(ObjectStore.read(url)) if url else None,
             resolved_task=task.model_dump(mode="json", exclude_none=True), source_file=str(path),
+            prices=config.model.prices,
         ))
     summary = RunSummary.from_results(_run_id(started), started, _now(), results)
     return CoderEvalRun(summary, results, write_reports(out, summary, results))

@@ -27,22 +27,22 @@ def evaluation_result(
     started: datetime, completed: datetime, verifier_id: str, prompt_id: str,
     trajectory: list[dict[str, Any]] | None = None, replicate_index: int = 0,
     resolved_task: dict[str, Any] | None = None, source_file: str | None = None,
+    prices: dict[str, dict[str, float]] | None = None,
 ) -> EvaluationResult:
     entry = (context.metadata.get("verifications") or {}).get(verifier_id) or {}
     rows = [CriterionResultRow.model_validate(r) for r in entry.get("results") or []]
     response = context.find_prompt_response(prompt_id)
     usage = (response.model_extra or {}).get("usage") if response else None
+    token_usage = _usage(usage, (prices or {}).get(response.model if response else "", None))
     status, error = _status(context, entry, response)
     if status in (FinalStatus.SUCCESS, FinalStatus.FAILURE, FinalStatus.NOT_GRADED):
-        over = _over_token_budget(usage, (resolved_task or {}).get("run_limits") or {})
-        if over:
-            status, error = FinalStatus.TOKEN_BUDGET_EXCEEDED, over
+        status, error = _over_budget(usage, token_usage, (resolved_task or {}).get("run_limits") or {}) or (status, error)
     turns = []
     if response is not None:
         turns.append(TurnRecord(
             iteration=1, user_input=response.prompt_text or "", agent_output=response.response,
             commands=[_command(e) for e in trajectory or [] if e.get("type") == "tool_call"],
-            model_used=response.model, token_usage=_usage(usage), crashed=response.error_type is not None,
+            model_used=response.model, token_usage=token_usage, crashed=response.error_type is not None,
             crash_reason=response.error_message, timestamp=started,
             assistant_turn_count=sum(1 for e in trajectory or [] if e.get("role") == "assistant"),
         ))
@@ -78,9 +78,11 @@ def _status(context: TaskStepContext, entry: dict[str, Any], response) -> tuple[
     return (FinalStatus.SUCCESS if passed else FinalStatus.FAILURE), None
 
 
-def _over_token_budget(usage: dict[str, Any] | None, limits: dict[str, Any]) -> str | None:
-    """The first token cap the agent's usage went over (judge and simulator never count).
-    Checked after the agent's turn: the embedded agents report usage when they finish."""
+def _over_budget(
+    usage: dict[str, Any] | None, priced: TokenUsage | None, limits: dict[str, Any]
+) -> tuple[FinalStatus, str] | None:
+    """The first cap the agent's spend went over (judge and simulator never count). Checked
+    after the agent's turn: the embedded agents report usage when they finish."""
     if not usage:
         return None
     spent = {
@@ -90,7 +92,10 @@ def _over_token_budget(usage: dict[str, Any] | None, limits: dict[str, Any]) -> 
     }
     for cap, used in spent.items():
         if limits.get(cap) is not None and used > limits[cap]:
-            return f"run_limits.{cap}={limits[cap]} exceeded: the agent used {used} tokens"
+            return FinalStatus.TOKEN_BUDGET_EXCEEDED, f"run_limits.{cap}={limits[cap]} exceeded: the agent used {used} tokens"
+    cost = priced.total_cost_usd if priced else None
+    if limits.get("max_usd") is not None and cost is not None and cost > limits["max_usd"]:
+        return FinalStatus.COST_BUDGET_EXCEEDED, f"run_limits.max_usd={limits['max_usd']} exceeded: the agent cost ${cost:.4f}"
     return None
 
 
@@ -119,7 +124,12 @@ def _command(event: dict[str, Any]) -> CommandTelemetry:
     )
 
 
-def _usage(usage: dict[str, Any] | None) -> TokenUsage | None:
+def _usage(usage: dict[str, Any] | None, price: dict[str, float] | None) -> TokenUsage | None:
+    """Token buckets, priced when ``[model] prices`` knows the model (else cost stays unknown)."""
     if not usage:
         return None
-    return TokenUsage(uncached_input_tokens=usage.get("input_tokens", 0), output_tokens=usage.get("output_tokens", 0))
+    tokens_in, tokens_out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+    cost = None
+    if price:
+        cost = (tokens_in * price.get("input", 0.0) + tokens_out * price.get("output", 0.0)) / 1_000_000
+    return TokenUsage(uncached_input_tokens=tokens_in, output_tokens=tokens_out, total_cost_usd=cost)

@@ -221,3 +221,29 @@ def test_skipped_tasks_are_listed_not_run_and_command_stats_are_reported(project
     assert cli(project, "run", "tasks/hello_python.yaml", "--output-dir", str(out)).returncode == 0
     stats = task_json(out, "hello-python")["command_stats"]
     assert (stats["total_commands"], stats["failed_commands"], sorted(stats["by_tool"])) == (2, 0, ["Bash", "Write"])
+
+
+def test_a_priced_model_is_held_to_max_usd(tmp_path, fake_messages_api):
+    from fakes.messages_api import text_reply
+
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+
+    root = make_project(tmp_path / "p", tasks={}, model={"api_key": "sk-test", "base_url": fake_messages_api.base_url},
+                        extra_config='[model.prices.claude-test]\ninput = 3.0\noutput = 15.0\n')
+    path = root / "tasks" / "cost.yaml"
+    path.write_text(textwrap.dedent("""
+        task_id: cost
+        description: d
+        initial_prompt: answer
+        agent: {type: anthropic, model: claude-test}
+        sandbox: {python: null}
+        run_limits: {max_usd: 0.01}
+        success_criteria: [{type: file_exists, path: missing, description: d}]
+    """))
+    fake_messages_api.enqueue(text_reply("ok", usage=(1000, 1000)))  # 0.003 + 0.015 USD
+    with dg.instance_for_test() as instance:
+        (result,) = run_coder_eval_task(path, load_config(root), output_dir=tmp_path / "o", instance=instance).results
+    assert result.final_status.value == "COST_BUDGET_EXCEEDED"
+    assert result.error_message == "run_limits.max_usd=0.01 exceeded: the agent cost $0.0180"
+    assert result.iterations[0].token_usage.total_cost_usd == pytest.approx(0.018)
