@@ -10,7 +10,7 @@ from agentenv_dagster.runtime.local import Ledger
 from agentenv_dagster.runtime.processes import is_running
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = (REPO.parent / "shared").resolve()
 
 
 def make_project(

@@ -39,7 +39,7 @@ try:
     REAL_CRITERIA = True
 except ImportError:
     REAL_CRITERIA = False
-CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "coder_eval"
+CORPUS = (Path(__file__).resolve().parents[2].parent / "shared" / "corpus" / "coder_eval").resolve()
 
 
 # -- a stand-in for agentenv_dagster.criteria while it does not exist --------------------------

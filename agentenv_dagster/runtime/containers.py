@@ -1,0 +1,233 @@
+"""Container sandboxes: one Docker container per task, its workspace bind-mounted inside.
+
+Backs Coder Eval's ``sandbox.driver: docker``: the task's resource limits become the
+container's, the host workspace folder is the container's working dir (files written on
+either side are seen on the other), and commands run there through ``sh -c``. The engine is
+the one ``DOCKER_HOST`` names (``scripts/docker_engine.sh start`` prints it). No image
+registry is reachable on these machines, so images are never pulled: they must be present
+locally (``scripts/docker_engine.sh image``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+
+NETWORKS = ("bridge", "none")
+
+# PID 1 must outlive every exec; trapping TERM lets `docker stop` end it at once.
+_KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+
+# Every process an exec starts inherits this variable, so a timed-out command's whole tree
+# (including children it put in the background) is found through /proc/*/environ. Stopping
+# each process before killing any keeps a forking tree from growing while it is collected.
+_MARKER_VAR = "AGENTENV_EXEC_ID"
+_KILL_MARKED = r"""
+m="$1"; round=0
+while [ "$round" -lt 5 ]; do
+  round=$((round + 1)); found=
+  for e in /proc/[0-9]*/environ; do
+    p=${e#/proc/}; p=${p%/environ}
+    [ "$p" = "$$" ] && continue
+    if grep -qaF -- "$m" "$e" 2>/dev/null; then kill -STOP "$p" 2>/dev/null; found="$found $p"; fi
+  done
+  [ -z "$found" ] && exit 0
+  kill -KILL $found 2>/dev/null
+done
+"""
+
+# How long a killed exec gets to close its output stream before its result is given up.
+_KILL_GRACE_SECONDS = 10.0
+
+
+class ContainerSandboxError(RuntimeError):
+    """The engine, the image or the container could not do what a sandbox needs."""
+
+
+class MissingImageError(ContainerSandboxError):
+    """The image is not in the local engine, and pulling is impossible here."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+
+def _docker_host() -> str:
+    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+
+
+def _client(timeout: float = 60.0) -> docker.DockerClient:
+    """A client for the engine ``DOCKER_HOST`` names, or why there is none."""
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise ContainerSandboxError(f"no Docker engine at {_docker_host()}: {exc}") from exc
+    return client
+
+
+def docker_available() -> str | None:
+    """None when a Docker engine answers at ``DOCKER_HOST``, else the reason it does not."""
+    try:
+        _client(timeout=5.0).close()
+    except ContainerSandboxError as exc:
+        return str(exc)
+    return None
+
+
+def _name_part(value: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", value)
+
+
+class ContainerSandbox:
+    """A running container with a host workspace mounted at ``working_dir``."""
+
+    def __init__(self, client: docker.DockerClient, container_id: str, working_dir: str):
+        self._client = client
+        self.container_id = container_id
+        self.working_dir = working_dir
+
+    @classmethod
+    def start(
+        cls,
+        image: str,
+        workspace: Path,
+        working_dir: str = "/work",
+        *,
+        memory_mb: int | None = None,
+        cpus: float | None = None,
+        pids: int | None = None,
+        network: str = "bridge",
+        env: dict[str, str] | None = None,
+        name_prefix: str = "agentenv",
+        run_id: str | None = None,
+        instance_id: str | None = None,
+    ) -> ContainerSandbox:
+        """Create and start the container; it idles until ``exec`` calls or ``stop``.
+
+        Labels ``agentenv.run_id`` / ``agentenv.instance_id`` let leftovers of a run be found.
+        """
+        if network not in NETWORKS:
+            raise ValueError(f"network must be one of {', '.join(NETWORKS)}, not {network!r}")
+        if not working_dir.startswith("/"):
+            raise ValueError(f"working_dir must be an absolute path, not {working_dir!r}")
+        workspace = Path(workspace).resolve()
+        if not workspace.is_dir():
+            raise ContainerSandboxError(f"workspace {workspace} is not a directory")
+        client = _client()
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            client.close()
+            raise MissingImageError(
+                f"image '{image}' is not present locally and no registry is reachable: "
+                "build it (scripts/docker_engine.sh image)"
+            ) from None
+        labels = {
+            key: value
+            for key, value in (("agentenv.run_id", run_id), ("agentenv.instance_id", instance_id))
+            if value is not None
+        }
+        name = "-".join(
+            _name_part(part) for part in (name_prefix, instance_id, secrets.token_hex(4)) if part
+        )
+        limits: dict = {}
+        if memory_mb is not None:
+            # Swap equal to memory: the limit is the memory a task can use, not twice that.
+            limits["mem_limit"] = limits["memswap_limit"] = f"{memory_mb}m"
+        if cpus is not None:
+            limits["nano_cpus"] = int(cpus * 1e9)
+        if pids is not None:
+            limits["pids_limit"] = pids
+        try:
+            container = client.containers.create(
+                image,
+                entrypoint=["/bin/sh", "-c", _KEEP_ALIVE],
+                command=[],
+                name=name,
+                working_dir=working_dir,
+                volumes={str(workspace): {"bind": working_dir, "mode": "rw"}},
+                network_mode=network,
+                environment=env or {},
+                labels=labels,
+                **limits,
+            )
+        except docker.errors.APIError as exc:
+            client.close()
+            raise ContainerSandboxError(f"could not create a container from '{image}': {exc}") from exc
+        sandbox = cls(client, container.id, working_dir)
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            sandbox.stop()
+            raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from exc
+        return sandbox
+
+    async def exec(self, command: str, timeout: float, env: dict[str, str] | None = None) -> ExecResult:
+        """Run ``sh -c command`` in the working dir; past ``timeout`` kill it and everything it
+        started, and return what it had printed with ``timed_out=True``."""
+        api = self._client.api
+        marker = f"{_MARKER_VAR}={secrets.token_hex(8)}"
+        exec_id = (
+            await asyncio.to_thread(
+                api.exec_create,
+                self.container_id,
+                ["/bin/sh", "-c", command],
+                environment={**(env or {}), _MARKER_VAR: marker.split("=", 1)[1]},
+                workdir=self.working_dir,
+            )
+        )["Id"]
+        # The SDK blocks until the exec's output closes, so it runs in a thread.
+        output = asyncio.ensure_future(asyncio.to_thread(api.exec_start, exec_id, demux=True))
+        done, _ = await asyncio.wait({output}, timeout=timeout)
+        timed_out = not done
+        if timed_out:
+            await self._kill_marked(marker, exec_id)
+            done, _ = await asyncio.wait({output}, timeout=_KILL_GRACE_SECONDS)
+        stdout, stderr = output.result() if done else (None, None)
+        exit_code = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"]
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=(stdout or b"").decode("utf-8", errors="replace"),
+            stderr=(stderr or b"").decode("utf-8", errors="replace"),
+            timed_out=timed_out,
+        )
+
+    async def _kill_marked(self, marker: str, exec_id: str) -> None:
+        """Kill every process carrying ``marker`` until the exec is no longer running."""
+        api = self._client.api
+        for _ in range(10):
+            killer = await asyncio.to_thread(
+                api.exec_create, self.container_id, ["/bin/sh", "-c", _KILL_MARKED, "sh", marker],
+                user="0",
+            )
+            await asyncio.to_thread(api.exec_start, killer["Id"])
+            if not (await asyncio.to_thread(api.exec_inspect, exec_id))["Running"]:
+                return
+            await asyncio.sleep(0.2)
+
+    def stop(self) -> None:
+        """Remove the container, running or not (the workspace stays on the host)."""
+        try:
+            self._client.api.remove_container(self.container_id, force=True)
+        except docker.errors.NotFound:
+            pass
+        finally:
+            self._client.close()
+
+    def __enter__(self) -> ContainerSandbox:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
