@@ -26,8 +26,10 @@ NETWORKS = ("bridge", "none")
 _KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
 
 # Every process an exec starts inherits this variable, so a timed-out command's whole tree
-# (including children it put in the background) is found through /proc/*/environ. Stopping
-# each process before killing any keeps a forking tree from growing while it is collected.
+# (children it put in the background included) is found through /proc/*/environ. The killer
+# uses shell builtins only (`read` drops the NULs between variables), so it needs no process
+# beyond its own even when the command has nearly used up the pids limit. Stopping each
+# process before killing any keeps a forking tree from growing while it is collected.
 _MARKER_VAR = "AGENTENV_EXEC_ID"
 _KILL_MARKED = r"""
 m="$1"; round=0
@@ -36,7 +38,9 @@ while [ "$round" -lt 5 ]; do
   for e in /proc/[0-9]*/environ; do
     p=${e#/proc/}; p=${p%/environ}
     [ "$p" = "$$" ] && continue
-    if grep -qaF -- "$m" "$e" 2>/dev/null; then kill -STOP "$p" 2>/dev/null; found="$found $p"; fi
+    while IFS= read -r v || [ -n "$v" ]; do
+      case "$v" in *"$m"*) kill -STOP "$p"; found="$found $p"; break ;; esac
+    done 2>/dev/null <"$e"
   done
   [ -z "$found" ] && exit 0
   kill -KILL $found 2>/dev/null
@@ -97,6 +101,7 @@ class ContainerSandbox:
         self._client = client
         self.container_id = container_id
         self.working_dir = working_dir
+        self._stopped = False
 
     @classmethod
     def start(
@@ -178,13 +183,13 @@ class ContainerSandbox:
         """Run ``sh -c command`` in the working dir; past ``timeout`` kill it and everything it
         started, and return what it had printed with ``timed_out=True``."""
         api = self._client.api
-        marker = f"{_MARKER_VAR}={secrets.token_hex(8)}"
+        token = secrets.token_hex(8)
         exec_id = (
             await asyncio.to_thread(
                 api.exec_create,
                 self.container_id,
                 ["/bin/sh", "-c", command],
-                environment={**(env or {}), _MARKER_VAR: marker.split("=", 1)[1]},
+                environment={**(env or {}), _MARKER_VAR: token},
                 workdir=self.working_dir,
             )
         )["Id"]
@@ -193,7 +198,7 @@ class ContainerSandbox:
         done, _ = await asyncio.wait({output}, timeout=timeout)
         timed_out = not done
         if timed_out:
-            await self._kill_marked(marker, exec_id)
+            await self._kill_marked(f"{_MARKER_VAR}={token}", exec_id)
             done, _ = await asyncio.wait({output}, timeout=_KILL_GRACE_SECONDS)
         stdout, stderr = output.result() if done else (None, None)
         exit_code = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"]
@@ -208,17 +213,23 @@ class ContainerSandbox:
         """Kill every process carrying ``marker`` until the exec is no longer running."""
         api = self._client.api
         for _ in range(10):
-            killer = await asyncio.to_thread(
-                api.exec_create, self.container_id, ["/bin/sh", "-c", _KILL_MARKED, "sh", marker],
-                user="0",
-            )
-            await asyncio.to_thread(api.exec_start, killer["Id"])
+            try:
+                killer = await asyncio.to_thread(
+                    api.exec_create, self.container_id, ["/bin/sh", "-c", _KILL_MARKED, "sh", marker],
+                    user="0",
+                )
+                await asyncio.to_thread(api.exec_start, killer["Id"])
+            except docker.errors.APIError:
+                pass  # no pid left for the killer yet (pids limit): try again shortly
             if not (await asyncio.to_thread(api.exec_inspect, exec_id))["Running"]:
                 return
             await asyncio.sleep(0.2)
 
     def stop(self) -> None:
         """Remove the container, running or not (the workspace stays on the host)."""
+        if self._stopped:
+            return
+        self._stopped = True
         try:
             self._client.api.remove_container(self.container_id, force=True)
         except docker.errors.NotFound:
