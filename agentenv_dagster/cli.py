@@ -7,7 +7,6 @@ Exit codes: 0 success, 1 the run failed (or a document is invalid, for ``validat
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any

@@ -45,7 +45,7 @@ def leaked_servers(state_dir: Path) -> list[str]:
     leaked = []
     for run_dir in (state_dir / "runs").glob("*"):
         for instance_id, entry in Ledger.of_run(run_dir).entries().items():
-            if is_running(entry["pid"]):
+            if entry.get("pid") and is_running(entry["pid"]):
                 leaked.append(f"{run_dir.name}/{instance_id} (pid {entry['pid']})")
     return leaked
 

@@ -50,6 +50,9 @@ class CriterionContext:
     row: dict | None = None
     env: dict[str, str] = field(default_factory=dict)
     offered_skills: frozenset[str] | None = None
+    # Runs run_command criteria where the agent ran (its container); None = on the host.
+    # Anything with ``async run(command, timeout, env) -> exit_code/stdout/stderr/timed_out``.
+    shell: Any = None
 
 
 @dataclass

@@ -47,7 +47,10 @@ class RunCommand(Criterion):
         return self
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:
-        out = await run_shell(self.command, cwd=ctx.sandbox_dir, env=command_env(ctx), timeout=self.timeout)
+        if ctx.shell is not None:  # inside the task's container: its toolchain, not the host's
+            out = await ctx.shell.run(self.command, self.timeout, ctx.env)
+        else:
+            out = await run_shell(self.command, cwd=ctx.sandbox_dir, env=command_env(ctx), timeout=self.timeout)
         details = self._details(out)
         if out.timed_out:
             return self.result(0.0, details=details, error=f"Command timed out after {self.timeout:g}s")

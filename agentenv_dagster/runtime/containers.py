@@ -104,6 +104,11 @@ class ContainerSandbox:
         self._stopped = False
 
     @classmethod
+    def attach(cls, container_id: str, working_dir: str) -> ContainerSandbox:
+        """A handle on a container another process started (ops and agents are processes)."""
+        return cls(_client(), container_id, working_dir)
+
+    @classmethod
     def start(
         cls,
         image: str,
@@ -224,6 +229,10 @@ class ContainerSandbox:
             if not (await asyncio.to_thread(api.exec_inspect, exec_id))["Running"]:
                 return
             await asyncio.sleep(0.2)
+
+    def close(self) -> None:
+        """Let go of the engine connection; the container keeps running."""
+        self._client.close()
 
     def stop(self) -> None:
         """Remove the container, running or not (the workspace stays on the host)."""

@@ -39,9 +39,11 @@ class Ledger:
     def closed(self) -> bool:
         return (self.folder / ".closed").exists()
 
-    def record(self, instance_id: str, pid: int, kind: str) -> None:
+    def record(self, instance_id: str, kind: str, *, pid: int | None = None, container_id: str | None = None) -> None:
+        """A server process (``pid``) or a container (``container_id``) the run must end."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / f"{instance_id}.json").write_text(json.dumps({"pid": pid, "kind": kind}))
+        entry = {"kind": kind, "pid": pid, "container_id": container_id}
+        (self.folder / f"{instance_id}.json").write_text(json.dumps(entry))
 
     def entries(self) -> dict[str, dict[str, Any]]:
         if not self.folder.is_dir():
@@ -50,13 +52,13 @@ class Ledger:
 
     def terminate(self, instance_id: str) -> bool:
         entry = self.entries().get(instance_id)
-        return bool(entry) and terminate(entry["pid"])
+        return bool(entry) and _end(entry)
 
     def close(self) -> list[str]:
         """Refuse further deployments, then end every one recorded; returns what was running."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / ".closed").touch()
-        return [iid for iid, entry in sorted(self.entries().items()) if terminate(entry["pid"])]
+        return [iid for iid, entry in sorted(self.entries().items()) if _end(entry)]
 
 
 class LocalProvider:
@@ -88,10 +90,12 @@ class LocalProvider:
 
     def deploy_agent(
         self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
-        workspace: Path | None = None, overrides: dict[str, Any] | None = None,
+        workspace: Path | None = None, container: dict[str, Any] | None = None,
+        overrides: dict[str, Any] | None = None,
     ) -> DeployedAgent:
         """Start agent ``agent_id`` (its registry entry, with ``overrides`` on top). With a
-        ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools."""
+        ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools (its Bash
+        inside the sandbox's ``container`` when it has one)."""
         entry = self.config.agent_entry(agent_id)
         if entry is None:
             known = sorted({*self.config.agents.registry, "replay", "anthropic", "a2a-default"})
@@ -113,7 +117,9 @@ class LocalProvider:
         sandbox.mkdir(parents=True, exist_ok=True)
         workdir.mkdir(parents=True, exist_ok=True)
         config_file = workdir / "agent.json"
-        config_file.write_text(json.dumps({**self._agent_config(entry), "workspace_tools": workspace is not None}))
+        config_file.write_text(json.dumps({
+            **self._agent_config(entry), "workspace_tools": workspace is not None, "container": container,
+        }))
         server = self._spawn(
             AGENT_SERVER_MODULE,
             [entry.kind, "--sandbox", str(sandbox), "--config-file", str(config_file)],
@@ -127,20 +133,37 @@ class LocalProvider:
 
     def deploy_sandbox(
         self, sandbox_name: str, *, sandbox_mode: str, ttl_seconds: int,
-        network_policy: dict[str, Any] | None = None,
+        network_policy: dict[str, Any] | None = None, container: dict[str, Any] | None = None,
     ) -> DeployedSandbox:
-        """A bare sandbox is a fresh folder of the run: no process, so nothing to end."""
+        """A fresh folder of the run; with ``container`` settings (``image``, ``working_dir``,
+        limits, ``network``) also a Docker container with the folder mounted, ended with the run."""
         if self.ledger.closed:
             raise DeploymentError(f"run is tearing down; sandbox '{sandbox_name}' was not created")
         instance_id = f"sandbox-{secrets.token_hex(4)}"
         root = self.run_dir / "sandboxes" / instance_id
         root.mkdir(parents=True)
         created = _now()
+        extra: dict[str, Any] = {}
+        if container:
+            from .containers import ContainerSandbox
+
+            started = ContainerSandbox.start(
+                container["image"], root, container.get("working_dir") or "/work",
+                memory_mb=container.get("memory_mb"), cpus=container.get("cpus"), pids=container.get("pids"),
+                network=container.get("network") or "bridge", run_id=self.run_dir.name, instance_id=instance_id,
+            )
+            started.close()
+            self.ledger.record(instance_id, "container", container_id=started.container_id)
+            if self.ledger.closed:
+                _end({"container_id": started.container_id})
+                raise DeploymentError(f"run is tearing down; sandbox '{sandbox_name}' was not kept")
+            extra["container"] = {"container_id": started.container_id, "working_dir": started.working_dir,
+                                  "image": container["image"]}
         return DeployedSandbox(
             sandbox_name=sandbox_name, sandbox_mode=sandbox_mode, sandbox_id=instance_id,
-            sandbox_type="local", instance_id=instance_id, created_at_utc=created.isoformat(),
-            expires_at_utc=(created + timedelta(seconds=ttl_seconds)).isoformat(),
-            network_policy=network_policy, sandbox_root=str(root),
+            sandbox_type="docker" if container else "local", instance_id=instance_id,
+            created_at_utc=created.isoformat(), expires_at_utc=(created + timedelta(seconds=ttl_seconds)).isoformat(),
+            network_policy=network_policy, sandbox_root=str(root), **extra,
         )
 
     def sandbox_of(self, agent: DeployedAgent) -> LocalSandbox:
@@ -170,11 +193,24 @@ class LocalProvider:
             module, args, workdir=self.run_dir / f"{kind}s" / instance_id,
             ttl_seconds=ttl_seconds, env=env,
         )
-        self.ledger.record(instance_id, server.pid, kind)
+        self.ledger.record(instance_id, kind, pid=server.pid)
         if self.ledger.closed:
             terminate(server.pid)
             raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not kept")
         return server
+
+
+def _end(entry: dict[str, Any]) -> bool:
+    """End one recorded deployment; True when something was still running."""
+    if entry.get("container_id"):
+        from .containers import ContainerSandbox, ContainerSandboxError
+
+        try:
+            ContainerSandbox.attach(entry["container_id"], "/").stop()
+        except ContainerSandboxError:
+            return False  # the engine is gone, and its containers with it
+        return True
+    return terminate(entry["pid"])
 
 
 def _now() -> datetime:

@@ -8,24 +8,23 @@ IO manager and assets as an agent-env task.
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Iterable, Literal
 
 from ..context import TaskStepContext
 from ..runtime.artifacts import ObjectStore
 from ..runtime.base import StepRuntime
 from ..runtime.sandbox import LocalSandbox
+from ..runtime.shell import HostShell, SandboxShell, sandbox_shell
 from ..spec.coder_eval.ignore import effective_ignore_patterns
 from .base import PROMPT, SANDBOX, VERIFICATION, TaskStep
 from .registry import step
@@ -68,8 +67,13 @@ class PrepareWorkspaceStep(TaskStep):
         python = self.sandbox.get("python", {})
         packages = (python or {}).get("env_packages") or []
         if packages and not self.grade_only_from:
-            await _run(f"{sys.executable} -m venv .venv && .venv/bin/pip install -q " + " ".join(map(shlex.quote, packages)),
-                       workspace.root, 600)
+            venv = await _run(
+                HostShell(workspace.root),
+                f"{sys.executable} -m venv .venv && .venv/bin/pip install -q " + " ".join(map(shlex.quote, packages)),
+                600,
+            )
+            if venv["error"]:
+                raise RuntimeError(f"python env_packages: {venv['error']}: {venv['stderr'][-500:]}")
         info: dict[str, Any] = {
             "sandbox_name": self.sandbox_name, "sandbox_root": str(workspace.root), "task_dir": self.task_dir,
             "reference_dir": None,
@@ -130,10 +134,10 @@ class RunCommandsStep(TaskStep):
     commands: list[dict[str, Any]]
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
-        workspace = deployed_sandbox(ctx, rt, self.sandbox_name)
+        shell = workspace_shell(ctx, rt, self.sandbox_name)
         results = ctx.metadata_list(f"{self.phase}_results")
         for command in self.commands:
-            result = await _run(command["command"], workspace.root, command.get("timeout", 30))
+            result = await _run(shell, command["command"], command.get("timeout", 30))
             results.append(result)
             if self.phase == "pre_run" and result["error"] and command.get("fail_on_error", True):
                 raise RuntimeError(f"pre_run command {command['command']!r} failed: {result['error']}")
@@ -183,6 +187,7 @@ class SuccessCriteriaStep(TaskStep):
                 for e in events if e.get("type") == "tool_call"
             ],
             final_text=response.response if response else "", expected_commands=self.expected_commands,
+            shell=_container_shell(ctx, self.sandbox_name),
         )
         models = [parse_criterion(c) for c in self.criteria]
         results = await evaluate_all(models, criterion_ctx)
@@ -216,24 +221,28 @@ def _trajectory(response) -> list[dict[str, Any]]:
     return json.loads(ObjectStore.read(url)) if url else []
 
 
-async def _run(command: str, cwd: Path, timeout: float) -> dict[str, Any]:
-    """One shell command; its result in the report's ``CommandRunResult`` shape."""
+async def _run(shell: SandboxShell, command: str, timeout: float) -> dict[str, Any]:
+    """One command in the sandbox; its result in the report's ``CommandRunResult`` shape."""
     started = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        "bash", "-c", command, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-    )
+    result = await shell.run(command, timeout)
     error = None
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = await proc.communicate()
+    if result.timed_out:
         error = f"timed out after {timeout:g}s"
-    if error is None and proc.returncode != 0:
-        error = f"exit code {proc.returncode}"
+    elif result.exit_code != 0:
+        error = f"exit code {result.exit_code}"
     return {
-        "command": command, "exit_code": proc.returncode, "error": error,
-        "stdout": out.decode(errors="replace")[-OUTPUT_LIMIT:], "stderr": err.decode(errors="replace")[-OUTPUT_LIMIT:],
+        "command": command, "exit_code": -9 if result.timed_out else result.exit_code, "error": error,
+        "stdout": result.stdout[-OUTPUT_LIMIT:], "stderr": result.stderr[-OUTPUT_LIMIT:],
         "duration_seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def _container_shell(ctx: TaskStepContext, sandbox_name: str) -> SandboxShell | None:
+    container = (ctx.find_sandbox(sandbox_name).model_extra or {}).get("container")
+    return sandbox_shell("", container) if container else None
+
+
+def workspace_shell(ctx: TaskStepContext, rt: StepRuntime, sandbox_name: str) -> SandboxShell:
+    """The shell of the task's sandbox: inside its container under the docker driver."""
+    record = ctx.find_sandbox(sandbox_name)
+    return sandbox_shell(deployed_sandbox(ctx, rt, sandbox_name).root, (record.model_extra or {}).get("container"))

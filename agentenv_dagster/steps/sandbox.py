@@ -9,10 +9,8 @@ working directory: the folder stands in for the sandbox filesystem, it does not 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
-import signal
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -21,6 +19,7 @@ from pydantic import model_validator
 from ..context import TaskStepContext
 from ..runtime.base import StepRuntime
 from ..runtime.sandbox import LocalSandbox
+from ..runtime.shell import HostShell
 from .base import AGENT, DEFAULT_AGENT_NAME, DEFAULT_TTL_SECONDS, SANDBOX, TaskStep
 from .execution import user_override
 from .registry import step
@@ -64,6 +63,9 @@ class DeploySandboxStep(TaskStep):
     sandbox_type: str | None = None
     network_policy: dict[str, Any] | None = None
     metadata: dict[str, Any] = {}
+    # ours: run the folder as a local Docker container (Coder Eval's docker driver):
+    # {image, working_dir, memory_mb, cpus, pids, network}
+    container: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "DeploySandboxStep":
@@ -75,13 +77,13 @@ class DeploySandboxStep(TaskStep):
         if ctx.find_sandbox(self.sandbox_name):
             raise RuntimeError(f"Sandbox '{self.sandbox_name}' is already deployed")
         requested = user_override(ctx, "sandbox") or self.sandbox_type
-        if requested not in (None, "local"):
+        if requested not in (None, "local") and not self.container:
             rt.log.warning("sandbox_type '%s' is served as a local folder by this runtime", requested)
         policy = user_override(ctx, "network_policy")
         sandbox = await asyncio.to_thread(
             rt.provider.deploy_sandbox, self.sandbox_name, sandbox_mode=self.sandbox_mode,
             ttl_seconds=user_override(ctx, "ttl_seconds") or self.ttl_seconds,
-            network_policy=self.network_policy if policy is None else policy,
+            network_policy=self.network_policy if policy is None else policy, container=self.container,
         )
         ctx.deployed_sandboxes.append(sandbox)
 
@@ -170,18 +172,8 @@ class VerifySandboxStep(_Verifier):
         cwd = self._host(sandbox, ".")
         if not cwd.is_dir():
             return False, f"base_dir {self.base_dir} does not exist in the sandbox"
-        proc = await asyncio.create_subprocess_exec(
-            "bash", "-c", command, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-        )
-        try:
-            output, _ = await asyncio.wait_for(proc.communicate(), self.shell_timeout_seconds)
-        except TimeoutError:
+        result = await HostShell(cwd).run(command, self.shell_timeout_seconds)
+        if result.timed_out:
             return False, f"timed out after {self.shell_timeout_seconds}s"
-        finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            if proc.returncode is None:
-                await proc.wait()
-        tail = output.decode(errors="replace")[-OUTPUT_TAIL:]
-        return proc.returncode == 0, f"exit={proc.returncode}; output={tail}"
+        tail = (result.stdout + result.stderr)[-OUTPUT_TAIL:]
+        return result.exit_code == 0, f"exit={result.exit_code}; output={tail}"

@@ -13,7 +13,7 @@ import dagster as dg
 import pytest
 
 from agentenv_dagster import build_definitions
-from projects import REPO, SHARED, leaked_servers, make_project
+from projects import SHARED, leaked_servers, make_project
 
 FIXTURES = SHARED / "corpus" / "coder_eval" / "tests" / "fixtures" / "tasks"
 
@@ -247,3 +247,48 @@ def test_a_priced_model_is_held_to_max_usd(tmp_path, fake_messages_api):
     assert result.final_status.value == "COST_BUDGET_EXCEEDED"
     assert result.error_message == "run_limits.max_usd=0.01 exceeded: the agent cost $0.0180"
     assert result.iterations[0].token_usage.total_cost_usd == pytest.approx(0.018)
+
+
+@pytest.mark.slow
+def test_the_docker_driver_runs_the_agent_commands_and_criteria_in_a_container(docker_engine, tmp_path):
+    import docker as docker_sdk
+
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+
+    root = make_project(tmp_path / "p", tasks={})
+    path = root / "tasks" / "boxed.yaml"
+    path.write_text(textwrap.dedent("""
+        task_id: boxed
+        description: the agent works inside a container with the task's limits
+        initial_prompt: note where you are
+        agent:
+          type: replay
+          episodes:
+            - match: "where"
+              reply: noted
+              actions: [{tool: Bash, arguments: {command: "pwd > where.txt && cat /proc/1/cgroup > /dev/null"}}]
+        sandbox:
+          driver: docker
+          python: null
+          docker: {image: "agentenv-sandbox:busybox", network: none}
+          limits: {max_memory_mb: 128, max_pids: 64}
+        pre_run:
+          - {command: "ls /bin/busybox > tool.txt"}
+        success_criteria:
+          - {type: file_contains, path: where.txt, includes: [/workspace], description: the Bash call ran in the container}
+          - {type: file_contains, path: tool.txt, includes: [/bin/busybox], description: pre_run ran in the container}
+          - {type: run_command, command: "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max",
+             expected_stdout: "64", description: the pids limit reached the container}
+    """))
+    with dg.instance_for_test() as instance:
+        run = run_coder_eval_task(path, load_config(root), output_dir=tmp_path / "out", instance=instance)
+    (result,) = run.results
+    rows = [(r.description, r.score, r.details) for r in result.success_criteria_results]
+    assert result.final_status.value == "SUCCESS", rows
+    client = docker_sdk.from_env()
+    try:
+        assert client.containers.list(all=True, filters={"label": "agentenv.run_id"}) == []  # torn down
+    finally:
+        client.close()
+    assert leaked_servers(root / ".agentenv" / "state") == []

@@ -6,9 +6,7 @@ be installed or started the module is skipped with the script's reason.
 
 from __future__ import annotations
 
-import subprocess
 import time
-from pathlib import Path
 
 import docker
 import docker.errors
@@ -22,36 +20,7 @@ from agentenv_dagster.runtime.containers import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "docker_engine.sh"
 IMAGE = "agentenv-sandbox:busybox"
-
-
-def _engine(command: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(SCRIPT), command], capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-@pytest.fixture(scope="module")
-def docker_engine():
-    """A private engine with the busybox image, DOCKER_HOST pointing at it; always stopped
-    afterwards, even when starting it failed halfway."""
-    try:
-        try:
-            started = _engine("start", timeout=600)
-        except subprocess.TimeoutExpired as exc:
-            pytest.skip(f"no Docker engine on this machine: {exc}")
-        if started.returncode != 0:
-            reason = (started.stderr.strip().splitlines() or [f"exit {started.returncode}"])[-1]
-            pytest.skip(f"no Docker engine on this machine: {reason}")
-        built = _engine("image", timeout=120)
-        assert built.returncode == 0, built.stderr
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("DOCKER_HOST", started.stdout.strip())
-            yield started.stdout.strip()
-    finally:
-        stopped = _engine("stop", timeout=120)
-        assert stopped.returncode == 0, stopped.stderr
 
 
 @pytest.fixture

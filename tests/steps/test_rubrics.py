@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fakes.messages_api import error_reply, text_reply, tool_use_reply
+from fakes.messages_api import error_reply, tool_use_reply
 
 from agentenv_dagster.steps.execution import StepFailed
 from projects import leaked_servers, make_project, run_steps

@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         description=config.get("description", f"Embedded {args.kind} agent"),
         args=args,
         workspace_tools=bool(config.get("workspace_tools")),
+        container=config.get("container"),
     )
 
 

@@ -86,12 +86,13 @@ class TaskSession:
     (every tool call goes through here, so it is recorded and counted)."""
 
     def __init__(self, config: dict, skills: list[dict], sandbox: LocalSandbox,
-                 workspace_tools: bool = False) -> None:
+                 workspace_tools: bool = False, container: dict | None = None) -> None:
         self.config = dict(config)
         self.skills = list(skills)
         self.sandbox = sandbox
         self.tools: list[Tool] = []
         self._workspace = workspace_tools
+        self._container = container
         if workspace_tools:
             from agentenv_dagster.builtin.agents.workspace import WORKSPACE_TOOLS
 
@@ -147,7 +148,7 @@ class TaskSession:
             from agentenv_dagster.builtin.agents.workspace import call_workspace_tool
 
             full = name
-            outcome = await call_workspace_tool(self.sandbox, self.skills, name, arguments)
+            outcome = await call_workspace_tool(self.sandbox, self.skills, name, arguments, self._container)
         elif full is None:
             outcome = ToolOutcome(f"Unknown tool '{name}'; available: {sorted(self._routes)}", True)
         else:
@@ -173,10 +174,12 @@ class TaskSession:
 class EmbeddedAgent(AgentExecutor):
     """Runs tasks with a brain and serves the agentenv extensions around it."""
 
-    def __init__(self, brain: Brain, sandbox: LocalSandbox, workspace_tools: bool = False) -> None:
+    def __init__(self, brain: Brain, sandbox: LocalSandbox, workspace_tools: bool = False,
+                 container: dict | None = None) -> None:
         self.brain = brain
         self.sandbox = sandbox
         self.workspace_tools = workspace_tools
+        self.container = container
         self.mcp_servers: list[dict] = []
         self.config: dict[str, Any] = {}
         self.skills: list[dict] = []
@@ -188,7 +191,7 @@ class EmbeddedAgent(AgentExecutor):
         await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         await updater.start_work()
-        session = TaskSession(self.config, self.skills, self.sandbox, self.workspace_tools)
+        session = TaskSession(self.config, self.skills, self.sandbox, self.workspace_tools, self.container)
         self.trajectories[task.id] = session.events
         self.task_contexts[task.id] = task.context_id
         prompt = context.get_user_input()
@@ -351,7 +354,7 @@ def build_app(agent: EmbeddedAgent, card: AgentCard) -> Starlette:
 
 
 def run_agent(brain: Brain, sandbox: LocalSandbox, name: str, description: str,
-              args: argparse.Namespace, workspace_tools: bool = False) -> None:
+              args: argparse.Namespace, workspace_tools: bool = False, container: dict | None = None) -> None:
     """Serve ``brain`` as an A2A agent until SIGTERM or the TTL; ``workspace_tools`` gives
     it Bash/Write/Read/Skill in its sandbox (a coding agent)."""
     card = build_card(name, description)
@@ -360,4 +363,4 @@ def run_agent(brain: Brain, sandbox: LocalSandbox, name: str, description: str,
         for interface in card.supported_interfaces:
             interface.url = url + "/"
 
-    serve(build_app(EmbeddedAgent(brain, sandbox, workspace_tools), card), args, on_ready=on_ready)
+    serve(build_app(EmbeddedAgent(brain, sandbox, workspace_tools, container), card), args, on_ready=on_ready)

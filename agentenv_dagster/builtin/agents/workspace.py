@@ -7,12 +7,9 @@ agent, the Anthropic agent, and a real coding agent.
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-
 from agentenv_dagster.builtin.agents.server import Tool, ToolOutcome
 from agentenv_dagster.runtime.sandbox import LocalSandbox, SandboxPathError
+from agentenv_dagster.runtime.shell import SandboxShell, sandbox_shell
 
 BASH_TIMEOUT_SECONDS = 120
 OUTPUT_LIMIT = 20_000
@@ -31,10 +28,12 @@ WORKSPACE_TOOLS = [
 NAMES = frozenset(t.name for t in WORKSPACE_TOOLS)
 
 
-async def call_workspace_tool(sandbox: LocalSandbox, skills: list[dict], name: str, arguments: dict) -> ToolOutcome:
+async def call_workspace_tool(
+    sandbox: LocalSandbox, skills: list[dict], name: str, arguments: dict, container: dict | None = None,
+) -> ToolOutcome:
     try:
         if name == "Bash":
-            return await _bash(sandbox, str(arguments["command"]))
+            return await _bash(sandbox_shell(sandbox.root, container), str(arguments["command"]))
         if name == "Write":
             path = sandbox.resolve(str(arguments["file_path"]))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -50,16 +49,9 @@ async def call_workspace_tool(sandbox: LocalSandbox, skills: list[dict], name: s
         return ToolOutcome(f"{name} failed: {exc}", True)
 
 
-async def _bash(sandbox: LocalSandbox, command: str) -> ToolOutcome:
-    proc = await asyncio.create_subprocess_exec(
-        "bash", "-c", command, cwd=sandbox.root, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), BASH_TIMEOUT_SECONDS)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
-        os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
+async def _bash(shell: SandboxShell, command: str) -> ToolOutcome:
+    result = await shell.run(command, BASH_TIMEOUT_SECONDS)
+    if result.timed_out:
         return ToolOutcome(f"command timed out after {BASH_TIMEOUT_SECONDS}s", True)
-    text = out.decode(errors="replace")[-OUTPUT_LIMIT:]
-    return ToolOutcome(f"{text}\n[exit code {proc.returncode}]", proc.returncode != 0)
+    text = (result.stdout + result.stderr)[-OUTPUT_LIMIT:]
+    return ToolOutcome(f"{text}\n[exit code {result.exit_code}]", result.exit_code != 0)

@@ -26,6 +26,7 @@ AGENT_NAME = "agent"
 PROMPT_ID = "task"
 VERIFIER_ID = "success_criteria"
 DEFAULT_TASK_TIMEOUT = 600
+AUTO_WORKING_DIR = "/workspace"  # upstream reserves /work for its own mounts
 ROW_TOKEN = re.compile(r"\$\{row\.([A-Za-z0-9_.\-]+)\}")
 
 
@@ -35,7 +36,7 @@ def lower_task(loaded: LoadedCoderEvalTask, *, grade_only_from: Path | None = No
     task_dir = loaded.source.parent.resolve()
     steps: list[dict[str, Any]] = [
         {"id": "sandbox", "type": "deploy_sandbox", "sandbox_name": WORKSPACE, "sandbox_mode": "vm",
-         "depends_on": []},
+         "depends_on": [], **_container(task)},
         {"id": "workspace", "type": "prepare_workspace", "sandbox_name": WORKSPACE, "task_dir": str(task_dir),
          "sandbox": task.sandbox.model_dump(mode="json", exclude_none=True),
          "reference_directory": task.reference.directory if task.reference else None,
@@ -54,6 +55,21 @@ def lower_task(loaded: LoadedCoderEvalTask, *, grade_only_from: Path | None = No
     if task.post_run:
         steps.append({**_commands("post_run", task.post_run), "fail_task_on_error": False})
     return _row_tokens(steps)
+
+
+def _container(task: TaskDefinition) -> dict[str, Any]:
+    """Under ``driver: docker`` the sandbox is a local container with the task's limits."""
+    sandbox = task.sandbox
+    if sandbox.driver != "docker":
+        return {}
+    docker, limits = sandbox.docker, sandbox.limits
+    working_dir = docker.working_dir if docker.working_dir not in (None, "auto") else AUTO_WORKING_DIR
+    settings = {
+        # llm_only (egress to the model API only) has nothing to allow here: no network at all
+        "image": docker.image, "working_dir": working_dir, "network": "none" if docker.network == "llm_only" else docker.network,
+        "memory_mb": limits.max_memory_mb, "cpus": limits.max_cpus, "pids": limits.max_pids,
+    }
+    return {"sandbox_type": "docker", "container": {k: v for k, v in settings.items() if v is not None}}
 
 
 def _agent_steps(task: TaskDefinition) -> list[dict[str, Any]]:

@@ -1,0 +1,87 @@
+"""Where a sandbox's shell commands run: on the host in its folder, or inside its container.
+
+One implementation of "run a command line with a deadline, kill everything it started past
+it", shared by pre/post_run commands, the agent's Bash tool and shell criteria.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ShellResult:
+    exit_code: int | None  # None when the deadline ended it
+    stdout: str
+    stderr: str
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code is None
+
+
+class SandboxShell(Protocol):
+    async def run(self, command: str, timeout: float, env: dict[str, str] | None = None) -> ShellResult: ...
+
+
+@dataclass(frozen=True)
+class HostShell:
+    """``bash -c`` in ``cwd`` on this machine, in its own process group, which ends with it:
+    nothing the command started in the background outlives it."""
+
+    cwd: Path
+
+    async def run(self, command: str, timeout: float, env: dict[str, str] | None = None) -> ShellResult:
+        proc = await asyncio.create_subprocess_exec(
+            "bash", "-c", command, cwd=self.cwd, env={**os.environ, **(env or {})},
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        code = None
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+            code = proc.returncode
+        except asyncio.TimeoutError:
+            _kill_group(proc.pid)
+            out, err = await proc.communicate()
+        finally:
+            _kill_group(proc.pid)
+            if proc.returncode is None:
+                await proc.wait()
+        return ShellResult(code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class ContainerShell:
+    """``sh -c`` in the container's working dir (the sandbox folder is mounted there)."""
+
+    container_id: str
+    working_dir: str
+
+    async def run(self, command: str, timeout: float, env: dict[str, str] | None = None) -> ShellResult:
+        from .containers import ContainerSandbox  # the docker SDK only when a container is used
+
+        sandbox = await asyncio.to_thread(ContainerSandbox.attach, self.container_id, self.working_dir)
+        try:
+            result = await sandbox.exec(command, timeout, env)
+        finally:
+            sandbox.close()
+        return ShellResult(None if result.timed_out else result.exit_code, result.stdout, result.stderr)
+
+
+def sandbox_shell(sandbox_root: str | Path, container: dict | None = None) -> SandboxShell:
+    """The shell of a sandbox record: its container when it has one, else its folder."""
+    if container and container.get("container_id"):
+        return ContainerShell(container["container_id"], container.get("working_dir") or "/work")
+    return HostShell(Path(sandbox_root))
