@@ -62,6 +62,7 @@ class AgentEntry(_Section):
     model: str | None = None
     max_turns: int = 20
     description: str | None = None
+    path_prepend: list[str] = Field(default_factory=list)  # workspace folders put first on the agent's PATH
 
 
 class AgentsConfig(_Section):

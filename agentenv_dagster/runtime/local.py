@@ -117,9 +117,10 @@ class LocalProvider:
         sandbox.mkdir(parents=True, exist_ok=True)
         workdir.mkdir(parents=True, exist_ok=True)
         config_file = workdir / "agent.json"
-        config_file.write_text(json.dumps({
-            **self._agent_config(entry), "workspace_tools": workspace is not None, "container": container,
-        }))
+        settings = self._agent_config(entry)
+        if workspace is not None:
+            settings["workspace"] = {"container": container, "path_prepend": entry.path_prepend}
+        config_file.write_text(json.dumps(settings))
         server = self._spawn(
             AGENT_SERVER_MODULE,
             [entry.kind, "--sandbox", str(sandbox), "--config-file", str(config_file)],

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Literal
 from ..context import TaskStepContext
 from ..runtime.artifacts import ObjectStore
 from ..runtime.base import StepRuntime
+from ..runtime.cli_shim import write_shims
 from ..runtime.sandbox import LocalSandbox
 from ..runtime.shell import HostShell, SandboxShell, sandbox_shell
 from ..spec.coder_eval.ignore import effective_ignore_patterns
@@ -31,6 +32,7 @@ from .registry import step
 from .sandbox import deployed_sandbox
 
 OUTPUT_LIMIT = 20_000
+CLI_MOCKS = "cli_mocks"  # record_cli shims and their calls.jsonl
 
 
 def copy_tree(source: Path, target: Path, patterns: Iterable[str]) -> None:
@@ -64,6 +66,12 @@ class PrepareWorkspaceStep(TaskStep):
             copy_tree(Path(self.grade_only_from), workspace.root, [])
         for source in self.sandbox.get("template_sources") or []:
             self._apply(source, workspace, patterns)
+        if self.sandbox.get("record_cli"):
+            write_shims(workspace.resolve(CLI_MOCKS), self.sandbox["record_cli"])
+        for folder in self.sandbox.get("mock_path_dirs") or []:  # missing ones are skipped
+            for path in workspace.resolve(folder).glob("*"):
+                if path.is_file():
+                    path.chmod(path.stat().st_mode | 0o111)
         python = self.sandbox.get("python", {})
         packages = (python or {}).get("env_packages") or []
         if packages and not self.grade_only_from:

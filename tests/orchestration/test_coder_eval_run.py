@@ -292,3 +292,49 @@ def test_the_docker_driver_runs_the_agent_commands_and_criteria_in_a_container(d
     finally:
         client.close()
     assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_recorded_cli_mocks_answer_the_agent_and_cli_called_grades_the_calls(tmp_path):
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+
+    root = make_project(tmp_path / "p", tasks={})
+    (root / "tasks" / "bin").mkdir()
+    (root / "tasks" / "bin" / "legacy").write_text("#!/bin/sh\necho legacy tool\n")
+    path = root / "tasks" / "cli.yaml"
+    path.write_text(textwrap.dedent("""
+        task_id: cli
+        description: the agent drives a CLI that is recorded, not real
+        initial_prompt: deploy the app
+        agent:
+          type: replay
+          episodes:
+            - match: deploy
+              reply: deployed
+              actions:
+                - {tool: Bash, arguments: {command: "uipath deploy --env prod app > deploy.out"}}
+                - {tool: Bash, arguments: {command: "uipath status"}}
+                - {tool: Bash, arguments: {command: "legacy > legacy.out"}}
+        sandbox:
+          python: null
+          mock_path_dirs: [tools]
+          template_sources: [{type: template_dir, path: bin, mount_point: tools}]
+          record_cli:
+            - tool: uipath
+              stdout: "unknown command\\n"
+              responses:
+                - {when: {verb: deploy, flags: {env: prod}}, stdout: "deployed to prod\\n"}
+        success_criteria:
+          - {type: cli_called, tool: uipath, verb: deploy, flags: {env: prod}, description: deployed to prod}
+          - {type: cli_called, tool: uipath, verb: delete, min_count: 0, max_count: 0, description: nothing deleted}
+          - {type: file_contains, path: deploy.out, includes: ["deployed to prod"], description: the mock answered}
+          - {type: file_contains, path: legacy.out, includes: ["legacy tool"], description: mock_path_dirs are on PATH}
+    """))
+    with dg.instance_for_test() as instance:
+        (result,) = run_coder_eval_task(path, load_config(root), output_dir=tmp_path / "out", instance=instance).results
+    rows = [(r.description, r.score, r.error) for r in result.success_criteria_results]
+    assert result.final_status.value == "SUCCESS", rows
+    log = Path(result.sandbox_path) / "cli_mocks" / "calls.jsonl"
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["argv"], r["rule"], r["exit"]) for r in records] == [
+        (["deploy", "--env", "prod", "app"], 0, 0), (["status"], None, 1)]

@@ -44,8 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         name=config.get("name", f"{args.kind}-agent"),
         description=config.get("description", f"Embedded {args.kind} agent"),
         args=args,
-        workspace_tools=bool(config.get("workspace_tools")),
-        container=config.get("container"),
+        workspace=config.get("workspace"),
     )
 
 

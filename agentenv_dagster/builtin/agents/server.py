@@ -86,14 +86,13 @@ class TaskSession:
     (every tool call goes through here, so it is recorded and counted)."""
 
     def __init__(self, config: dict, skills: list[dict], sandbox: LocalSandbox,
-                 workspace_tools: bool = False, container: dict | None = None) -> None:
+                 workspace: dict | None = None) -> None:
         self.config = dict(config)
         self.skills = list(skills)
         self.sandbox = sandbox
         self.tools: list[Tool] = []
-        self._workspace = workspace_tools
-        self._container = container
-        if workspace_tools:
+        self._workspace = workspace
+        if workspace is not None:
             from agentenv_dagster.builtin.agents.workspace import WORKSPACE_TOOLS
 
             self.tools += WORKSPACE_TOOLS
@@ -144,11 +143,11 @@ class TaskSession:
             matches = [n for n in self._routes if n.endswith(f"__{name}")]
             full = matches[0] if len(matches) == 1 else None
         started, clock = datetime.now(timezone.utc), time.monotonic()
-        if self._workspace and full is None and name in _workspace_tool_names():
+        if self._workspace is not None and full is None and name in _workspace_tool_names():
             from agentenv_dagster.builtin.agents.workspace import call_workspace_tool
 
             full = name
-            outcome = await call_workspace_tool(self.sandbox, self.skills, name, arguments, self._container)
+            outcome = await call_workspace_tool(self.sandbox, self.skills, name, arguments, self._workspace)
         elif full is None:
             outcome = ToolOutcome(f"Unknown tool '{name}'; available: {sorted(self._routes)}", True)
         else:
@@ -174,12 +173,10 @@ class TaskSession:
 class EmbeddedAgent(AgentExecutor):
     """Runs tasks with a brain and serves the agentenv extensions around it."""
 
-    def __init__(self, brain: Brain, sandbox: LocalSandbox, workspace_tools: bool = False,
-                 container: dict | None = None) -> None:
+    def __init__(self, brain: Brain, sandbox: LocalSandbox, workspace: dict | None = None) -> None:
         self.brain = brain
         self.sandbox = sandbox
-        self.workspace_tools = workspace_tools
-        self.container = container
+        self.workspace = workspace
         self.mcp_servers: list[dict] = []
         self.config: dict[str, Any] = {}
         self.skills: list[dict] = []
@@ -191,7 +188,7 @@ class EmbeddedAgent(AgentExecutor):
         await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         await updater.start_work()
-        session = TaskSession(self.config, self.skills, self.sandbox, self.workspace_tools, self.container)
+        session = TaskSession(self.config, self.skills, self.sandbox, self.workspace)
         self.trajectories[task.id] = session.events
         self.task_contexts[task.id] = task.context_id
         prompt = context.get_user_input()
@@ -354,13 +351,13 @@ def build_app(agent: EmbeddedAgent, card: AgentCard) -> Starlette:
 
 
 def run_agent(brain: Brain, sandbox: LocalSandbox, name: str, description: str,
-              args: argparse.Namespace, workspace_tools: bool = False, container: dict | None = None) -> None:
-    """Serve ``brain`` as an A2A agent until SIGTERM or the TTL; ``workspace_tools`` gives
-    it Bash/Write/Read/Skill in its sandbox (a coding agent)."""
+              args: argparse.Namespace, workspace: dict | None = None) -> None:
+    """Serve ``brain`` as an A2A agent until SIGTERM or the TTL. With ``workspace`` settings
+    (``container``, ``path_prepend``) it is a coding agent: Bash/Write/Read/Skill in its sandbox."""
     card = build_card(name, description)
 
     def on_ready(url: str) -> None:
         for interface in card.supported_interfaces:
             interface.url = url + "/"
 
-    serve(build_app(EmbeddedAgent(brain, sandbox, workspace_tools, container), card), args, on_ready=on_ready)
+    serve(build_app(EmbeddedAgent(brain, sandbox, workspace), card), args, on_ready=on_ready)

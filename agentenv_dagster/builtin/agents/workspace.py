@@ -7,6 +7,9 @@ agent, the Anthropic agent, and a real coding agent.
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 from agentenv_dagster.builtin.agents.server import Tool, ToolOutcome
 from agentenv_dagster.runtime.sandbox import LocalSandbox, SandboxPathError
 from agentenv_dagster.runtime.shell import SandboxShell, sandbox_shell
@@ -29,11 +32,15 @@ NAMES = frozenset(t.name for t in WORKSPACE_TOOLS)
 
 
 async def call_workspace_tool(
-    sandbox: LocalSandbox, skills: list[dict], name: str, arguments: dict, container: dict | None = None,
+    sandbox: LocalSandbox, skills: list[dict], name: str, arguments: dict, workspace: dict,
 ) -> ToolOutcome:
     try:
         if name == "Bash":
-            return await _bash(sandbox_shell(sandbox.root, container), str(arguments["command"]))
+            container = workspace.get("container")
+            shell = sandbox_shell(sandbox.root, container)
+            base = Path(container["working_dir"]) if container else sandbox.root
+            prepend = [str(base / folder) for folder in workspace.get("path_prepend") or []]
+            return await _bash(shell, str(arguments["command"]), prepend)
         if name == "Write":
             path = sandbox.resolve(str(arguments["file_path"]))
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,7 +56,9 @@ async def call_workspace_tool(
         return ToolOutcome(f"{name} failed: {exc}", True)
 
 
-async def _bash(shell: SandboxShell, command: str) -> ToolOutcome:
+async def _bash(shell: SandboxShell, command: str, path_prepend: list[str]) -> ToolOutcome:
+    if path_prepend:  # CLI mocks and mock_path_dirs shadow the real tools
+        command = f'export PATH={shlex.quote(":".join(path_prepend))}:"$PATH"; {command}'
     result = await shell.run(command, BASH_TIMEOUT_SECONDS)
     if result.timed_out:
         return ToolOutcome(f"command timed out after {BASH_TIMEOUT_SECONDS}s", True)

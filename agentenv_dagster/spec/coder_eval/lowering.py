@@ -79,6 +79,10 @@ def _agent_steps(task: TaskDefinition) -> list[dict[str, Any]]:
         k: v for k, v in agent.model_dump(mode="json", exclude_none=True).items()
         if k in ("script", "episodes", "delay_seconds", "model", "max_turns")
     }
+    # the agent's shell finds the recording CLI mocks and mock_path_dirs first
+    path_prepend = (["cli_mocks"] if task.sandbox.record_cli else []) + list(task.sandbox.mock_path_dirs or [])
+    if path_prepend:
+        overrides["path_prepend"] = path_prepend
     deploy = {"id": "agent", "type": "deploy_agent", "a2a_agent_id": agent.type, "agent_name": AGENT_NAME,
               "sandbox_name": WORKSPACE, "agent_config": overrides}
     if getattr(agent, "system_prompt", None):

@@ -1,0 +1,60 @@
+"""Recording CLI mocks (Coder Eval ``sandbox.record_cli``): a shim per tool in ``cli_mocks/``.
+
+Each call appends ``{"argv", "tool", "exit", "ts", "rule"}`` to ``cli_mocks/calls.jsonl`` (what
+``cli_called`` grades) and answers from the first ``responses`` rule whose ``when`` argv
+pattern matches — the same matcher ``cli_called`` uses — else from the entry's own fields.
+The shim runs with this interpreter, so it works on the host (tempdir driver).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CALLS_LOG = "calls.jsonl"
+SHIM = """#!{python}
+import sys
+from agentenv_dagster.runtime.cli_shim import answer
+sys.exit(answer({spec!r}, sys.argv[1:], __file__))
+"""
+
+
+def write_shims(folder: Path, entries: list[dict[str, Any]]) -> list[str]:
+    """One executable per entry under ``folder``; returns the tool names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        shim = folder / entry["tool"]
+        shim.write_text(SHIM.format(python=sys.executable, spec=json.dumps(entry)))
+        shim.chmod(0o755)
+    return [entry["tool"] for entry in entries]
+
+
+def answer(spec: str, argv: list[str], shim_path: str) -> int:
+    """Log the call, print the canned output, return the exit code."""
+    entry = json.loads(spec)
+    record: dict[str, Any] = {"argv": argv, "tool": entry["tool"], "ts": time.time(), "rule": None}
+    reply = entry
+    try:
+        for index, rule in enumerate(entry.get("responses") or []):
+            if _matches(rule["when"], argv):
+                record["rule"], reply = index, {"exit_code": 0, **rule}
+                break
+    except Exception as exc:  # a broken rule is the task's fault: cli_called reports it as ERROR
+        record["rule_error"] = f"{type(exc).__name__}: {exc}"
+    code = int(reply.get("exit_code", 1))
+    record["exit"] = code
+    with open(Path(shim_path).parent / CALLS_LOG, "a") as log:
+        log.write(json.dumps(record) + "\n")
+    sys.stdout.write(reply.get("stdout", ""))
+    sys.stderr.write(reply.get("stderr", ""))
+    return code
+
+
+def _matches(when: dict[str, Any], argv: list[str]) -> bool:
+    from ..criteria.cli import CliCalled
+
+    pattern = CliCalled.model_validate({"type": "cli_called", "description": "when", **when})
+    return pattern.argv_matches(argv)
