@@ -109,3 +109,17 @@ def test_task_run_refuses_bad_slices_and_unknown_tasks(project):
     no_context = cli(project, "task", "run", "--id", "dana", "--start-step", "3")
     assert no_context.returncode == 2
     assert "step 'reply': field 'agent_name': no step it depends on deploys agent 'assistant'" in no_context.stderr
+
+
+def test_validate_coder_eval_yaml_warns_on_unknown_top_level_keys_and_fails_on_nested_ones(project):
+    good = project / "tasks" / "stale.yaml"
+    good.write_text("task_id: s\ndescription: d\ninitial_prompt: p\nmax_iterations: 3\nagent: {type: replay, episodes: []}\n"
+                    "success_criteria: [{type: file_exists, path: a.py, description: d}]\n")
+    done = cli(project, "validate", str(good))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"warning: {good}: field 'max_iterations': unknown top-level field will be ignored" in done.stderr
+    bad = project / "bad.yaml"
+    bad.write_text(good.read_text().replace("agent: {type: replay, episodes: []}", "agent: {type: replay, episodes: [], modle: x}"))
+    failed = cli(project, "validate", str(bad))
+    assert failed.returncode == 1
+    assert failed.stdout.startswith(f"{bad}: field 'agent.modle': unknown field")
