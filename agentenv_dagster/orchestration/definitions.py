@@ -20,7 +20,7 @@ from ..plan import TaskPlan
 from .io_manager import TaskContextIOManager
 from .ops import IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
 from .resources import agentenv_resources
-from .translator import TaskTranslator
+from .translator import TAG_STEP_ASSETS, TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
 FORKSERVER_EXECUTOR = dg.multiprocess_executor.configured(
@@ -41,8 +41,8 @@ def build_job(plan: TaskPlan, translator: TaskTranslator | None = None) -> dg.Jo
         node_defs[op_def.name] = op_def
         alias = translator.get_node_name(step)
         invocation = dg.NodeInvocation(
-            op_def.name, alias=alias, tags=translator.get_op_tags(step),
-            retry_policy=translator.get_retry_policy(step),
+            op_def.name, alias=alias, retry_policy=translator.get_retry_policy(step),
+            tags={**translator.get_op_tags(step), TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step)},
         )
         upstream = [translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id]]
         deps[invocation] = _fan_in(upstream)

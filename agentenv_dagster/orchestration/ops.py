@@ -6,6 +6,7 @@ events (verification scores, collected files, loaded artifacts) and hands the co
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from typing import Any, Iterator
 
@@ -13,12 +14,12 @@ import dagster as dg
 
 from ..context import TaskStepContext
 from ..naming import node_name
-from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
+from ..steps.base import PRODUCER, VERIFICATION, TaskStep
 from ..steps.execution import StepFailed
 from ..steps.scoring import verification_passed
 from .io_manager import context_folder, write_context
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
-from .translator import TAG_CONTENT_HASH, TAG_TASK_ID, TaskTranslator
+from .translator import TAG_CONTENT_HASH, TAG_STEP_ASSETS, TAG_TASK_ID
 
 IO_MANAGER_KEY = "task_context_io_manager"
 TEARDOWN_OP = "teardown_run"
@@ -79,7 +80,8 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
         context.log.warning(
             f"step '{step.id}' failed (tolerated, fail_task_on_error=false): {outcome.failure['error']}"
         )
-    yield from asset_events(TaskTranslator(), task_id, outcome.step, ctx)
+    assets = json.loads(context.op.tags.get(TAG_STEP_ASSETS) or '{"produced": [], "loaded": {}}')
+    yield from asset_events(assets, outcome.step, ctx)
     yield dg.Output(ctx.to_dict(), metadata={"duration_seconds": round(outcome.duration_seconds, 3)})
 
 
@@ -114,18 +116,15 @@ def teardown_op() -> dg.OpDefinition:
     return _teardown
 
 
-def asset_events(
-    translator: TaskTranslator, task_id: str, step: TaskStep, ctx: TaskStepContext
-) -> Iterator[Any]:
-    """Materializations (and checks) for what the step wrote; observations of what it read."""
-    for name in step.names_read():
-        if name.kind == ARTIFACT:
-            loaded = _loaded_version(ctx, step.id, name.name)
-            metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
-            yield dg.AssetObservation(
-                asset_key=translator.get_loaded_artifact_asset_key(name.name), metadata=metadata
-            )
-    for kind, name, key in translator.produced_asset_keys(task_id, step):
+def asset_events(assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext) -> Iterator[Any]:
+    """Materializations (and checks) for what the step wrote, observations of what it read,
+    under the keys the translator gave the step's node."""
+    for artifact_id, path in assets["loaded"].items():
+        loaded = _loaded_version(ctx, step.id, artifact_id)
+        metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
+        yield dg.AssetObservation(asset_key=dg.AssetKey(path), metadata=metadata)
+    for kind, name, path in assets["produced"]:
+        key = dg.AssetKey(path)
         if kind == VERIFICATION:
             entry = (ctx.metadata.get("verifications") or {}).get(name)
             if entry is not None:

@@ -6,16 +6,19 @@ instead of forking the compiler.
 
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 
 from ..naming import job_name, node_name
 from ..plan import TaskPlan
-from ..steps.base import PRODUCER, SELF, VERIFICATION, TaskStep
+from ..steps.base import ARTIFACT, PRODUCER, SELF, VERIFICATION, TaskStep
 
 TAG_TASK_ID = "agentenv/task_id"
 TAG_TASK_VERSION = "agentenv/task_version"
 TAG_CONTENT_HASH = "agentenv/content_hash"
 TAG_FORMAT = "agentenv/format"
+TAG_STEP_ASSETS = "agentenv/assets"
 
 
 class TaskTranslator:
@@ -68,6 +71,17 @@ class TaskTranslator:
             elif name.kind == PRODUCER and name.field == SELF:
                 keys.append((PRODUCER, step.id, self.get_collection_asset_key(task_id, step.id)))
         return keys
+
+    def get_step_assets_tag(self, plan: TaskPlan, step: TaskStep) -> str:
+        """The asset keys a step's op reports, carried as a node tag so a run uses the
+        translator that built the job (ops are shared; the node knows its step)."""
+        return json.dumps({
+            "produced": [[kind, name, key.path] for kind, name, key in self.produced_asset_keys(plan.task_id, step)],
+            "loaded": {
+                n.name: self.get_loaded_artifact_asset_key(n.name).path
+                for n in step.names_read() if n.kind == ARTIFACT
+            },
+        })
 
     def get_asset_specs(self, plan: TaskPlan) -> list[dg.AssetSpec]:
         specs = []

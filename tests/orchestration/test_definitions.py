@@ -72,3 +72,19 @@ def test_strict_mode_refuses_a_bad_task_file(project):
     (project / "tasks" / "broken.json").write_text("[{]")
     with pytest.raises(TaskLoadError, match=r"broken.json: invalid JSON at line 1 column 3"):
         build_definitions(project / "tasks", strict=True)
+
+
+def test_a_custom_translator_names_the_assets_the_runs_report(project):
+    from agentenv_dagster.orchestration.translator import TaskTranslator
+
+    class Prefixed(TaskTranslator):
+        def get_verification_asset_key(self, task_id, verifier_id):
+            return dg.AssetKey(["evals", task_id, verifier_id])
+
+    defs = build_definitions(project / "tasks", translator=Prefixed())
+    key = dg.AssetKey(["evals", "reply_to_dana", "sent"])
+    assert key in defs.resolve_asset_graph().get_all_asset_keys()
+    with dg.instance_for_test() as instance:
+        assert defs.get_job_def("reply_to_dana").execute_in_process(instance=instance).success
+        assert instance.get_latest_materialization_event(key) is not None
+        assert instance.get_latest_materialization_event(VERIFICATION) is None
