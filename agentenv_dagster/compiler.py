@@ -43,7 +43,7 @@ def load_document(
     if path.suffix.lower() not in (".yaml", ".yml"):
         return load_task_file(path, registry), []
     from .spec.coder_eval import apply_overrides, is_coder_eval_document, load_coder_eval_task
-    from .spec.coder_eval.lowering import lower_task
+    from .spec.coder_eval.lowering import dataset_partitions, lower_task
 
     if path.is_file() and not is_coder_eval_document(path):
         raise TaskLoadError([SpecError(
@@ -61,7 +61,7 @@ def load_document(
     document = parse_task_document(
         steps, source=str(path), default_id=loaded.task.task_id, registry=registry, format="coder-eval",
     )
-    return document, list(loaded.warnings)
+    return replace(document, partitions=dataset_partitions(loaded)), list(loaded.warnings)
 
 
 def load_plan(

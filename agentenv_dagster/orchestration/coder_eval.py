@@ -1,8 +1,8 @@
 """Run a Coder Eval task through Dagster and write its reports (the CLI's ``run TASK.yaml``).
 
-Each row of a dataset (or the task itself) is one Dagster run of the lowered job, its row
-values given as ``metadata.seed``; the finished contexts become task.json records, summed up
-in run.json / run.md / task.html with upstream's exit code.
+The task itself, or each row of its dataset (a partition of the job), is one Dagster run of
+the lowered job; the finished contexts become task.json records, summed up in run.json /
+run.md / task.html with upstream's exit code.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import dagster as dg
 
@@ -22,8 +22,8 @@ from ..reports.evaluation import evaluation_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
 from ..reports.render import WrittenReports, write_reports
 from ..runtime.artifacts import ObjectStore
-from ..spec.coder_eval import apply_overrides, check_row_ids, load_coder_eval_task, load_dataset_rows
-from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID, row_seed
+from ..spec.coder_eval import apply_overrides, load_coder_eval_task
+from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .execute import execute_plan
 
 
@@ -67,11 +67,10 @@ def run_coder_eval_task(
     document, _ = load_document(path, step_registry(config), overrides=overrides, grade_only_from=grade_only_from)
     plan = checked_plan(document)
     results = []
-    for index, (row_id, seed) in enumerate(_rows(task, path)):
+    for row_id in plan.document.partitions or [None]:  # a dataset task: one partition per row
         row_started = _now()
         run = execute_plan(
-            plan, config, initial_context={"metadata": {"seed": seed}} if seed else {},
-            output_dir=out / "contexts" / (row_id or "task"), instance=instance,
+            plan, config, output_dir=out / "contexts" / (row_id or "task"), instance=instance, partition_key=row_id,
         )
         response = run.context.find_prompt_response(PROMPT_ID)
         url = response.agent_trajectory_object_url if response else None
@@ -85,14 +84,6 @@ def run_coder_eval_task(
         ))
     summary = RunSummary.from_results(_run_id(started), started, _now(), results)
     return CoderEvalRun(summary, results, write_reports(out, summary, results))
-
-
-def _rows(task, path: Path) -> list[tuple[str | None, dict[str, Any]]]:
-    if task.dataset is None:
-        return [(None, {})]
-    rows = load_dataset_rows(task.dataset, path.parent.resolve())
-    check_row_ids(rows, task.dataset, task.task_id)
-    return [(str(row[task.dataset.id_field]), row_seed(row)) for row in rows]
 
 
 def _now() -> datetime:

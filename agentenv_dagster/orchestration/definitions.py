@@ -17,6 +17,7 @@ from ..config import load_config
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..plan import TaskPlan
+from ..steps.execution import apply_seed
 from .io_manager import TaskContextIOManager
 from .ops import IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
 from .resources import agentenv_resources
@@ -31,22 +32,20 @@ FORKSERVER_EXECUTOR = dg.multiprocess_executor.configured(
 
 def build_job(plan: TaskPlan, translator: TaskTranslator | None = None) -> dg.JobDefinition:
     """One job per task: a node per step (aliases of the shared per-type ops), the
-    ``depends_on`` edges, a final teardown node, the step fields as default op config."""
+    ``depends_on`` edges, a final teardown node, the step fields as default op config. A
+    dataset task is partitioned by row: each partition's config is its row's fields."""
     translator = translator or TaskTranslator()
     deps: dict[dg.NodeInvocation, dict] = {}
     node_defs = {}
-    run_config: dict[str, dict] = {}
     for step in plan.steps:
         op_def = step_op(step.type)
         node_defs[op_def.name] = op_def
-        alias = translator.get_node_name(step)
         invocation = dg.NodeInvocation(
-            op_def.name, alias=alias, retry_policy=translator.get_retry_policy(step),
+            op_def.name, alias=translator.get_node_name(step), retry_policy=translator.get_retry_policy(step),
             tags={**translator.get_op_tags(step), TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step)},
         )
         upstream = [translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id]]
         deps[invocation] = _fan_in(upstream)
-        run_config[alias] = {"config": {"step": step.model_dump(mode="json", exclude_none=True, by_alias=True)}}
     teardown = teardown_op()
     node_defs[teardown.name] = teardown
     sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
@@ -55,8 +54,24 @@ def build_job(plan: TaskPlan, translator: TaskTranslator | None = None) -> dg.Jo
         name=translator.get_job_name(plan), node_defs=list(node_defs.values()), dependencies=deps,
         description=translator.get_job_description(plan),
     )
-    return graph.to_job(
-        config={"ops": run_config}, tags=translator.get_job_tags(plan), executor_def=FORKSERVER_EXECUTOR,
+    return graph.to_job(config=_job_config(plan, translator), tags=translator.get_job_tags(plan),
+                        executor_def=FORKSERVER_EXECUTOR)
+
+
+def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dict | dg.PartitionedConfig:
+    def ops(seed: dict | None) -> dict:
+        return {"ops": {
+            translator.get_node_name(step): {"config": {"step": apply_seed(step, seed).model_dump(
+                mode="json", exclude_none=True, by_alias=True)}}
+            for step in plan.steps
+        }}
+
+    rows = plan.document.partitions
+    if not rows:
+        return ops(None)
+    return dg.PartitionedConfig(
+        partitions_def=translator.get_partitions_def(plan),
+        run_config_for_partition_key_fn=lambda key: ops(rows[key]),
     )
 
 

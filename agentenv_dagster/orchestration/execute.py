@@ -71,6 +71,7 @@ def execute_plan(
     initial_context: dict[str, Any] | None = None,
     output_dir: Path | None = None,
     instance: dg.DagsterInstance | None = None,
+    partition_key: str | None = None,
 ) -> RunResult:
     runs_dir = config.state_dir / "runs"
     job = build_job(plan)
@@ -84,7 +85,9 @@ def execute_plan(
     )
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
-            result = defs.get_job_def(job.name).execute_in_process(instance=active, raise_on_error=False)
+            result = defs.get_job_def(job.name).execute_in_process(
+                instance=active, raise_on_error=False, partition_key=partition_key,
+            )
     finally:
         os.unlink(seed.name)
     resources[RESOURCE_KEY].teardown(result.run_id)  # the safety net: the teardown op did it on success

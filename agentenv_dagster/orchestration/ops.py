@@ -81,7 +81,8 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
             f"step '{step.id}' failed (tolerated, fail_task_on_error=false): {outcome.failure['error']}"
         )
     assets = json.loads(context.op.tags.get(TAG_STEP_ASSETS) or '{"produced": [], "loaded": {}}')
-    yield from asset_events(assets, outcome.step, ctx)
+    partition = context.partition_key if context.has_partition_key else None
+    yield from asset_events(assets, outcome.step, ctx, partition)
     yield dg.Output(ctx.to_dict(), metadata={"duration_seconds": round(outcome.duration_seconds, 3)})
 
 
@@ -116,7 +117,9 @@ def teardown_op() -> dg.OpDefinition:
     return _teardown
 
 
-def asset_events(assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext) -> Iterator[Any]:
+def asset_events(
+    assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
+) -> Iterator[Any]:
     """Materializations (and checks) for what the step wrote, observations of what it read,
     under the keys the translator gave the step's node."""
     for artifact_id, path in assets["loaded"].items():
@@ -128,12 +131,12 @@ def asset_events(assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext) -
         if kind == VERIFICATION:
             entry = (ctx.metadata.get("verifications") or {}).get(name)
             if entry is not None:
-                yield dg.AssetMaterialization(asset_key=key, metadata=verification_metadata(entry))
-                yield from _check_evaluations(key, entry, step)
+                yield dg.AssetMaterialization(asset_key=key, metadata=verification_metadata(entry), partition=partition)
+                yield from _check_evaluations(key, entry, step, partition)
         elif kind == PRODUCER:
             entry = _produced(ctx, name)
             if entry is not None:
-                yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry))
+                yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition)
 
 
 def _produced(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:
@@ -196,14 +199,16 @@ def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
     return metadata
 
 
-def _check_evaluations(key: dg.AssetKey, entry: dict[str, Any], step: TaskStep) -> Iterator[dg.AssetCheckEvaluation]:
+def _check_evaluations(
+    key: dg.AssetKey, entry: dict[str, Any], step: TaskStep, partition: str | None
+) -> Iterator[dg.AssetCheckEvaluation]:
     """One evaluation per declared check; unknown (not graded) fails with severity WARN."""
     outcomes = entry.get("checks") or {"passed": verification_passed(entry)}
     metadata = {"score": entry["score"]} if entry.get("score") is not None else {"reason": entry.get("reason", "not graded")}
     for name, _ in step.verification_checks():
         passed = outcomes.get(name)
         yield dg.AssetCheckEvaluation(
-            asset_key=key, check_name=name, passed=bool(passed), metadata=metadata,
+            asset_key=key, check_name=name, passed=bool(passed), metadata=metadata, partition=partition,
             severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
         )
 

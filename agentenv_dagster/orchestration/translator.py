@@ -49,6 +49,11 @@ class TaskTranslator:
             return dg.RetryPolicy(max_retries=config.max_retries)
         return None
 
+    def get_partitions_def(self, plan: TaskPlan) -> dg.PartitionsDefinition | None:
+        """A dataset task's rows as static partitions (a row id is a partition key)."""
+        rows = plan.document.partitions
+        return dg.StaticPartitionsDefinition(list(rows)) if rows else None
+
     def get_group_name(self, plan: TaskPlan) -> str:
         return job_name(plan.task_id)
 
@@ -91,6 +96,7 @@ class TaskTranslator:
                 what = "verification" if kind == VERIFICATION else "artifacts produced"
                 specs.append(dg.AssetSpec(
                     key=key, deps=deps, group_name=self.get_group_name(plan),
+                    partitions_def=self.get_partitions_def(plan),
                     description=f"The {what} of step `{step.id}` ({step.type}) of task `{plan.task_id}`.",
                     kinds={"agentenv"}, tags={TAG_TASK_ID.replace("/", "_"): job_name(plan.task_id)},
                     metadata={"step_id": step.id, "task_source": plan.document.source},

@@ -34,6 +34,8 @@ class TaskDocument:
     steps: tuple["TaskStep", ...]
     source: str
     format: str = "agent-env"  # or "coder-eval": a Coder Eval YAML lowered to steps
+    # A dataset task's rows: partition key (row id) -> the metadata.seed that fills its steps.
+    partitions: dict[str, dict[str, Any]] | None = None
 
     def step_documents(self) -> list[dict[str, Any]]:
         return [step.to_document() for step in self.steps]
@@ -42,7 +44,8 @@ class TaskDocument:
     def content_hash(self) -> str:
         """Hash of what runs (id + steps), so a re-execution can refuse a changed task."""
         canonical = json.dumps(
-            {"id": self.task_id, "steps": self.step_documents()}, sort_keys=True, default=str
+            {"id": self.task_id, "steps": self.step_documents(), "partitions": self.partitions},
+            sort_keys=True, default=str,
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -338,3 +338,38 @@ def test_recorded_cli_mocks_answer_the_agent_and_cli_called_grades_the_calls(tmp
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [(r["argv"], r["rule"], r["exit"]) for r in records] == [
         (["deploy", "--env", "prod", "app"], 0, 0), (["status"], None, 1)]
+
+
+def test_a_dataset_task_is_a_job_partitioned_by_row(project):
+    (project / "tasks" / "words.yaml").write_text(textwrap.dedent("""
+        task_id: words
+        description: one partition per row
+        initial_prompt: "Say ${row.word}"
+        agent:
+          type: replay
+          episodes:
+            - {match: "Say (hi|yo)", reply: "ok", actions: [{tool: Write, arguments: {file_path: out.txt, content: said}}]}
+        sandbox: {python: null}
+        dataset:
+          rows: [{id: r1, word: hi}, {id: r2, word: yo}, {id: r3, word: bye}]
+        success_criteria:
+          - {type: file_exists, path: out.txt, description: the agent wrote}
+    """))
+    defs = build_definitions(project / "tasks")
+    job = defs.get_job_def("words")
+    assert job.partitions_def.get_partition_keys() == ["r1", "r2", "r3"]
+    config = job.partitioned_config.get_run_config_for_partition_key("r2")
+    assert config["ops"]["prompt"]["config"]["step"]["prompt"] == "Say yo"
+    key = dg.AssetKey(["verifications", "words", "success_criteria"])
+    assert defs.resolve_asset_graph().get(key).partitions_def.get_partition_keys() == ["r1", "r2", "r3"]
+    with dg.instance_for_test() as instance:
+        for row in ("r1", "r3"):
+            job.execute_in_process(instance=instance, partition_key=row)
+        assert instance.get_materialized_partitions(key) == {"r1", "r3"}
+        scores = {
+            row: instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=key, asset_partitions=[row]), limit=1
+            ).records[0].asset_materialization.metadata["passed"].value
+            for row in ("r1", "r3")
+        }
+    assert scores == {"r1": True, "r3": False}  # r3 has no scripted reply: graded, and fails

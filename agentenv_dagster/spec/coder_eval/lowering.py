@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .dataset import check_row_ids, load_dataset_rows
 from .loader import LoadedCoderEvalTask
 from .task import TaskDefinition
 
@@ -117,3 +118,13 @@ def _row_tokens(value: Any) -> Any:
 def row_seed(row: dict[str, Any]) -> dict[str, Any]:
     """The ``metadata.seed`` that fills a row's ``<row.field>`` tokens."""
     return {f"row.{key}": value for key, value in row.items()}
+
+
+def dataset_partitions(loaded: LoadedCoderEvalTask) -> dict[str, dict[str, Any]] | None:
+    """Row id -> seed, in dataset order: a dataset task's partitions (None without one)."""
+    task = loaded.task
+    if task.dataset is None:
+        return None
+    rows = load_dataset_rows(task.dataset, loaded.source.parent.resolve())
+    check_row_ids(rows, task.dataset, task.task_id)
+    return {str(row[task.dataset.id_field]): row_seed(row) for row in rows}
