@@ -66,14 +66,16 @@ def classification_metrics(pairs: list[tuple[str, str]]) -> tuple[dict[str, floa
 
 def aggregate(
     results: list[CriterionResult], suite_thresholds: dict[str, float] | None = None,
+    suite_metrics: dict[str, float] | None = None,
 ) -> CriterionAggregate | None:
-    """Statistics of one criterion over its rows (graded ones only); None when none was graded."""
+    """Statistics of one criterion over its rows (graded ones only); None when none was graded.
+    ``suite_metrics`` are metrics of the whole suite (``completion_rate``) a threshold may name."""
     graded = [r for r in results if r.score is not None]
     if not graded:
         return None
     scores = [r.score for r in graded]
     metrics = {"count": float(len(scores)), "mean": fmean(scores), "median": median(scores),
-               "std": pstdev(scores), "min": min(scores), "max": max(scores)}
+               "std": pstdev(scores), "min": min(scores), "max": max(scores), **(suite_metrics or {})}
     details: dict[str, Any] = {}
     pairs = [(r.expected_label, r.observed_label) for r in graded
              if r.result_kind == "classification" and r.expected_label is not None and r.observed_label is not None]

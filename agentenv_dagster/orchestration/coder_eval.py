@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import dagster as dg
 
@@ -21,6 +21,7 @@ from ..naming import job_name
 from ..reports.evaluation import evaluation_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
 from ..reports.render import WrittenReports, write_reports
+from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
 from ..spec.coder_eval import apply_overrides, load_coder_eval_task
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
@@ -32,10 +33,12 @@ class CoderEvalRun:
     summary: RunSummary
     results: list[EvaluationResult]
     reports: WrittenReports
+    suite: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
-        return exit_code(self.summary)
+        """Upstream's: 1 when a task failed or errored, or a suite gate fell short."""
+        return 1 if self.suite is not None and not self.suite["passed"] else exit_code(self.summary)
 
     def lines(self) -> list[str]:
         lines = [
@@ -45,6 +48,13 @@ class CoderEvalRun:
             for r in self.results
         ]
         lines += [f"  skipped {s.path}: {s.reason}" for s in self.summary.skipped_tasks]
+        if self.suite is not None:
+            lines.append(f"  suite {self.suite['suite_id']}: {'passed' if self.suite['passed'] else 'FAILED'} "
+                         f"(pass rate {self.suite['pass_rate']})")
+            lines += [
+                f"    {c['metric']} = {c['actual_value']} (min {c['min_value']}): {'ok' if c['passed'] else 'SHORT'}"
+                for a in self.suite["criterion_aggregates"] for c in a["checks"]
+            ]
         lines += [f"  reports: {self.reports.run_json.parent}  (run.json, run.md, task.html)"]
         return lines
 
@@ -83,7 +93,14 @@ def run_coder_eval_task(
             prices=config.model.prices,
         ))
     summary = RunSummary.from_results(_run_id(started), started, _now(), results)
-    return CoderEvalRun(summary, results, write_reports(out, summary, results))
+    suite = None
+    if plan.document.partitions:
+        thresholds = [getattr(c, "suite_thresholds", None) for c in task.success_criteria]
+        suite = suite_rollup(task.task_id, results, thresholds)
+        folder = out / "default" / task.task_id
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str))
+    return CoderEvalRun(summary, results, write_reports(out, summary, results), suite)
 
 
 def _now() -> datetime:

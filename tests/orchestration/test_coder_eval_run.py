@@ -373,3 +373,41 @@ def test_a_dataset_task_is_a_job_partitioned_by_row(project):
             for row in ("r1", "r3")
         }
     assert scores == {"r1": True, "r3": False}  # r3 has no scripted reply: graded, and fails
+
+
+def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(project, tmp_path):
+    (project / "tasks" / "labels.yaml").write_text(textwrap.dedent("""
+        task_id: labels
+        description: classify each message
+        initial_prompt: "Classify: ${row.text}"
+        agent:
+          type: replay
+          episodes:
+            - {match: "refund", reply: done, actions: [{tool: Write, arguments: {file_path: label.txt, content: billing}}]}
+            - {match: "crash", reply: done, actions: [{tool: Write, arguments: {file_path: label.txt, content: bug}}]}
+            - {match: "hello", reply: done, actions: [{tool: Write, arguments: {file_path: label.txt, content: billing}}]}
+        sandbox: {python: null}
+        dataset:
+          rows:
+            - {id: a, text: "I want a refund", label: billing}
+            - {id: b, text: "the app crashes", label: bug}
+            - {id: c, text: "hello there", label: other}
+        success_criteria:
+          - type: classification_match
+            description: the label
+            path: label.txt
+            expected_label: "${row.label}"
+            allowed_labels: [billing, bug, other]
+            suite_thresholds: {accuracy: 0.9, completion_rate: 1.0}
+    """))
+    out = tmp_path / "out"
+    done = cli(project, "run", "tasks/labels.yaml", "--output-dir", str(out))
+    assert done.returncode == 1, done.stdout + done.stderr  # two of three right: accuracy 0.67 < 0.9
+    suite = json.loads((out / "default" / "labels" / "suite.json").read_text())
+    (gate,) = suite["criterion_aggregates"]
+    assert gate["metrics"]["accuracy"] == pytest.approx(2 / 3)
+    assert {(c["metric"], c["passed"]) for c in gate["checks"]} == {("accuracy", False), ("completion_rate", True)}
+    assert gate["details"]["confusion"] == [
+        {"expected": "billing", "observed": "billing", "count": 1}, {"expected": "bug", "observed": "bug", "count": 1},
+        {"expected": "other", "observed": "billing", "count": 1}]
+    assert suite["passed"] is False and "accuracy = 0.66" in done.stdout
