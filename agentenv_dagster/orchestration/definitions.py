@@ -21,6 +21,7 @@ from ..steps.execution import apply_seed
 from .io_manager import TaskContextIOManager
 from .ops import IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
 from .resources import agentenv_resources
+from .suites import suite_asset
 from .translator import TAG_STEP_ASSETS, TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
@@ -100,6 +101,7 @@ def build_definitions(
         log.warning(problem)
 
     jobs = [build_job(plan, translator) for plan in report.plans]
+    suites = [a for a in (suite_asset(plan, translator) for plan in report.plans) if a is not None]
     jobs += _broken_task_jobs(report.errors, {j.name for j in jobs})
     specs = translator.get_loaded_artifact_specs(report.plans)
     check_specs = []
@@ -109,7 +111,7 @@ def build_definitions(
     runs_dir = config.state_dir / "runs"
     return dg.Definitions(
         jobs=jobs,
-        assets=specs,
+        assets=[*specs, *suites],
         asset_checks=[verification_checks(check_specs)] if check_specs else [],
         resources={
             **agentenv_resources(config),

@@ -180,6 +180,10 @@ def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
         metadata["score"] = dg.MetadataValue.float(float(entry["score"]))
     if entry.get("reason"):
         metadata["reason"] = entry["reason"]
+    if entry.get("format") == "coder_eval":  # whole rows: what a suite rollup aggregates
+        metadata["results"] = dg.MetadataValue.json(rows)
+        if entry.get("prompt_error"):
+            metadata["prompt_error"] = entry["prompt_error"]
     judge = entry.get("judge") or {}
     if judge.get("model"):
         metadata["judge_model"] = judge["model"]

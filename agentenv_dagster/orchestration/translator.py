@@ -64,6 +64,9 @@ class TaskTranslator:
     def get_collection_asset_key(self, task_id: str, step_id: str) -> dg.AssetKey:
         return dg.AssetKey(["artifacts", task_id, step_id])
 
+    def get_suite_asset_key(self, task_id: str) -> dg.AssetKey:
+        return dg.AssetKey(["suites", task_id])
+
     def get_loaded_artifact_asset_key(self, artifact_id: str) -> dg.AssetKey:
         return dg.AssetKey(["artifacts", artifact_id])
 

@@ -411,3 +411,32 @@ def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(pro
         {"expected": "billing", "observed": "billing", "count": 1}, {"expected": "bug", "observed": "bug", "count": 1},
         {"expected": "other", "observed": "billing", "count": 1}]
     assert suite["passed"] is False and "accuracy = 0.66" in done.stdout
+
+
+def test_the_suite_asset_rolls_up_the_row_partitions_with_blocking_threshold_checks(project):
+    (project / "tasks" / "words.yaml").write_text(textwrap.dedent("""
+        task_id: words
+        description: one partition per row
+        initial_prompt: "Say ${row.word}"
+        agent:
+          type: replay
+          episodes:
+            - {match: "Say (hi|yo)", reply: "ok", actions: [{tool: Write, arguments: {file_path: out.txt, content: said}}]}
+        sandbox: {python: null}
+        dataset:
+          rows: [{id: r1, word: hi}, {id: r2, word: yo}, {id: r3, word: bye}]
+        success_criteria:
+          - {type: file_exists, path: out.txt, description: the agent wrote, suite_thresholds: {mean: 0.5}}
+    """))
+    defs = build_definitions(project / "tasks")
+    suite_key = dg.AssetKey(["suites", "words"])
+    with dg.instance_for_test() as instance:
+        for row in ("r1", "r2", "r3"):
+            defs.get_job_def("words").execute_in_process(instance=instance, partition_key=row)
+        result = dg.materialize([defs.get_assets_def(suite_key)], instance=instance, resources={})
+        assert result.success
+        metadata = {k: v.value for k, v in instance.get_latest_materialization_event(suite_key)
+                    .asset_materialization.metadata.items()}
+        checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+    assert metadata["rows_run"] == 3 and metadata["pass_rate"] == pytest.approx(2 / 3)
+    assert checks == {"criterion_1_mean": True}

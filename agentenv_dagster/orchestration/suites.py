@@ -1,0 +1,76 @@
+"""The suite asset of a dataset task: its row partitions' verifications rolled up.
+
+Materialize it after the rows ran (or a backfill of the failed ones): it reads each
+partition's latest verification, aggregates per criterion (accuracy, per-label F1, confusion
+...) and gates ``suite_thresholds`` as blocking asset checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+from ..plan import TaskPlan
+from ..reports.results import EvaluationResult, FinalStatus
+from ..reports.suite import suite_rollup
+from ..steps.base import VERIFICATION
+from .translator import TaskTranslator
+
+
+def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefinition | None:
+    rows = plan.document.partitions
+    graded = [s for s in plan.steps if getattr(s, "criteria", None) and s.type == "success_criteria"]
+    if not rows or not graded:
+        return None
+    step = graded[0]
+    (verification,) = [key for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION]
+    thresholds = [c.get("suite_thresholds") for c in step.criteria]
+    key = translator.get_suite_asset_key(plan.task_id)
+    checks = [
+        dg.AssetCheckSpec(_check_name(index, metric), asset=key, blocking=True,
+                          description=f"suite {metric} of criterion {index + 1} >= {minimum}")
+        for index, gate in enumerate(thresholds) for metric, minimum in (gate or {}).items()
+    ]
+
+    @dg.asset(key=key, deps=[verification], check_specs=checks, group_name=translator.get_group_name(plan),
+              kinds={"agentenv"}, description=f"The suite of dataset task `{plan.task_id}`: its rows rolled up.")
+    def _suite(context):
+        results = [r for row in rows if (r := _row_result(context.instance, verification, plan.task_id, row))]
+        suite = suite_rollup(plan.task_id, results, thresholds)
+        check_results = [
+            dg.AssetCheckResult(
+                check_name=_check_name(aggregate["criterion_index"], check["metric"]), passed=check["passed"],
+                metadata={"actual": check["actual_value"], "minimum": check["min_value"]},
+            )
+            for aggregate in suite["criterion_aggregates"] for check in aggregate["checks"]
+        ]
+        return dg.MaterializeResult(
+            metadata={
+                "rows_run": len(results), "rows_total": len(rows), "pass_rate": suite["pass_rate"],
+                "average_weighted_score": suite["average_weighted_score"], "passed": suite["passed"],
+                "criterion_aggregates": dg.MetadataValue.json(suite["criterion_aggregates"]),
+            },
+            check_results=check_results,
+        )
+
+    return _suite
+
+
+def _check_name(index: int, metric: str) -> str:
+    return f"criterion_{index + 1}_{metric}".replace(".", "_")
+
+
+def _row_result(instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, row: str) -> EvaluationResult | None:
+    """A row's latest verification as a task result (rows that never ran are left out)."""
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, asset_partitions=[row]), limit=1).records
+    if not records:
+        return None
+    metadata: dict[str, Any] = {k: v.value for k, v in records[0].asset_materialization.metadata.items()}
+    passed = metadata.get("passed")
+    status = (FinalStatus.ERROR if metadata.get("prompt_error") else
+              FinalStatus.NOT_GRADED if passed is None else FinalStatus.SUCCESS if passed else FinalStatus.FAILURE)
+    return EvaluationResult(
+        task_id=f"{task_id}/{row}", final_status=status, weighted_score=metadata.get("score"),
+        success_criteria_results=metadata.get("results") or [],
+    )
