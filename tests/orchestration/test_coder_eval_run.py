@@ -440,3 +440,28 @@ def test_the_suite_asset_rolls_up_the_row_partitions_with_blocking_threshold_che
         checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert metadata["rows_run"] == 3 and metadata["pass_rate"] == pytest.approx(2 / 3)
     assert checks == {"criterion_1_mean": True}
+
+
+def test_an_agent_out_of_turns_is_max_turns_exhausted(tmp_path, fake_messages_api):
+    from fakes.messages_api import tool_use_reply
+
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+
+    root = make_project(tmp_path / "p", tasks={}, model={"api_key": "sk-test", "base_url": fake_messages_api.base_url})
+    path = root / "tasks" / "turns.yaml"
+    path.write_text(textwrap.dedent("""
+        task_id: turns
+        description: d
+        initial_prompt: keep going
+        agent: {type: anthropic, model: claude-test}
+        sandbox: {python: null}
+        run_limits: {max_turns: 2}
+        success_criteria: [{type: file_exists, path: a.txt, description: d}]
+    """))
+    fake_messages_api.enqueue(*[tool_use_reply("Write", {"file_path": "a.txt", "content": "x"})] * 3)
+    with dg.instance_for_test() as instance:
+        (result,) = run_coder_eval_task(path, load_config(root), output_dir=tmp_path / "o", instance=instance).results
+    assert result.final_status.value == "MAX_TURNS_EXHAUSTED" and result.max_turns_exhausted
+    assert [r.score for r in result.post_failure_criteria_results] == [1.0]  # graded for diagnosis only
+    assert len(fake_messages_api.requests) == 2
