@@ -51,7 +51,10 @@ def validate(paths: tuple[Path, ...]) -> None:
               "Coder Eval: a task override (-D run_limits.max_turns=30)")
 @click.option("--grade-only", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Coder Eval: grade this finished workspace; no agent runs")
-def run(path: Path, output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None) -> None:
+@click.option("--split", help="Coder Eval dataset: only the rows of this split")
+@click.option("--sample", type=int, help="Coder Eval dataset: N rows drawn uniformly (seed 0)")
+def run(path: Path, output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
+        split: str | None, sample: int | None) -> None:
     """Compile PATH and execute it through Dagster. An agent-env task writes its final
     redacted context.json; a Coder Eval task writes run.json, run.md, task.html."""
     config = _config()
@@ -59,7 +62,8 @@ def run(path: Path, output_dir: Path | None, defines: tuple[str, ...], grade_onl
         from .orchestration.coder_eval import run_coder_eval_task  # Dagster only when running
 
         done = _load_or_exit(lambda: run_coder_eval_task(
-            path, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir))
+            path, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
+            split=split, sample=sample))
         click.echo("\n".join(done.lines()))
         sys.exit(done.exit_code)
     plan = _load_or_exit(lambda: load_plan(path, config))

@@ -61,7 +61,11 @@ def load_document(
     document = parse_task_document(
         steps, source=str(path), default_id=loaded.task.task_id, registry=registry, format="coder-eval",
     )
-    return replace(document, partitions=dataset_partitions(loaded)), list(loaded.warnings)
+    try:
+        partitions = dataset_partitions(loaded)
+    except (ValueError, OSError) as exc:
+        raise TaskLoadError([SpecError(str(exc), file=str(path), field="dataset")]) from None
+    return replace(document, partitions=partitions), list(loaded.warnings)
 
 
 def load_plan(

@@ -23,7 +23,8 @@ from ..reports.models import EvaluationResult, RunSummary, exit_code
 from ..reports.render import WrittenReports, write_reports
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
-from ..spec.coder_eval import apply_overrides, load_coder_eval_task
+from ..spec.coder_eval import apply_overrides, load_coder_eval_task, load_dataset_rows
+from ..spec.coder_eval.dataset import select_rows
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .execute import execute_plan
 
@@ -62,6 +63,7 @@ class CoderEvalRun:
 def run_coder_eval_task(
     path: Path, config: AgentEnvConfig, *, overrides: Sequence[str] = (), grade_only_from: Path | None = None,
     output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
+    split: str | None = None, sample: int | None = None,
 ) -> CoderEvalRun:
     """Raises ``TaskLoadError`` for a bad task (exit 2 in the CLI)."""
     loaded = load_coder_eval_task(path)
@@ -77,7 +79,7 @@ def run_coder_eval_task(
     document, _ = load_document(path, step_registry(config), overrides=overrides, grade_only_from=grade_only_from)
     plan = checked_plan(document)
     results = []
-    for row_id in plan.document.partitions or [None]:  # a dataset task: one partition per row
+    for row_id in _selected_rows(task, path, split, sample):  # a dataset task: one partition per row
         row_started = _now()
         run = execute_plan(
             plan, config, output_dir=out / "contexts" / (row_id or "task"), instance=instance, partition_key=row_id,
@@ -101,6 +103,14 @@ def run_coder_eval_task(
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str))
     return CoderEvalRun(summary, results, write_reports(out, summary, results), suite)
+
+
+def _selected_rows(task, path: Path, split: str | None, sample: int | None) -> list[str | None]:
+    if task.dataset is None:
+        return [None]
+    rows = load_dataset_rows(task.dataset, path.parent.resolve())
+    chosen, _ = select_rows(rows, task.dataset, split=split, sample=sample)
+    return [str(row[task.dataset.id_field]) for row in chosen]
 
 
 def _now() -> datetime:

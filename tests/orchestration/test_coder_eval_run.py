@@ -465,3 +465,32 @@ def test_an_agent_out_of_turns_is_max_turns_exhausted(tmp_path, fake_messages_ap
     assert result.final_status.value == "MAX_TURNS_EXHAUSTED" and result.max_turns_exhausted
     assert [r.score for r in result.post_failure_criteria_results] == [1.0]  # graded for diagnosis only
     assert len(fake_messages_api.requests) == 2
+
+
+def test_row_values_fill_only_the_prompt_and_criteria_and_must_exist(project):
+    from agentenv_dagster.compiler import load_plan
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.errors import TaskLoadError
+
+    text = textwrap.dedent("""
+        task_id: rows
+        description: d
+        initial_prompt: "Say ${row.word}"
+        agent: {type: replay, episodes: []}
+        sandbox:
+          python: null
+          template_sources: [{type: starter_files, files: [{path: note.txt, content: "${row.word}"}]}]
+        dataset:
+          rows: [{id: r1, word: hi, empty: null}]
+        success_criteria:
+          - {type: file_contains, path: out.txt, includes: ["${row.word}${row.empty}"], description: d}
+    """)
+    path = project / "tasks" / "rows.yaml"
+    path.write_text(text)
+    plan = load_plan(path, load_config(project))
+    assert plan.document.partitions == {"r1": {"row.empty": "", "row.word": "hi"}}
+    workspace = next(s for s in plan.steps if s.id == "workspace")
+    assert "${row.word}" in json.dumps(workspace.sandbox)  # never in sandbox/templates
+    path.write_text(text.replace("${row.word}${row.empty}", "${row.missing}"))
+    with pytest.raises(TaskLoadError, match=r"field 'dataset': row 'r1': \$\{row.missing\} names no field of the row"):
+        load_plan(path, load_config(project))

@@ -8,6 +8,7 @@ dataset, before any ``--split`` / sampling narrows it.
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,37 @@ def check_row_ids(rows: list[dict[str, Any]], dataset: Dataset, task_id: str) ->
         if row_id in seen:
             raise ValueError(f"Duplicate dataset row id for task '{task_id}': {row_id!r}")
         seen.add(row_id)
+
+
+class SplitSelectorError(ValueError):
+    """A labelled dataset with no row in the requested split: the run stops, it is not skipped."""
+
+
+def select_rows(
+    rows: list[dict[str, Any]], dataset: Dataset, *, split: str | None = None, sample: int | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows a run takes, and warnings: ``split`` first, then ``sample`` (uniform, seed 0)
+    else ``sample_per_stratum`` (seeded by ``sample_seed`` only; strata this small stay whole)."""
+    warnings: list[str] = []
+    if split is not None:
+        labelled = [row for row in rows if row.get(dataset.split_field) not in (None, "")]
+        if labelled:
+            chosen = [row for row in labelled if str(row[dataset.split_field]) == split]
+            if not chosen:
+                raise SplitSelectorError(f"no row has {dataset.split_field}={split!r}")
+            if len(labelled) < len(rows):
+                warnings.append(f"{len(rows) - len(labelled)} unlabelled row(s) dropped by --split {split}")
+            rows = chosen
+    if sample is not None:
+        keep = {id(row) for row in random.Random(0).sample(rows, min(sample, len(rows)))}
+        return [row for row in rows if id(row) in keep], warnings
+    if dataset.sample_per_stratum is not None:
+        strata: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            strata.setdefault(str(row.get(dataset.stratify_field, "")), []).append(row)
+        draw = random.Random(dataset.sample_seed)
+        keep = {id(row) for stratum in strata.values()
+                for row in (stratum if len(stratum) <= dataset.sample_per_stratum
+                            else draw.sample(stratum, dataset.sample_per_stratum))}
+        rows = [row for row in rows if id(row) in keep]
+    return rows, warnings

@@ -8,12 +8,13 @@ registry like any task file):
 
 The agent works inside the task's sandbox. Its prompt tolerates failure, so the criteria
 still grade what it left (the report turns the prompt's error into TIMEOUT / ERROR ...).
-Dataset values ``${row.field}`` become seed tokens ``<row.field>``, filled per row at run
-time from ``metadata.seed`` (agent-env's run-batch mechanism).
+Dataset values ``${row.field}`` (in the prompt and the criteria) become seed tokens
+``<row.field>``; each row is a partition whose config has its row's values filled in.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ PROMPT_ID = "task"
 VERIFIER_ID = "success_criteria"
 DEFAULT_TASK_TIMEOUT = 600
 AUTO_WORKING_DIR = "/workspace"  # upstream reserves /work for its own mounts
-ROW_TOKEN = re.compile(r"\$\{row\.([A-Za-z0-9_.\-]+)\}")
+ROW_TOKEN = re.compile(r"\$\{row\.([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def lower_task(loaded: LoadedCoderEvalTask, *, grade_only_from: Path | None = None) -> list[dict[str, Any]]:
@@ -50,12 +51,12 @@ def lower_task(loaded: LoadedCoderEvalTask, *, grade_only_from: Path | None = No
         steps += _agent_steps(task)
     steps.append({
         "id": "criteria", "type": "success_criteria", "sandbox_name": WORKSPACE, "verifier_id": VERIFIER_ID,
-        "criteria": [c.model_dump(mode="json", exclude_none=True, by_alias=True) for c in task.success_criteria],
+        "criteria": _row_tokens(criteria_documents(task)),
         "prompt_id": PROMPT_ID if runs_agent else None, "expected_commands": task.expected_commands,
     })
     if task.post_run:
         steps.append({**_commands("post_run", task.post_run), "fail_task_on_error": False})
-    return _row_tokens(steps)
+    return steps
 
 
 def _container(task: TaskDefinition) -> dict[str, Any]:
@@ -90,7 +91,7 @@ def _agent_steps(task: TaskDefinition) -> list[dict[str, Any]]:
         deploy["system_prompt"] = agent.system_prompt
     timeouts = [t for t in (limits.task_timeout, limits.turn_timeout) if t] if limits else []
     prompt = {"id": "prompt", "type": "prompt_agent", "agent_name": AGENT_NAME, "prompt_id": PROMPT_ID,
-              "prompt": task.initial_prompt or "", "fail_task_on_error": False,
+              "prompt": _row_tokens(task.initial_prompt or ""), "fail_task_on_error": False,
               # one prompt is one turn: the tighter of the task and turn timeouts bounds it
               "timeout_seconds": min(timeouts, default=DEFAULT_TASK_TIMEOUT)}
     if limits and limits.max_turns:
@@ -115,16 +116,31 @@ def _row_tokens(value: Any) -> Any:
     return value
 
 
-def row_seed(row: dict[str, Any]) -> dict[str, Any]:
-    """The ``metadata.seed`` that fills a row's ``<row.field>`` tokens."""
-    return {f"row.{key}": value for key, value in row.items()}
+def criteria_documents(task: TaskDefinition) -> list[dict[str, Any]]:
+    return [c.model_dump(mode="json", exclude_none=True, by_alias=True) for c in task.success_criteria]
 
 
 def dataset_partitions(loaded: LoadedCoderEvalTask) -> dict[str, dict[str, Any]] | None:
-    """Row id -> seed, in dataset order: a dataset task's partitions (None without one)."""
+    """Row id -> seed, in dataset order: a dataset task's partitions (None without one).
+    ``${row.f}`` is filled in the prompt and the criteria only, as upstream: a field the row
+    lacks or a dict/list value is an error, null is the empty string."""
     task = loaded.task
     if task.dataset is None:
         return None
     rows = load_dataset_rows(task.dataset, loaded.source.parent.resolve())
     check_row_ids(rows, task.dataset, task.task_id)
-    return {str(row[task.dataset.id_field]): row_seed(row) for row in rows}
+    used = sorted(set(ROW_TOKEN.findall(json.dumps([task.initial_prompt, criteria_documents(task)]))))
+    return {str(row[task.dataset.id_field]): _seed(row, used, task.dataset.id_field) for row in rows}
+
+
+def _seed(row: dict[str, Any], fields: list[str], id_field: str) -> dict[str, Any]:
+    seed = {}
+    for name in fields:
+        if name not in row:
+            raise ValueError(f"row '{row[id_field]}': ${{row.{name}}} names no field of the row "
+                           f"(fields: {sorted(row)})")
+        value = row[name]
+        if isinstance(value, (dict, list)):
+            raise ValueError(f"row '{row[id_field]}': ${{row.{name}}} is a {type(value).__name__}; only scalars substitute")
+        seed[f"row.{name}"] = "" if value is None else str(value)
+    return seed
