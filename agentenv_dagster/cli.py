@@ -53,8 +53,10 @@ def validate(paths: tuple[Path, ...]) -> None:
               help="Coder Eval: grade this finished workspace; no agent runs")
 @click.option("--split", help="Coder Eval dataset: only the rows of this split")
 @click.option("--sample", type=int, help="Coder Eval dataset: N rows drawn uniformly (seed 0)")
+@click.option("--experiment", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Coder Eval: run every variant of this experiment (its folder's default.yaml is the base layer)")
 def run(path: Path, output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
-        split: str | None, sample: int | None) -> None:
+        split: str | None, sample: int | None, experiment: Path | None) -> None:
     """Compile PATH and execute it through Dagster. An agent-env task writes its final
     redacted context.json; a Coder Eval task writes run.json, run.md, task.html."""
     config = _config()
@@ -63,7 +65,7 @@ def run(path: Path, output_dir: Path | None, defines: tuple[str, ...], grade_onl
 
         done = _load_or_exit(lambda: run_coder_eval_task(
             path, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
-            split=split, sample=sample))
+            split=split, sample=sample, experiment=experiment))
         click.echo("\n".join(done.lines()))
         sys.exit(done.exit_code)
     plan = _load_or_exit(lambda: load_plan(path, config))

@@ -43,7 +43,6 @@ def load_document(
     if path.suffix.lower() not in (".yaml", ".yml"):
         return load_task_file(path, registry), []
     from .spec.coder_eval import apply_overrides, is_coder_eval_document, load_coder_eval_task
-    from .spec.coder_eval.lowering import dataset_partitions, lower_task
 
     if path.is_file() and not is_coder_eval_document(path):
         raise TaskLoadError([SpecError(
@@ -57,6 +56,14 @@ def load_document(
             loaded = replace(loaded, task=apply_overrides(loaded.task, overrides))
         except ValueError as exc:
             raise TaskLoadError([SpecError(f"-D: {exc}", file=str(path))]) from None
+    return coder_eval_document(loaded, registry, grade_only_from=grade_only_from), list(loaded.warnings)
+
+
+def coder_eval_document(loaded, registry: StepRegistry, *, grade_only_from: Path | None = None) -> TaskDocument:
+    """A loaded (and possibly variant-resolved) Coder Eval task, lowered to a task document."""
+    from .spec.coder_eval.lowering import dataset_partitions, lower_task
+
+    path = loaded.source
     steps = lower_task(loaded, grade_only_from=grade_only_from)
     document = parse_task_document(
         steps, source=str(path), default_id=loaded.task.task_id, registry=registry, format="coder-eval",
@@ -65,7 +72,7 @@ def load_document(
         partitions = dataset_partitions(loaded)
     except (ValueError, OSError) as exc:
         raise TaskLoadError([SpecError(str(exc), file=str(path), field="dataset")]) from None
-    return replace(document, partitions=partitions), list(loaded.warnings)
+    return replace(document, partitions=partitions)
 
 
 def load_plan(

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import dagster as dg
 
-from ..compiler import checked_plan, load_document, step_registry
+from ..compiler import checked_plan, coder_eval_document, step_registry
 from ..config import AgentEnvConfig
 from ..naming import job_name
 from ..reports.evaluation import evaluation_result
@@ -23,8 +23,9 @@ from ..reports.models import EvaluationResult, RunSummary, exit_code
 from ..reports.render import WrittenReports, write_reports
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
-from ..spec.coder_eval import apply_overrides, load_coder_eval_task, load_dataset_rows
+from ..spec.coder_eval import apply_overrides, load_coder_eval_experiment, load_coder_eval_task, load_dataset_rows
 from ..spec.coder_eval.dataset import select_rows
+from ..spec.coder_eval.variants import resolve_for_variant
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .execute import execute_plan
 
@@ -63,12 +64,11 @@ class CoderEvalRun:
 def run_coder_eval_task(
     path: Path, config: AgentEnvConfig, *, overrides: Sequence[str] = (), grade_only_from: Path | None = None,
     output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
-    split: str | None = None, sample: int | None = None,
+    split: str | None = None, sample: int | None = None, experiment: Path | None = None,
 ) -> CoderEvalRun:
-    """Raises ``TaskLoadError`` for a bad task (exit 2 in the CLI)."""
+    """Every variant (or the task as it is) x replicate x selected row, one Dagster run each.
+    Raises ``TaskLoadError`` for a bad task (exit 2 in the CLI)."""
     loaded = load_coder_eval_task(path)
-    if overrides:
-        loaded = replace(loaded, task=apply_overrides(loaded.task, overrides))
     task = loaded.task
     out = output_dir or config.root / "out" / job_name(task.task_id)
     started = _now()
@@ -76,33 +76,49 @@ def run_coder_eval_task(
         summary = RunSummary.from_results(_run_id(started), started, _now(), [],
                                           skipped=[{"path": str(path), "reason": "skip: true"}])
         return CoderEvalRun(summary, [], write_reports(out, summary, []))
-    document, _ = load_document(path, step_registry(config), overrides=overrides, grade_only_from=grade_only_from)
-    plan = checked_plan(document)
+    registry = step_registry(config)
     results = []
-    for row_id in _selected_rows(task, path, split, sample):  # a dataset task: one partition per row
-        row_started = _now()
-        run = execute_plan(
-            plan, config, output_dir=out / "contexts" / (row_id or "task"), instance=instance, partition_key=row_id,
-        )
-        response = run.context.find_prompt_response(PROMPT_ID)
-        url = response.agent_trajectory_object_url if response else None
-        results.append(evaluation_result(
-            run.context, task_id=f"{task.task_id}/{row_id}" if row_id else task.task_id,
-            description=task.description, agent_type=task.agent.type if task.agent else "none",
-            started=row_started, completed=_now(), verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
-            trajectory=json.loads(ObjectStore.read(url)) if url else None,
-            resolved_task=task.model_dump(mode="json", exclude_none=True), source_file=str(path),
-            prices=config.model.prices,
-        ))
+    for variant_id, resolved, repeats in _variants(loaded, experiment, overrides):
+        plan = checked_plan(coder_eval_document(replace(loaded, task=resolved), registry, grade_only_from=grade_only_from))
+        for replicate in range(repeats):
+            for row_id in _selected_rows(resolved, path, split, sample):  # a dataset: one partition per row
+                row_started = _now()
+                label = "/".join(p for p in (variant_id, row_id, str(replicate)) if p)
+                run = execute_plan(plan, config, output_dir=out / "contexts" / (label or "task"),
+                                   instance=instance, partition_key=row_id)
+                response = run.context.find_prompt_response(PROMPT_ID)
+                url = response.agent_trajectory_object_url if response else None
+                results.append(evaluation_result(
+                    run.context, task_id=f"{task.task_id}/{row_id}" if row_id else task.task_id,
+                    description=task.description, agent_type=resolved.agent.type if resolved.agent else "none",
+                    started=row_started, completed=_now(), verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
+                    trajectory=json.loads(ObjectStore.read(url)) if url else None,
+                    resolved_task=resolved.model_dump(mode="json", exclude_none=True), source_file=str(path),
+                    prices=config.model.prices, variant_id=variant_id or "default", replicate_index=replicate,
+                ))
     summary = RunSummary.from_results(_run_id(started), started, _now(), results)
     suite = None
-    if plan.document.partitions:
+    if task.dataset is not None:
         thresholds = [getattr(c, "suite_thresholds", None) for c in task.success_criteria]
         suite = suite_rollup(task.task_id, results, thresholds)
         folder = out / "default" / task.task_id
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str))
     return CoderEvalRun(summary, results, write_reports(out, summary, results), suite)
+
+
+def _variants(loaded, experiment: Path | None, overrides: Sequence[str]):
+    """(variant id, resolved task, repeats) for each variant; the task alone without one."""
+    if experiment is None:
+        task = apply_overrides(loaded.task, overrides) if overrides else loaded.task
+        return [(None, task, 1)]
+    active = load_coder_eval_experiment(experiment).experiment
+    default = experiment.parent / "default.yaml"
+    base = load_coder_eval_experiment(default).experiment if default.is_file() and default != experiment else None
+    return [
+        (variant.variant_id, *resolve_for_variant(loaded.task, active, variant, base=base, overrides=overrides))
+        for variant in active.variants
+    ]
 
 
 def _selected_rows(task, path: Path, split: str | None, sample: int | None) -> list[str | None]:

@@ -27,7 +27,7 @@ def evaluation_result(
     started: datetime, completed: datetime, verifier_id: str, prompt_id: str,
     trajectory: list[dict[str, Any]] | None = None, replicate_index: int = 0,
     resolved_task: dict[str, Any] | None = None, source_file: str | None = None,
-    prices: dict[str, dict[str, float]] | None = None,
+    prices: dict[str, dict[str, float]] | None = None, variant_id: str = "default",
 ) -> EvaluationResult:
     entry = (context.metadata.get("verifications") or {}).get(verifier_id) or {}
     rows = [CriterionResultRow.model_validate(r) for r in entry.get("results") or []]
@@ -48,7 +48,7 @@ def evaluation_result(
         ))
     crashed = status in (FinalStatus.TIMEOUT, FinalStatus.MAX_TURNS_EXHAUSTED, FinalStatus.ERROR)
     return EvaluationResult(
-        task_id=task_id, task_description=description, agent_type=agent_type,
+        task_id=task_id, task_description=description, agent_type=agent_type, variant_id=variant_id,
         replicate_index=replicate_index, started_at=started, completed_at=completed,
         duration_seconds=(completed - started).total_seconds(), final_status=status,
         weighted_score=entry.get("score"), max_turns_exhausted=status == FinalStatus.MAX_TURNS_EXHAUSTED,

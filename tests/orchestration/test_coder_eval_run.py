@@ -494,3 +494,40 @@ def test_row_values_fill_only_the_prompt_and_criteria_and_must_exist(project):
     path.write_text(text.replace("${row.word}${row.empty}", "${row.missing}"))
     with pytest.raises(TaskLoadError, match=r"field 'dataset': row 'r1': \$\{row.missing\} names no field of the row"):
         load_plan(path, load_config(project))
+
+
+def test_an_experiment_runs_every_variant_and_replicate_with_the_layered_merge(project, tmp_path):
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    (experiments / "default.yaml").write_text(textwrap.dedent("""
+        experiment_id: default
+        defaults:
+          run_limits: {max_turns: 7}
+          pre_run: [{command: "echo default > layer.txt"}]
+        variants: [{variant_id: default}]
+    """))
+    (experiments / "ab.yaml").write_text(textwrap.dedent("""
+        experiment_id: ab
+        defaults:
+          repeats: 2
+          prompt_mutations: [{type: prefix, content: "Please:"}]
+        variants:
+          - variant_id: plain
+          - variant_id: shouty
+            prompt_mutations: [{type: replace, pattern: "hello.py", replacement: "the script"}]
+            run_limits: {max_turns: 3}
+    """))
+    out = tmp_path / "out"
+    done = cli(project, "run", "tasks/hello_python.yaml", "--experiment", str(experiments / "ab.yaml"),
+               "--output-dir", str(out))
+    assert done.returncode == 1, done.stdout + done.stderr  # the shouty prompt has no scripted reply
+    summary = json.loads((out / "run.json").read_text())
+    rows = sorted((r["variant_id"], r["replicate_index"], r["status"]) for r in summary["task_results"])
+    assert rows == [("plain", 0, "SUCCESS"), ("plain", 1, "SUCCESS"), ("shouty", 0, "ERROR"), ("shouty", 1, "ERROR")]
+    plain = json.loads((out / "plain" / "hello-python" / "01" / "task.json").read_text())
+    resolved = plain["task_config"]["resolved"]
+    assert resolved["initial_prompt"].startswith("Please:\n\nCreate hello.py")
+    assert resolved["run_limits"]["max_turns"] == 10  # the task's own value beats the defaults
+    assert [c["command"] for c in resolved["pre_run"]] == ["echo default > layer.txt"]
+    shouty = json.loads((out / "shouty" / "hello-python" / "00" / "task.json").read_text())
+    assert shouty["task_config"]["resolved"]["run_limits"]["max_turns"] == 3  # the variant beats the task
