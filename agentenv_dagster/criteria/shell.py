@@ -1,29 +1,17 @@
-"""Running checker commands in the sandbox: its own process group, a deadline, captured output."""
+"""Running checker commands on the host: the environment they see, programs on its PATH,
+streams shown in details (the process handling itself is ``runtime.shell``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import shutil
-import signal
-from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime.shell import ShellResult, run_argv
 from .base import CriterionContext
 
 STREAM_LIMIT = 4000
-
-
-@dataclass
-class CommandOutput:
-    exit_code: int | None  # None when the deadline killed it
-    stdout: str
-    stderr: str
-
-    @property
-    def timed_out(self) -> bool:
-        return self.exit_code is None
+CommandOutput = ShellResult  # exit_code None = the deadline killed it
 
 
 def command_env(ctx: CriterionContext) -> dict[str, str]:
@@ -37,30 +25,6 @@ def command_env(ctx: CriterionContext) -> dict[str, str]:
 def find_program(name: str, env: dict[str, str]) -> str | None:
     """``name`` looked up on the PATH the command will run with, not the host's."""
     return shutil.which(name, path=env.get("PATH"))
-
-
-async def run_argv(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> CommandOutput:
-    """Run ``argv``; past ``timeout`` seconds its whole process group is killed."""
-    proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        code = proc.returncode
-    except asyncio.TimeoutError:
-        _kill_group(proc.pid)
-        out, err = await proc.communicate()
-        code = None
-    except asyncio.CancelledError:
-        _kill_group(proc.pid)
-        raise
-    return CommandOutput(code, out.decode(errors="replace"), err.decode(errors="replace"))
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 async def run_shell(command: str, *, cwd: Path, env: dict[str, str], timeout: float) -> CommandOutput:

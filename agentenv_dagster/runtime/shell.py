@@ -30,31 +30,36 @@ class SandboxShell(Protocol):
     async def run(self, command: str, timeout: float, env: dict[str, str] | None = None) -> ShellResult: ...
 
 
+async def run_argv(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> ShellResult:
+    """Run ``argv`` in its own process group, which ends with it (at the deadline, on
+    cancellation, or when it exits): nothing it started in the background outlives it."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )
+    code = None
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        code = proc.returncode
+    except asyncio.TimeoutError:
+        _kill_group(proc.pid)
+        out, err = await proc.communicate()
+    finally:
+        _kill_group(proc.pid)
+        if proc.returncode is None:
+            await proc.wait()
+    return ShellResult(code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
 @dataclass(frozen=True)
 class HostShell:
-    """``bash -c`` in ``cwd`` on this machine, in its own process group, which ends with it:
-    nothing the command started in the background outlives it."""
+    """``bash -c`` in ``cwd`` on this machine (see :func:`run_argv`)."""
 
     cwd: Path
 
     async def run(self, command: str, timeout: float, env: dict[str, str] | None = None) -> ShellResult:
-        proc = await asyncio.create_subprocess_exec(
-            "bash", "-c", command, cwd=self.cwd, env={**os.environ, **(env or {})},
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
-        code = None
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-            code = proc.returncode
-        except asyncio.TimeoutError:
-            _kill_group(proc.pid)
-            out, err = await proc.communicate()
-        finally:
-            _kill_group(proc.pid)
-            if proc.returncode is None:
-                await proc.wait()
-        return ShellResult(code, out.decode(errors="replace"), err.decode(errors="replace"))
+        return await run_argv(["bash", "-c", command], cwd=self.cwd, env={**os.environ, **(env or {})},
+                              timeout=timeout)
 
 
 def _kill_group(pid: int) -> None:
