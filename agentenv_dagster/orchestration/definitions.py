@@ -25,6 +25,7 @@ from .suites import suite_asset
 from .translator import TAG_STEP_ASSETS, TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
+POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
 FORKSERVER_EXECUTOR = dg.multiprocess_executor.configured(
     {"start_method": {"forkserver": {"preload_modules": ["dagster", "agentenv_dagster.orchestration.ops"]}}},
     name="multiprocess_forkserver",
@@ -43,7 +44,10 @@ def build_job(plan: TaskPlan, translator: TaskTranslator | None = None) -> dg.Jo
         node_defs[op_def.name] = op_def
         invocation = dg.NodeInvocation(
             op_def.name, alias=translator.get_node_name(step), retry_policy=translator.get_retry_policy(step),
-            tags={**translator.get_op_tags(step), TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step)},
+            tags={
+                **translator.get_op_tags(step), TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
+                **({POOL_TAG: pool} if (pool := translator.get_pool(plan, step)) else {}),
+            },
         )
         upstream = [translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id]]
         deps[invocation] = _fan_in(upstream)

@@ -12,7 +12,7 @@ import dagster as dg
 
 from ..naming import job_name, node_name
 from ..plan import TaskPlan
-from ..steps.base import ARTIFACT, PRODUCER, SELF, VERIFICATION, TaskStep
+from ..steps.base import AGENT, ARTIFACT, PRODUCER, SELF, VERIFICATION, TaskStep
 
 TAG_TASK_ID = "agentenv/task_id"
 TAG_TASK_VERSION = "agentenv/task_version"
@@ -41,6 +41,21 @@ class TaskTranslator:
 
     def get_op_tags(self, step: TaskStep) -> dict[str, str]:
         return {"agentenv/step_type": step.type}
+
+    def get_pool(self, plan: TaskPlan, step: TaskStep) -> str | None:
+        """The Dagster pool of a step that talks to an agent: one per agent id (and model),
+        so a rate limit set on it (``dagster instance concurrency set``) holds across runs."""
+        agents = [n.name for n in step.names_read() if n.kind == AGENT]
+        if step.type != "prompt_agent" or not agents:
+            return None
+        deploys = [plan.step_by_id[a] for a in plan.ancestors(step.id)
+                   if (AGENT, agents[0]) in plan.written_by(plan.step_by_id[a])]
+        if not deploys:
+            return None
+        deploy = deploys[0]
+        model = (getattr(deploy, "agent_config", None) or {}).get("model") or getattr(step, "model", None)
+        parts = ["agentenv_agent", getattr(deploy, "a2a_agent_id", None) or "default", *([model] if model else [])]
+        return node_name("_".join(parts))
 
     def get_retry_policy(self, step: TaskStep) -> dg.RetryPolicy | None:
         """``retry_config`` naming the step itself retries the op in place."""
