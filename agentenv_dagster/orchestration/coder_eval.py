@@ -19,6 +19,7 @@ from ..compiler import checked_plan, coder_eval_document, step_registry
 from ..config import AgentEnvConfig
 from ..naming import job_name
 from ..reports.evaluation import evaluation_result
+from ..reports.experiment import experiment_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
 from ..reports.render import WrittenReports, write_reports
 from ..reports.suite import suite_rollup
@@ -78,7 +79,8 @@ def run_coder_eval_task(
         return CoderEvalRun(summary, [], write_reports(out, summary, []))
     registry = step_registry(config)
     results = []
-    for variant_id, resolved, repeats in _variants(loaded, experiment, overrides):
+    variants = _variants(loaded, experiment, overrides)
+    for variant_id, resolved, repeats in variants:
         plan = checked_plan(coder_eval_document(replace(loaded, task=resolved), registry, grade_only_from=grade_only_from))
         for replicate in range(repeats):
             for row_id in _selected_rows(resolved, path, split, sample):  # a dataset: one partition per row
@@ -104,7 +106,18 @@ def run_coder_eval_task(
         folder = out / "default" / task.task_id
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str))
-    return CoderEvalRun(summary, results, write_reports(out, summary, results), suite)
+    reports = write_reports(out, summary, results)
+    if experiment is not None:
+        _write_experiment(out, load_coder_eval_experiment(experiment).experiment, [v for v, _, _ in variants], results)
+    return CoderEvalRun(summary, results, reports, suite)
+
+
+def _write_experiment(out: Path, experiment, variant_ids: list[str], results: list[EvaluationResult]) -> None:
+    report = experiment_result(experiment.experiment_id, experiment.description, variant_ids, results)
+    (out / "experiment.json").write_text(json.dumps(report, indent=2, default=str))
+    for variant_id, aggregate in report["variant_aggregates"].items():
+        (out / variant_id).mkdir(parents=True, exist_ok=True)
+        (out / variant_id / "variant.json").write_text(json.dumps(aggregate, indent=2))
 
 
 def _variants(loaded, experiment: Path | None, overrides: Sequence[str]):

@@ -531,3 +531,9 @@ def test_an_experiment_runs_every_variant_and_replicate_with_the_layered_merge(p
     assert [c["command"] for c in resolved["pre_run"]] == ["echo default > layer.txt"]
     shouty = json.loads((out / "shouty" / "hello-python" / "00" / "task.json").read_text())
     assert shouty["task_config"]["resolved"]["run_limits"]["max_turns"] == 3  # the variant beats the task
+    report = json.loads((out / "experiment.json").read_text())
+    assert report["variant_ids"] == ["plain", "shouty"]
+    (summary_row,) = report["task_summaries"]
+    assert (summary_row["best_variant"], summary_row["is_tie"], summary_row["replicate_count"]) == ("plain", False, 2)
+    assert report["variant_aggregates"]["shouty"]["tasks_error"] == 2
+    assert json.loads((out / "plain" / "variant.json").read_text())["pass_rate"] == 1.0
