@@ -110,7 +110,6 @@ class PrepareWorkspaceStep(TaskStep):
         else:
             raise RuntimeError(f"unknown template source type {kind!r}")
 
-
     def _clone(self, source: dict[str, Any], workspace: LocalSandbox) -> None:
         """A repo template from a local path or ``file://`` URL (no network here), at its
         commit, without its ``.git`` (the agent gets the files, not the history)."""
