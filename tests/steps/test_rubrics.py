@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fakes.messages_api import error_reply, tool_use_reply
+from fakes.messages_api import error_reply, text_reply, tool_use_reply
 
 from agentenv_dagster.steps.execution import StepFailed
 from projects import leaked_servers, make_project, run_steps
@@ -147,3 +147,13 @@ def test_a_prompt_error_skips_the_judge_and_scores_zero(judged):
     assert entry["results"] == [{"id": "prompt_error", "score": 0, "result": False,
                                  "message": "Skipped: prompt had error_type=NoScriptedReply"}]
     assert api.requests == []  # the judge was never asked
+
+
+def test_the_default_judge_agent_is_deployed_for_the_grading_and_stopped(judged):
+    root, api = judged
+    api.enqueue(text_reply(json.dumps({"results": [
+        {"id": "c1", "score": 1, "justification": "polite"}, {"id": "c2", "score": 1, "justification": "signed"}]})))
+    context = run_steps(root, steps(use_agent_judge=True))
+    entry = context.metadata["verifications"]["tone"]
+    assert entry["score"] == 1.0 and entry["judge"] == {"a2a_agent_id": "a2a-default", "model": "claude-test"}
+    assert "## Criteria" in api.requests[0].body["messages"][0]["content"]
