@@ -340,21 +340,24 @@ def test_recorded_cli_mocks_answer_the_agent_and_cli_called_grades_the_calls(tmp
         (["deploy", "--env", "prod", "app"], 0, 0), (["status"], None, 1)]
 
 
+WORDS_TASK = textwrap.dedent("""
+    task_id: words
+    description: one partition per row
+    initial_prompt: "Say ${{row.word}}"
+    agent:
+      type: replay
+      episodes:
+        - {{match: "Say (hi|yo)", reply: "ok", actions: [{{tool: Write, arguments: {{file_path: out.txt, content: said}}}}]}}
+    sandbox: {{python: null}}
+    dataset:
+      rows: [{{id: r1, word: hi}}, {{id: r2, word: yo}}, {{id: r3, word: bye}}]
+    success_criteria:
+      - {{type: file_exists, path: out.txt, description: the agent wrote{extra}}}
+""")
+
+
 def test_a_dataset_task_is_a_job_partitioned_by_row(project):
-    (project / "tasks" / "words.yaml").write_text(textwrap.dedent("""
-        task_id: words
-        description: one partition per row
-        initial_prompt: "Say ${row.word}"
-        agent:
-          type: replay
-          episodes:
-            - {match: "Say (hi|yo)", reply: "ok", actions: [{tool: Write, arguments: {file_path: out.txt, content: said}}]}
-        sandbox: {python: null}
-        dataset:
-          rows: [{id: r1, word: hi}, {id: r2, word: yo}, {id: r3, word: bye}]
-        success_criteria:
-          - {type: file_exists, path: out.txt, description: the agent wrote}
-    """))
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
     defs = build_definitions(project / "tasks")
     job = defs.get_job_def("words")
     assert job.partitions_def.get_partition_keys() == ["r1", "r2", "r3"]
@@ -414,20 +417,7 @@ def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(pro
 
 
 def test_the_suite_asset_rolls_up_the_row_partitions_with_blocking_threshold_checks(project):
-    (project / "tasks" / "words.yaml").write_text(textwrap.dedent("""
-        task_id: words
-        description: one partition per row
-        initial_prompt: "Say ${row.word}"
-        agent:
-          type: replay
-          episodes:
-            - {match: "Say (hi|yo)", reply: "ok", actions: [{tool: Write, arguments: {file_path: out.txt, content: said}}]}
-        sandbox: {python: null}
-        dataset:
-          rows: [{id: r1, word: hi}, {id: r2, word: yo}, {id: r3, word: bye}]
-        success_criteria:
-          - {type: file_exists, path: out.txt, description: the agent wrote, suite_thresholds: {mean: 0.5}}
-    """))
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=", suite_thresholds: {mean: 0.5}"))
     defs = build_definitions(project / "tasks")
     suite_key = dg.AssetKey(["suites", "words"])
     with dg.instance_for_test() as instance:
