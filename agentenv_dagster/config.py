@@ -8,11 +8,19 @@ references (``env:NAME``) resolved when used, never stored in a context.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 CONFIG_RELPATH = Path(".agentenv") / "config.toml"
 DEFAULT_JUDGE_MODEL = "claude-sonnet-4-6"
@@ -84,6 +92,33 @@ class TaskStepsConfig(_Section):
     impls: list[str] = Field(default_factory=list)
 
 
+CRON_ALIASES = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight")
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,?-]+$")
+
+
+class ScheduleEntry(_Section):
+    """A task's cron schedule (``[schedules]``): ``task_id = "0 6 * * *"``, or a table
+    ``{cron, timezone, default_status}``. Schedules start stopped unless said otherwise."""
+
+    cron: str
+    timezone: str = "UTC"
+    default_status: Literal["running", "stopped"] = "stopped"
+
+    @field_validator("cron")
+    @classmethod
+    def _looks_like_cron(cls, cron: str) -> str:
+        # The shape only (Dagster checks the values when it builds the schedule): five
+        # fields, or one of the @ aliases.
+        fields = cron.split()
+        if cron.strip() in CRON_ALIASES or (len(fields) == 5 and all(_CRON_FIELD.match(f) for f in fields)):
+            return cron.strip()
+        raise ValueError(f"'{cron}' is not a cron schedule (five fields like '0 6 * * *', or {', '.join(CRON_ALIASES)})")
+
+
+def _cron_string_to_entry(value: Any) -> Any:
+    return {"cron": value} if isinstance(value, str) else value
+
+
 BUILTIN_ENVS = {"email": EnvEntry(kind="email"), "item-store": EnvEntry(kind="item-store")}
 BUILTIN_AGENTS = {
     "replay": AgentEntry(kind="replay"),
@@ -98,6 +133,8 @@ class AgentEnvConfig(_Section):
     envs: EnvsConfig = Field(default_factory=EnvsConfig)
     stores: StoresConfig = Field(default_factory=StoresConfig)
     task_steps: TaskStepsConfig = Field(default_factory=TaskStepsConfig)
+    # task id -> its cron schedule (a Dagster schedule of the task's job)
+    schedules: dict[str, Annotated[ScheduleEntry, BeforeValidator(_cron_string_to_entry)]] = Field(default_factory=dict)
     root: Path = Field(default_factory=Path.cwd, exclude=True)
 
     def env_entry(self, env_id: str) -> EnvEntry | None:

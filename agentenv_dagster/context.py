@@ -135,9 +135,17 @@ class TaskStepContext(BaseModel):
     def merge(cls, contexts: Iterable["TaskStepContext"]) -> "TaskStepContext":
         """Merge ancestor contexts: list items de-duplicated by value, metadata deep-merged,
         scalars first-set-wins (the order given is dependency order)."""
+        return cls.merge_dicts(ctx.to_dict() for ctx in contexts)
+
+    @classmethod
+    def merge_dicts(cls, contexts: Iterable[dict[str, Any]]) -> "TaskStepContext":
+        """:meth:`merge` of stored (dict) contexts; one alone is read as it is."""
+        contexts = list(contexts)
+        if len(contexts) == 1:
+            return cls.from_dict(contexts[0])
         merged: dict[str, Any] = {}
         for ctx in contexts:
-            _merge_into(merged, ctx.to_dict())
+            _merge_into(merged, ctx)
         return cls.from_dict(merged)
 
 

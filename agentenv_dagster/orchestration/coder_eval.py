@@ -1,7 +1,8 @@
 """Run a Coder Eval task through Dagster and write its reports (the CLI's ``run TASK.yaml``).
 
-The task itself, or each row of its dataset (a partition of the job), is one Dagster run of
-the lowered job; the finished contexts become task.json records, summed up in run.json /
+The task itself, or the selected rows of its dataset (partitions of the job, run together as
+one single-run backfill), is one Dagster run of the lowered job per variant and replicate;
+each row's finished context becomes a task.json record, summed up in run.json /
 run.md / task.html with upstream's exit code.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,6 +30,8 @@ from ..spec.coder_eval.dataset import select_rows
 from ..spec.coder_eval.variants import resolve_for_variant
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .execute import execute_plan
+
+TAG_VARIANT, TAG_REPLICATE = "agentenv/variant", "agentenv/replicate"
 
 
 @dataclass
@@ -66,8 +69,10 @@ def run_coder_eval_task(
     path: Path, config: AgentEnvConfig, *, overrides: Sequence[str] = (), grade_only_from: Path | None = None,
     output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
     split: str | None = None, sample: int | None = None, experiment: Path | None = None,
+    rows_in_flight: int | None = None,
 ) -> CoderEvalRun:
-    """Every variant (or the task as it is) x replicate x selected row, one Dagster run each.
+    """Every variant (or the task as it is) x replicate: one Dagster run, over the selected
+    rows of a dataset (a partition each, ``rows_in_flight`` at a time).
     Raises ``TaskLoadError`` for a bad task (exit 2 in the CLI)."""
     loaded = load_coder_eval_task(path)
     task = loaded.task
@@ -82,18 +87,21 @@ def run_coder_eval_task(
     variants = _variants(loaded, experiment, overrides)
     for variant_id, resolved, repeats in variants:
         plan = checked_plan(coder_eval_document(replace(loaded, task=resolved), registry, grade_only_from=grade_only_from))
-        for replicate in range(repeats):
-            for row_id in _selected_rows(resolved, path, split, sample):  # a dataset: one partition per row
-                row_started = _now()
-                label = "/".join(p for p in (variant_id, row_id, str(replicate)) if p)
-                run = execute_plan(plan, config, output_dir=out / "contexts" / (label or "task"),
-                                   instance=instance, partition_key=row_id)
-                response = run.context.find_prompt_response(PROMPT_ID)
+        rows = _selected_rows(resolved, path, split, sample)
+        for replicate in range(repeats if rows != [] else 0):  # selected rows: one run, a partition each
+            label = "/".join(p for p in (variant_id, str(replicate) if repeats > 1 else None) if p)
+            tags = {TAG_VARIANT: variant_id or "default", TAG_REPLICATE: str(replicate)}
+            run = execute_plan(plan, config, output_dir=out / "contexts" / (label or "task"), instance=instance,
+                               partition_keys=rows, rows_in_flight=rows_in_flight, tags=tags)
+            contexts = {k: run.contexts[k] for k in rows if k in run.contexts} if rows else {"": run.context}
+            for row_id, context in contexts.items():
+                row_started, row_completed = _span(context)
+                response = context.find_prompt_response(PROMPT_ID)
                 url = response.agent_trajectory_object_url if response else None
                 results.append(evaluation_result(
-                    run.context, task_id=f"{task.task_id}/{row_id}" if row_id else task.task_id,
+                    context, task_id=f"{task.task_id}/{row_id}" if row_id else task.task_id,
                     description=task.description, agent_type=resolved.agent.type if resolved.agent else "none",
-                    started=row_started, completed=_now(), verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
+                    started=row_started, completed=row_completed, verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
                     trajectory=json.loads(ObjectStore.read(url)) if url else None,
                     resolved_task=resolved.model_dump(mode="json", exclude_none=True), source_file=str(path),
                     prices=config.model.prices, variant_id=variant_id or "default", replicate_index=replicate,
@@ -121,25 +129,41 @@ def _write_experiment(out: Path, experiment, variant_ids: list[str], results: li
 
 
 def _variants(loaded, experiment: Path | None, overrides: Sequence[str]):
-    """(variant id, resolved task, repeats) for each variant; the task alone without one."""
+    """(variant id, resolved task, replicates) for each variant; the task alone without one.
+    A simulation's ``n_trials`` multiplies the replicates (each trial is one, as upstream)."""
     if experiment is None:
         task = apply_overrides(loaded.task, overrides) if overrides else loaded.task
-        return [(None, task, 1)]
+        return [(None, task, _trials(task))]
     active = load_coder_eval_experiment(experiment).experiment
     default = experiment.parent / "default.yaml"
     base = load_coder_eval_experiment(default).experiment if default.is_file() and default != experiment else None
-    return [
-        (variant.variant_id, *resolve_for_variant(loaded.task, active, variant, base=base, overrides=overrides))
-        for variant in active.variants
-    ]
+    variants = []
+    for variant in active.variants:
+        task, repeats = resolve_for_variant(loaded.task, active, variant, base=base, overrides=overrides)
+        variants.append((variant.variant_id, task, repeats * _trials(task)))
+    return variants
 
 
-def _selected_rows(task, path: Path, split: str | None, sample: int | None) -> list[str | None]:
+def _trials(task) -> int:
+    return task.simulation.n_trials if task.in_simulation else 1
+
+
+def _selected_rows(task, path: Path, split: str | None, sample: int | None) -> list[str] | None:
     if task.dataset is None:
-        return [None]
+        return None
     rows = load_dataset_rows(task.dataset, path.parent.resolve())
     chosen, _ = select_rows(rows, task.dataset, split=split, sample=sample)
     return [str(row[task.dataset.id_field]) for row in chosen]
+
+
+def _span(context) -> tuple[datetime, datetime]:
+    """When the row's first step started and its last one ended (its steps' timings)."""
+    timings = [t for t in (context.metadata.get("step_timings") or {}).values() if "duration_seconds" in t]
+    if not timings:
+        return _now(), _now()
+    starts = [datetime.fromisoformat(t["started_at_utc"]) for t in timings]
+    ends = [s + timedelta(seconds=t["duration_seconds"]) for s, t in zip(starts, timings)]
+    return min(starts), max(ends)
 
 
 def _now() -> datetime:

@@ -17,10 +17,12 @@ from ..config import load_config
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..plan import TaskPlan
-from ..steps.execution import apply_seed
 from .io_manager import TaskContextIOManager
 from .ops import IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
 from .resources import agentenv_resources
+from .rows import ROWS
+from .schedules import task_schedules
+from .sensors import task_sensors
 from .suites import suite_asset
 from .translator import TAG_STEP_ASSETS, TaskTranslator
 
@@ -64,20 +66,27 @@ def build_job(plan: TaskPlan, translator: TaskTranslator | None = None) -> dg.Jo
 
 
 def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dict | dg.PartitionedConfig:
-    def ops(seed: dict | None) -> dict:
-        return {"ops": {
-            translator.get_node_name(step): {"config": {"step": apply_seed(step, seed).model_dump(
-                mode="json", exclude_none=True, by_alias=True)}}
-            for step in plan.steps
-        }}
-
     rows = plan.document.partitions
     if not rows:
-        return ops(None)
+        return run_config(plan, translator)
     return dg.PartitionedConfig(
         partitions_def=translator.get_partitions_def(plan),
-        run_config_for_partition_key_fn=lambda key: ops(rows[key]),
+        run_config_for_partition_key_fn=lambda key: run_config(plan, translator, {key: rows[key]}),
     )
+
+
+def run_config(plan: TaskPlan, translator: TaskTranslator, rows: dict[str, dict] | None = None) -> dict:
+    """Op config: each step's fields, and for dataset rows their values in the root ops.
+    The steps keep their ``<row.field>`` tokens: every row is filled from its own values as
+    it runs, so one config serves a partition, a range of them, or the launchpad."""
+    roots = {s.id for s in plan.steps if not plan.edges[s.id]}
+    return {"ops": {
+        translator.get_node_name(step): {"config": {
+            "step": step.model_dump(mode="json", exclude_none=True, by_alias=True),
+            **({ROWS: rows} if rows and step.id in roots else {}),
+        }}
+        for step in plan.steps
+    }}
 
 
 def _fan_in(upstream: list[str]) -> dict:
@@ -121,6 +130,8 @@ def build_definitions(
             **agentenv_resources(config),
             IO_MANAGER_KEY: TaskContextIOManager(base_dir=str(runs_dir)),
         },
+        sensors=task_sensors(tasks_dir, config, report.plans, jobs, translator),
+        schedules=task_schedules(report.plans, config, jobs, translator),
     )
 
 

@@ -19,10 +19,12 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
-from .definitions import build_job
-from .io_manager import TaskContextIOManager, final_context
+from .definitions import build_job, run_config
+from .io_manager import TaskContextIOManager, final_contexts
 from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
+from .rows import RANGE_END_TAG, RANGE_START_TAG
+from .translator import TaskTranslator
 
 
 @dataclass
@@ -32,8 +34,9 @@ class RunResult:
     job_name: str
     dagster_home: str
     context_path: Path
-    context: TaskStepContext
+    context: TaskStepContext  # the run's one row (empty for a run of several)
     errors: list[str] = field(default_factory=list)
+    contexts: dict[str, TaskStepContext] = field(default_factory=dict)  # by partition key
 
     def summary(self) -> str:
         lines = [
@@ -72,7 +75,13 @@ def execute_plan(
     output_dir: Path | None = None,
     instance: dg.DagsterInstance | None = None,
     partition_key: str | None = None,
+    partition_keys: list[str] | None = None,
+    rows_in_flight: int | None = None,
+    tags: dict[str, str] | None = None,
 ) -> RunResult:
+    """Run the task, one of its partitions (``partition_key``), or several in one run
+    (``partition_keys``, a single-run backfill: every op runs its step for all of them,
+    ``rows_in_flight`` at once)."""
     runs_dir = config.state_dir / "runs"
     job = build_job(plan)
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
@@ -80,24 +89,47 @@ def execute_plan(
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=config.state_dir, delete=False) as seed:
         json.dump(initial_context or {}, seed)
     resources = agentenv_resources(config, initial_context_path=seed.name)
+    if rows_in_flight:
+        resources[RESOURCE_KEY] = resources[RESOURCE_KEY].model_copy(update={"rows_in_flight": rows_in_flight})
+    launch: dict[str, Any] = {"partition_key": partition_key}
+    if partition_keys is not None and len(partition_keys) == 1:
+        launch = {"partition_key": partition_keys[0]}
+    elif partition_keys:
+        launch = _range_launch(plan, partition_keys)
     defs = dg.Definitions(
         jobs=[job], resources={**resources, IO_MANAGER_KEY: TaskContextIOManager(base_dir=str(runs_dir))},
     )
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
             result = defs.get_job_def(job.name).execute_in_process(
-                instance=active, raise_on_error=False, partition_key=partition_key,
+                instance=active, raise_on_error=False, **{**launch, "tags": {**(tags or {}), **launch.get("tags", {})}},
             )
     finally:
         os.unlink(seed.name)
     resources[RESOURCE_KEY].teardown(result.run_id)  # the safety net: the teardown op did it on success
-    context = final_context(runs_dir, result.run_id)
+    contexts = final_contexts(runs_dir, result.run_id)
+    context = next(iter(contexts.values())) if len(contexts) == 1 else TaskStepContext()
     output_dir = output_dir or config.root / "out" / job.name
     output_dir.mkdir(parents=True, exist_ok=True)
     context_path = output_dir / "context.json"
-    context_path.write_text(json.dumps(context.to_safe_dict(), indent=2, default=str))
+    saved = context.to_safe_dict() if len(contexts) <= 1 else {k: c.to_safe_dict() for k, c in contexts.items()}
+    context_path.write_text(json.dumps(saved, indent=2 if len(contexts) <= 1 else None, default=str))
     return RunResult(
         success=result.success, run_id=result.run_id, job_name=job.name, dagster_home=str(home),
-        context_path=context_path, context=context,
+        context_path=context_path, context=context, contexts=contexts,
     )
+
+
+def _range_launch(plan: TaskPlan, keys: list[str]) -> dict[str, Any]:
+    """A run of several partitions: tagged with their range (in dataset order), configured
+    with their values."""
+    rows = plan.document.partitions or {}
+    unknown = [k for k in keys if k not in rows]
+    if unknown:
+        raise ValueError(f"task '{plan.task_id}' has no partitions {unknown}")
+    ordered = [k for k in rows if k in set(keys)]
+    return {
+        "run_config": run_config(plan, TaskTranslator(), {k: rows[k] for k in ordered}),
+        "tags": {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]},
+    }
 

@@ -1,7 +1,8 @@
 """One op definition per step type, reused by every task through node aliases.
 
-The op merges its ancestors' contexts, runs the step, reports what the step wrote as asset
-events (verification scores, collected files, loaded artifacts) and hands the context on.
+The op merges its ancestors' contexts, runs the step (for every row the run carries, see
+``rows.py``), reports what the step wrote as asset events (verification scores, collected
+files, loaded artifacts; a row's under its partition) and hands the contexts on.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from ..naming import node_name
 from ..steps.base import PRODUCER, VERIFICATION, TaskStep
 from ..steps.execution import StepFailed
 from ..steps.scoring import verification_passed
-from .io_manager import context_folder, write_context
+from .io_manager import FINAL_STEP, context_folder, write_context
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
+from .rows import ROWS, batch, merge_upstream, row_seed, run_keys
 from .translator import TAG_CONTENT_HASH, TAG_STEP_ASSETS, TAG_TASK_ID
 
 IO_MANAGER_KEY = "task_context_io_manager"
-TEARDOWN_OP = "teardown_run"
+TEARDOWN_OP = FINAL_STEP
 
 
 def _ins() -> dict[str, dg.In]:
@@ -31,13 +33,18 @@ def _ins() -> dict[str, dg.In]:
 
 @lru_cache(maxsize=None)
 def step_op(step_type: str) -> dg.OpDefinition:
-    """The op of one step type; ``config.step`` holds the step's fields (launchpad-editable)."""
+    """The op of one step type; ``config.step`` holds the step's fields (launchpad-editable),
+    ``config.rows`` the dataset values of the rows a root op starts."""
 
     @dg.op(
         name=_op_name(step_type),
         ins=_ins(),
         out=dg.Out(io_manager_key=IO_MANAGER_KEY),
-        config_schema={"step": dg.Field(dg.Permissive(), description="the step's fields")},
+        config_schema={
+            "step": dg.Field(dg.Permissive(), description="the step's fields"),
+            ROWS: dg.Field(dg.Permissive(), is_required=False,
+                           description="root ops: row id -> the row's values (a dataset's partitions)"),
+        },
         required_resource_keys={RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY},
         tags={"agentenv/step_type": step_type},
         description=f"Runs an agent-env `{step_type}` step.",
@@ -49,41 +56,67 @@ def step_op(step_type: str) -> dg.OpDefinition:
 
 
 def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[dict]) -> Iterator[Any]:
+    """Run the step for each of the op's rows, ``rows_in_flight`` at once. A row whose step
+    fails fatally stops there (its context is kept for the final one); the op fails when no
+    row is left, ending what the run deployed."""
     resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
     run_id = context.run_id
     task_id = context.run.tags.get(TAG_TASK_ID) or context.job_name
     refuse_changed_task(context)
     step = resource.parse_step(step_type, context.op_config["step"])
     if upstream:
-        ctx = TaskStepContext.merge(TaskStepContext.from_dict(u) for u in upstream)
+        contexts = merge_upstream(upstream, every=True)
     else:
-        ctx = resource.initial_context(run_id, task_id)
+        seeds = context.op_config.get(ROWS) or {}
+        contexts = {
+            key: resource.initial_context(run_id, task_id, key, row_seed(context, seeds, key))
+            for key in run_keys(context, seeds)
+        }
     try:
-        outcome = resource.execute(
-            step, ctx, run_id, task_id, context.log,
+        outcomes = resource.execute_rows(
+            step, contexts, run_id, task_id, context.log,
             judge=getattr(context.resources, JUDGE_KEY), artifacts=getattr(context.resources, ARTIFACTS_KEY),
         )
-    except StepFailed as failed:
-        # Keep the failed step's context (its failed_steps record, a partial PromptResponse)
-        # for the final context, end what the run deployed, then fail the op.
-        write_context(context_folder(resource.runs_dir, run_id) / f"{context.op_handle}.failed.json", ctx.to_dict())
-        torn_down = resource.teardown(run_id)
-        raise dg.Failure(
-            description=str(failed),
-            metadata={"error_type": failed.record["error_type"], "torn_down": torn_down},
-        ) from None
     except BaseException:
         # Interrupted (run terminated from the UI) or an unexpected error: nothing may leak.
         resource.teardown(run_id)
         raise
-    if outcome.failure:
-        context.log.warning(
-            f"step '{step.id}' failed (tolerated, fail_task_on_error=false): {outcome.failure['error']}"
+    failed = {key: o for key, o in outcomes.items() if isinstance(o, StepFailed)}
+    if failed:
+        # Keep the failed rows' contexts (their failed_steps record, a partial PromptResponse).
+        write_context(context_folder(resource.runs_dir, run_id) / f"{context.op_handle}.failed.json",
+                      batch({key: contexts[key].to_dict() for key in failed}))
+    if failed and len(failed) == len(outcomes):
+        torn_down = resource.teardown(run_id)
+        first = next(iter(failed.values()))
+        raise dg.Failure(
+            description=str(first) if len(failed) == 1 else f"{len(failed)} rows failed; the first: {first}",
+            metadata={"error_type": first.record["error_type"], "torn_down": torn_down,
+                      **({"failed_rows": sorted(failed)} if len(failed) > 1 else {})},
         )
     assets = json.loads(context.op.tags.get(TAG_STEP_ASSETS) or '{"produced": [], "loaded": {}}')
-    partition = context.partition_key if context.has_partition_key else None
-    yield from asset_events(assets, outcome.step, ctx, partition)
-    yield dg.Output(ctx.to_dict(), metadata={"duration_seconds": round(outcome.duration_seconds, 3)})
+    many = len(outcomes) > 1
+    for key, outcome in outcomes.items():
+        if key in failed:
+            context.log.error(f"row '{key}': {outcome}")
+            continue
+        if outcome.failure:
+            context.log.warning(
+                f"step '{step.id}' failed (tolerated, fail_task_on_error=false){_row(key)}: {outcome.failure['error']}"
+            )
+        yield from asset_events(assets, outcome.step, contexts[key], key or None, checks=not many)
+    done = {key: contexts[key].to_dict() for key in outcomes if key not in failed}
+    if many:
+        yield from batch_check_evaluations(assets, step, {key: contexts[key] for key in done})
+    durations = [o.duration_seconds for key, o in outcomes.items() if key not in failed]
+    metadata: dict[str, Any] = {"duration_seconds": round(max(durations), 3)}
+    if len(outcomes) > 1:
+        metadata.update({"rows": len(outcomes), "failed_rows": sorted(failed)})
+    yield dg.Output(batch(done), metadata=metadata)
+
+
+def _row(key: str) -> str:
+    return f" (row '{key}')" if key else ""
 
 
 def refuse_changed_task(context) -> None:
@@ -111,17 +144,18 @@ def teardown_op() -> dg.OpDefinition:
     def _teardown(context, upstream):
         resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
         torn_down = resource.teardown(context.run_id)
-        final = TaskStepContext.merge(TaskStepContext.from_dict(u) for u in upstream)
-        return dg.Output(final.to_dict(), metadata={"torn_down": torn_down})
+        final = merge_upstream(upstream, every=False)
+        return dg.Output(batch({k: c.to_dict() for k, c in final.items()}), metadata={"torn_down": torn_down})
 
     return _teardown
 
 
 def asset_events(
     assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
+    *, checks: bool = True,
 ) -> Iterator[Any]:
-    """Materializations (and checks) for what the step wrote, observations of what it read,
-    under the keys the translator gave the step's node."""
+    """Materializations (and, with ``checks``, check evaluations) for what the step wrote,
+    observations of what it read, under the keys the translator gave the step's node."""
     for artifact_id, path in assets["loaded"].items():
         loaded = _loaded_version(ctx, step.id, artifact_id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
@@ -132,7 +166,8 @@ def asset_events(
             entry = (ctx.metadata.get("verifications") or {}).get(name)
             if entry is not None:
                 yield dg.AssetMaterialization(asset_key=key, metadata=verification_metadata(entry), partition=partition)
-                yield from _check_evaluations(key, entry, step, partition)
+                if checks:
+                    yield from _check_evaluations(key, entry, step, partition)
         elif kind == PRODUCER:
             entry = _produced(ctx, name)
             if entry is not None:
@@ -215,6 +250,31 @@ def _check_evaluations(
             asset_key=key, check_name=name, passed=bool(passed), metadata=metadata, partition=partition,
             severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
         )
+
+
+def batch_check_evaluations(
+    assets: dict[str, Any], step: TaskStep, contexts: dict[str, TaskStepContext],
+) -> Iterator[dg.AssetCheckEvaluation]:
+    """A run of many rows evaluates each check once, over all its rows: every Dagster event
+    costs milliseconds of storage, so rows get a materialization each (score, ``passed``)
+    and the checks a summary naming the rows that fell short."""
+    for kind, name, path in assets["produced"]:
+        if kind != VERIFICATION:
+            continue
+        entries = {k: e for k, c in contexts.items() if (e := (c.metadata.get("verifications") or {}).get(name))}
+        if not entries:
+            continue
+        for check, _ in step.verification_checks():
+            results = {k: (e.get("checks") or {"passed": verification_passed(e)}).get(check) for k, e in entries.items()}
+            short = sorted(k for k, v in results.items() if v is False)
+            ungraded = sorted(k for k, v in results.items() if v is None)
+            yield dg.AssetCheckEvaluation(
+                asset_key=dg.AssetKey(path), check_name=check, passed=not short and not ungraded,
+                severity=dg.AssetCheckSeverity.WARN if not short else dg.AssetCheckSeverity.ERROR,
+                metadata={"rows": len(results), "rows_passed": len(results) - len(short) - len(ungraded),
+                          "rows_failed": dg.MetadataValue.json(short[:100]),
+                          "rows_not_graded": dg.MetadataValue.json(ungraded[:100])},
+            )
 
 
 def _loaded_version(ctx: TaskStepContext, step_id: str, artifact_id: str) -> int | None:

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 import dagster as dg
+from pydantic import Field
 
 from ..compiler import step_registry
 from ..config import AgentEnvConfig, load_config
@@ -21,7 +22,7 @@ from ..runtime.artifacts import FilesystemArtifactStore
 from ..runtime.base import RunInfo, StepRuntime, artifact_store
 from ..runtime.local import Ledger
 from ..steps.base import TaskStep
-from ..steps.execution import StepOutcome, run_step
+from ..steps.execution import StepFailed, StepOutcome, run_step
 
 
 RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY = "agentenv", "agentenv_artifacts", "agentenv_judge"
@@ -53,6 +54,7 @@ class AgentEnvResource(dg.ConfigurableResource):
 
     project_dir: str
     initial_context_path: str | None = None
+    rows_in_flight: int = Field(default=32, ge=1, description="rows of a batch whose step runs at once")
 
     def load_config(self, judge: JudgeResource | None = None) -> AgentEnvConfig:
         config = load_config(Path(self.project_dir))
@@ -78,25 +80,47 @@ class AgentEnvResource(dg.ConfigurableResource):
             raise dg.Failure(f"Unknown task step type: {step_type}")
         return cls.model_validate(fields)
 
-    def initial_context(self, run_id: str, task_id: str) -> TaskStepContext:
+    def initial_context(self, run_id: str, task_id: str, row: str = "", seed: dict | None = None) -> TaskStepContext:
+        """A root op's context: the saved one of ``task run --context``, or a fresh one; a
+        dataset row's carries its values as the seed every step is filled from."""
         data = json.loads(Path(self.initial_context_path).read_text()) if self.initial_context_path else {}
         ctx = TaskStepContext.from_dict(data)
-        ctx.instance_id = ctx.instance_id or f"{task_id}-{run_id[:8]}"
+        ctx.instance_id = ctx.instance_id or "-".join(filter(None, (task_id, run_id[:8], row)))
         ctx.metadata.setdefault("run_group_id", run_id)
         ctx.metadata.setdefault("task_id", task_id)
+        if seed:
+            ctx.metadata["seed"] = {**(ctx.metadata.get("seed") or {}), **seed}
         return ctx
 
-    def execute(self, step: TaskStep, ctx: TaskStepContext, run_id: str, task_id: str,
-                logger: logging.Logger, *, judge: JudgeResource, artifacts: ArtifactStoreResource) -> StepOutcome:
-        """Run one step on its own event loop (the op owns the loop)."""
+    def execute_rows(
+        self, step: TaskStep, contexts: dict[str, TaskStepContext], run_id: str, task_id: str,
+        logger: logging.Logger, *, judge: JudgeResource, artifacts: ArtifactStoreResource,
+    ) -> dict[str, StepOutcome | StepFailed]:
+        """Run one step for every row, ``rows_in_flight`` at once on one event loop (the op
+        owns it); each row's outcome, or the StepFailed that stopped it."""
         config = self.load_config(judge)
         run = RunInfo(run_id=run_id, task_id=task_id, run_dir=self.run_dir(run_id))
 
-        async def go() -> StepOutcome:
-            async with StepRuntime(config, run, logger, artifacts=artifacts.get_store()) as rt:
+        async def one(lanes: asyncio.Queue[StepRuntime], ctx: TaskStepContext) -> StepOutcome | StepFailed:
+            rt = await lanes.get()  # a row holds a lane while its step runs: rows_in_flight at once
+            try:
                 return await run_step(step, ctx, rt)
+            except StepFailed as failed:
+                return failed
+            finally:
+                lanes.put_nowait(rt)
 
-        return asyncio.run(go())
+        async def go() -> list[StepOutcome | StepFailed]:
+            async with StepRuntime(config, run, logger, artifacts=artifacts.get_store()) as rt:
+                if len(contexts) == 1:
+                    try:
+                        return [await run_step(step, next(iter(contexts.values())), rt)]
+                    except StepFailed as failed:
+                        return [failed]
+                async with rt.lanes(min(self.rows_in_flight, len(contexts))) as lanes:
+                    return await asyncio.gather(*(one(lanes, ctx) for ctx in contexts.values()))
+
+        return dict(zip(contexts, asyncio.run(go())))
 
     def teardown(self, run_id: str) -> list[str]:
         """End everything the run deployed; later deployments of the run are refused."""

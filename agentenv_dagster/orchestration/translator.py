@@ -110,6 +110,9 @@ class TaskTranslator:
         specs = []
         for step in plan.steps:
             deps = [self.get_loaded_artifact_asset_key(a) for a in plan.artifact_lineage(step.id)]
+            # a step that reads verifications (aggregate_verifiers) is downstream of them
+            deps += [self.get_verification_asset_key(plan.task_id, n.name) for n in step.names_read()
+                     if n.kind == VERIFICATION]
             for kind, _, key in self.produced_asset_keys(plan.task_id, step):
                 what = "verification" if kind == VERIFICATION else "artifacts produced"
                 specs.append(dg.AssetSpec(

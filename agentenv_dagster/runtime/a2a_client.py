@@ -1,8 +1,10 @@
 """Talk to a deployed A2A agent: read its card, call its extensions, send a prompt and wait.
 
 Raw JSON-RPC over one shared ``httpx.AsyncClient`` (A2A spec 1.0 wire, as a2a-sdk 1.3 serves
-it): ``SendMessage`` with ``returnImmediately`` and ``GetTask`` polling, so one slow agent
-never holds a connection open for minutes. The agentenv extension URIs live here too, as the
+it): a blocking ``SendMessage`` answers the moment the task ends (no polling delay, which
+would cost a fast agent a whole poll interval); past the deadline the tasks of the prompt's
+context are found with ``ListTasks`` and cancelled. A task that comes back unfinished
+(``input-required``, an agent that answers early) is followed with ``GetTask`` polling. The agentenv extension URIs live here too, as the
 one definition shared by this client and the embedded agents.
 """
 
@@ -94,23 +96,27 @@ class A2AClient:
         poll_interval: float = 0.2,
         context_id: str | None = None,
     ) -> A2AReply:
-        """Send one text prompt and poll until its task ends.
+        """Send one text prompt and wait until its task ends.
 
         ``url`` is the agent's JSON-RPC endpoint: the base URL of an embedded agent, the
         card's ``supportedInterfaces[].url`` in general. On the deadline the task is
         cancelled (best effort) and TimeoutError is raised.
         """
         deadline = time.monotonic() + timeout_seconds
+        context_id = context_id or uuid.uuid4().hex  # ours, so a timed-out task can be found
         message: dict[str, Any] = {
             "messageId": uuid.uuid4().hex,
             "role": "ROLE_USER",
             "parts": [{"text": text}],
+            "contextId": context_id,
         }
-        if context_id:
-            message["contextId"] = context_id
-        params = {"message": message, "configuration": {"returnImmediately": True}}
         try:
-            result = await self._rpc(url, "SendMessage", params, deadline)
+            result = await self._rpc(url, "SendMessage", {"message": message}, deadline, exact=True)
+        except httpx.TimeoutException:
+            task_ids = await self._cancel_context(url, context_id)
+            raise TimeoutError(
+                f"A2A task {task_ids[0] if task_ids else '(unknown)'} did not complete within {timeout_seconds:g}s"
+            ) from None
         except A2AError as exc:
             raise A2AError(f"A2A message/send failed: {exc}") from None
         if "message" in result:  # the agent answered directly, without a task
@@ -137,15 +143,27 @@ class A2AClient:
                     raise
         return _reply(task)
 
+    async def _cancel_context(self, url: str, context_id: str) -> list[str]:
+        """Cancel the unfinished tasks of ``context_id``; their ids (best effort)."""
+        try:
+            listed = await self._rpc(url, "ListTasks", {"contextId": context_id}, time.monotonic() + 5.0)
+        except (A2AError, httpx.HTTPError):
+            return []
+        open_ids = [t["id"] for t in listed.get("tasks") or [] if _state(t) not in TERMINAL_STATES]
+        for task_id in open_ids:
+            await self._cancel_quietly(url, task_id)
+        return open_ids
+
     async def _cancel_quietly(self, url: str, task_id: str) -> None:
         try:
             await self._rpc(url, "CancelTask", {"id": task_id}, time.monotonic() + 5.0)
         except (A2AError, httpx.HTTPError):
             pass
 
-    async def _rpc(self, url: str, method: str, params: dict, deadline: float) -> dict:
+    async def _rpc(self, url: str, method: str, params: dict, deadline: float, exact: bool = False) -> dict:
+        """``exact``: time out at the deadline itself (a blocking send), else allow a second."""
         payload = {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": method, "params": params}
-        timeout = max(deadline - time.monotonic(), 1.0)
+        timeout = max(deadline - time.monotonic(), 0.001 if exact else 1.0)
         response = await self._http.post(url, json=payload, headers=_HEADERS, timeout=timeout)
         _raise_for_status("POST", response)
         body = response.json()

@@ -5,9 +5,15 @@ It knows nothing of Dagster: the same object serves the plain asyncio walker and
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
+import functools
 import logging
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import AsyncIterator
 
 import httpx
 
@@ -40,16 +46,48 @@ class StepRuntime:
         self.http: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> "StepRuntime":
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(180.0, connect=10.0))
-        self.a2a = A2AClient(self.http)
-        self.dataplane = DataPlaneClient(self.http)
+        self._connect(_http_client())
         return self
 
     async def __aexit__(self, *exc_info) -> None:
         await self.http.aclose()
 
+    def _connect(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+        self.a2a = A2AClient(http)
+        self.dataplane = DataPlaneClient(http)
+
+    @contextlib.asynccontextmanager
+    async def lanes(self, count: int) -> AsyncIterator[asyncio.Queue["StepRuntime"]]:
+        """``count`` views of this runtime for rows run at once, each with its own small
+        connection pool: httpx scans every pooled connection for every queued request, so one
+        pool shared by 32 rows costs ~2.5 ms of CPU a request against ~0.5 ms this way."""
+        views: asyncio.Queue[StepRuntime] = asyncio.Queue()
+        for _ in range(count):
+            view = copy.copy(self)
+            view._connect(_http_client(max_connections=4))
+            views.put_nowait(view)
+        try:
+            yield views
+        finally:
+            while not views.empty():
+                await views.get_nowait().http.aclose()
+
     def judge(self, model: str | None = None) -> LLMJudge:
         return llm_judge(self.config, model)
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's default verification, built once (loading the CA bundle costs ~17 ms)."""
+    return httpx.create_ssl_context()
+
+
+def _http_client(max_connections: int = 100) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(180.0, connect=10.0), verify=_tls(),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+    )
 
 
 def artifact_store(config: AgentEnvConfig) -> FilesystemArtifactStore:

@@ -1,4 +1,5 @@
-"""The embedded local providers: envs and agents as server processes on 127.0.0.1.
+"""The embedded local providers: envs as server processes on 127.0.0.1, agents in one agent
+host process per run.
 
 Each run keeps a ledger of what it deployed (one file per instance under the run folder), so
 any process of the run, or a later one, can tear it all down. Closing the ledger is final: a
@@ -7,16 +8,22 @@ deployment that finishes after the run started tearing down ends itself and fail
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import os
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import httpx
+from filelock import FileLock
+
 from ..config import AgentEntry, AgentEnvConfig
 from ..context import DeployedAgent, DeployedEnv, DeployedSandbox
-from .processes import spawn_server, terminate
+from .processes import is_running, spawn_server, terminate
 from .sandbox import LocalSandbox
 
 ENV_SERVER_MODULE = "agentenv_dagster.builtin.envs"
@@ -39,26 +46,38 @@ class Ledger:
     def closed(self) -> bool:
         return (self.folder / ".closed").exists()
 
-    def record(self, instance_id: str, kind: str, *, pid: int | None = None, container_id: str | None = None) -> None:
-        """A server process (``pid``) or a container (``container_id``) the run must end."""
+    def record(self, instance_id: str, kind: str, *, pid: int | None = None, container_id: str | None = None,
+               url: str | None = None, host: str | None = None) -> None:
+        """What the run must end: a server process (``pid``, serving at ``url``), a container
+        (``container_id``), or an agent at ``url`` in the run's agent ``host``."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        entry = {"kind": kind, "pid": pid, "container_id": container_id}
-        (self.folder / f"{instance_id}.json").write_text(json.dumps(entry))
+        entry = {"kind": kind, "pid": pid, "container_id": container_id, "url": url, "host": host}
+        tmp = self.folder / f"{instance_id}.json.tmp"  # whole or not at all: others read concurrently
+        tmp.write_text(json.dumps(entry))
+        os.replace(tmp, self.folder / f"{instance_id}.json")
 
     def entries(self) -> dict[str, dict[str, Any]]:
         if not self.folder.is_dir():
             return {}
         return {p.stem: json.loads(p.read_text()) for p in self.folder.glob("*.json")}
 
+    def entry(self, instance_id: str) -> dict[str, Any] | None:
+        path = self.folder / f"{instance_id}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
     def terminate(self, instance_id: str) -> bool:
-        entry = self.entries().get(instance_id)
+        entry = self.entry(instance_id)
         return bool(entry) and _end(entry)
 
     def close(self) -> list[str]:
-        """Refuse further deployments, then end every one recorded; returns what was running."""
+        """Refuse further deployments, then end every one recorded; returns what was running.
+        An agent in a host ends with its host (one signal, not a request per agent)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / ".closed").touch()
-        return [iid for iid, entry in sorted(self.entries().items()) if _end(entry)]
+        entries = self.entries()
+        ended = {iid: _end(entry) for iid, entry in entries.items() if entry.get("host") not in entries}
+        hosted = [iid for iid, entry in entries.items() if entry.get("host") in ended and ended[entry["host"]]]
+        return sorted([iid for iid, was_running in ended.items() if was_running] + hosted)
 
 
 class LocalProvider:
@@ -93,7 +112,8 @@ class LocalProvider:
         workspace: Path | None = None, container: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None,
     ) -> DeployedAgent:
-        """Start agent ``agent_id`` (its registry entry, with ``overrides`` on top). With a
+        """Deploy agent ``agent_id`` (its registry entry, with ``overrides`` on top) into the
+        run's agent host, started on first use (see ``builtin/agents/host.py``). With a
         ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools (its Bash
         inside the sandbox's ``container`` when it has one)."""
         entry = self.config.agent_entry(agent_id)
@@ -112,25 +132,41 @@ class LocalProvider:
                 )
             process_env["ANTHROPIC_API_KEY"] = api_key
         instance_id = f"{agent_id}-{secrets.token_hex(4)}"
-        workdir = self.run_dir / "agents" / instance_id
         sandbox = workspace or self.run_dir / "sandboxes" / instance_id
-        sandbox.mkdir(parents=True, exist_ok=True)
-        workdir.mkdir(parents=True, exist_ok=True)
-        config_file = workdir / "agent.json"
         settings = self._agent_config(entry)
         if workspace is not None:
             settings["workspace"] = {"container": container, "path_prepend": entry.path_prepend}
-        config_file.write_text(json.dumps(settings))
-        server = self._spawn(
-            AGENT_SERVER_MODULE,
-            [entry.kind, "--sandbox", str(sandbox), "--config-file", str(config_file)],
-            instance_id, "agent", ttl_seconds, env=process_env,
-        )
+        host_id, host_url = self._agent_host(process_env, ttl_seconds)
+        try:
+            created = _http().post(f"{host_url}/agents", json={"id": instance_id, "sandbox": str(sandbox), "config": settings})
+        except httpx.HTTPError as exc:
+            raise DeploymentError(f"A2A agent '{agent_id}': the run's agent host at {host_url} failed: {exc!r}") from None
+        if created.status_code != 201:
+            raise DeploymentError(f"A2A agent '{agent_id}' was not deployed: {created.text[:2000]}")
+        url = created.json()["url"]
+        self.ledger.record(instance_id, "agent", url=url, host=host_id)
+        if self.ledger.closed:
+            _end({"url": url})
+            raise DeploymentError(f"run is tearing down; agent '{instance_id}' was not kept")
         return DeployedAgent(
-            agent_name=agent_name, api_url=server.url, a2a_url=server.url, sandbox_id=instance_id,
+            agent_name=agent_name, api_url=url, a2a_url=url, sandbox_id=instance_id,
             sandbox_type="local", instance_id=instance_id, sandbox_root=str(sandbox),
             a2a_agent_id=agent_id,
         )
+
+    def _agent_host(self, env: dict[str, str], ttl_seconds: int) -> tuple[str, str]:
+        """The URL of the run's agent host for this process environment, started on first
+        use (one per distinct environment: a key is per process). A file lock keeps ops in
+        other processes of the run from starting a second one."""
+        key = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
+        host_id = f"agent-host-{key}"
+        self.ledger.folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(self.ledger.folder / f"{host_id}.lock"):
+            entry = self.ledger.entry(host_id)
+            if entry and is_running(entry["pid"]):
+                return host_id, entry["url"]
+            server = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env)
+            return host_id, server.url
 
     def deploy_sandbox(
         self, sandbox_name: str, *, sandbox_mode: str, ttl_seconds: int,
@@ -194,7 +230,7 @@ class LocalProvider:
             module, args, workdir=self.run_dir / f"{kind}s" / instance_id,
             ttl_seconds=ttl_seconds, env=env,
         )
-        self.ledger.record(instance_id, kind, pid=server.pid)
+        self.ledger.record(instance_id, kind, pid=server.pid, url=server.url)
         if self.ledger.closed:
             terminate(server.pid)
             raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not kept")
@@ -211,7 +247,18 @@ def _end(entry: dict[str, Any]) -> bool:
         except ContainerSandboxError:
             return False  # the engine is gone, and its containers with it
         return True
+    if entry.get("pid") is None and entry.get("url"):  # an agent in the run's host
+        try:
+            return _http().delete(entry["url"]).status_code == 200
+        except httpx.HTTPError:
+            return False  # its host has already ended
     return terminate(entry["pid"])
+
+
+@functools.cache
+def _http() -> httpx.Client:
+    """One client for the agent hosts of this process (a client per call costs ~20 ms)."""
+    return httpx.Client(timeout=30)
 
 
 def _now() -> datetime:

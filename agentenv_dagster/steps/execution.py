@@ -56,10 +56,12 @@ async def run_step(step: TaskStep, ctx: TaskStepContext, rt: StepRuntime) -> Ste
     a fatal one is recorded and raised as :class:`StepFailed`."""
     started_at = datetime.now(timezone.utc)
     started = time.perf_counter()
+    timing = ctx.metadata_map("step_timings")[step.id] = {"started_at_utc": started_at.isoformat()}
     try:
         step = apply_seed(step, ctx.metadata.get("seed"))
         await step.execute(ctx, rt)
     except Exception as exc:  # every step failure is recorded, as agent-env does
+        timing["duration_seconds"] = round(time.perf_counter() - started, 3)
         record = {
             "step_id": step.id,
             "step_type": step.type,
@@ -73,6 +75,7 @@ async def run_step(step: TaskStep, ctx: TaskStepContext, rt: StepRuntime) -> Ste
         if step.fail_task_on_error:
             raise StepFailed(record) from exc
         return StepOutcome(step, record["duration_seconds"], failure=record)
+    timing["duration_seconds"] = round(time.perf_counter() - started, 3)
     return StepOutcome(step, time.perf_counter() - started)
 
 

@@ -362,7 +362,8 @@ def test_a_dataset_task_is_a_job_partitioned_by_row(project):
     job = defs.get_job_def("words")
     assert job.partitions_def.get_partition_keys() == ["r1", "r2", "r3"]
     config = job.partitioned_config.get_run_config_for_partition_key("r2")
-    assert config["ops"]["prompt"]["config"]["step"]["prompt"] == "Say yo"
+    assert config["ops"]["prompt"]["config"]["step"]["prompt"] == "Say <row.word>"
+    assert config["ops"]["sandbox"]["config"]["rows"] == {"r2": {"row.word": "yo"}}  # the root op's row
     key = dg.AssetKey(["verifications", "words", "success_criteria"])
     assert defs.resolve_asset_graph().get(key).partitions_def.get_partition_keys() == ["r1", "r2", "r3"]
     with dg.instance_for_test() as instance:

@@ -40,7 +40,7 @@ def dagster(project, *args, timeout=300):
 
 def run_contexts(project):
     (run_dir,) = (project / ".agentenv" / "state" / "runs").iterdir()
-    return {p.stem: json.loads(p.read_text()) for p in (run_dir / "context").glob("*.json")}
+    return {p.stem: json.loads(p.read_text())["rows"][""] for p in (run_dir / "context").glob("*.json")}
 
 
 @pytest.mark.slow

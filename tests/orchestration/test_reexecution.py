@@ -58,7 +58,7 @@ def test_reexecution_from_failure_resumes_and_refuses_a_changed_task(tmp_path):
         options = dg.ReexecutionOptions.from_failure(failed.run_id, instance)
         with dg.execute_job(recon, instance=instance, reexecution_options=options, raise_on_error=False) as resumed:
             assert resumed.success
-            final = json.loads((project / ".agentenv/state/runs" / resumed.run_id / "context" / "teardown_run.json").read_text())
+            final = json.loads((project / ".agentenv/state/runs" / resumed.run_id / "context" / "teardown_run.json").read_text())["rows"][""]
         assert final["metadata"]["ran"] == {"first": 1, "second": 1}  # `first` came from the parent run
 
         steps[0]["gate"] = str(project)  # the task changes: its content hash too

@@ -60,7 +60,7 @@ def test_reply_to_dana_runs_end_to_end_offline(project):
     assert context.prompt_responses[0].tool_call_count == 2
     assert context.metadata["loaded_environment_artifacts"][0]["id"] == "inbox"
     assert leaked_servers(state) == []
-    assert json.loads((state / "runs" / result.run_id / "context" / "teardown_run.json").read_text())["metadata"][
+    assert json.loads((state / "runs" / result.run_id / "context" / "teardown_run.json").read_text())["rows"][""]["metadata"][
         "verifications"]["sent"]["score"] == 1.0
 
 

@@ -43,7 +43,7 @@ actions = [{ tool = "add_item", arguments = { name = "readme" } }, { tool = "lis
 def run(plan, config, run_id: str, context: TaskStepContext | None = None) -> TaskStepContext:
     """Run to the end, then check every server the run started is gone."""
     ctx = asyncio.run(run_plan(plan, config, context=context, run_id=run_id))
-    pids = [entry["pid"] for entry in Ledger.of_run(run_dir(config, run_id)).entries().values()]
+    pids = [e["pid"] for e in Ledger.of_run(run_dir(config, run_id)).entries().values() if e.get("pid")]
     assert pids and not [pid for pid in pids if is_running(pid)]
     return ctx
 

@@ -1,39 +1,44 @@
 """``python -m agentenv_dagster.builtin.agents <kind> --sandbox DIR --config-file F.json
 --ready-file R --ttl-seconds S``: serve one embedded A2A agent on 127.0.0.1.
 
-Each kind's module is imported only when chosen, so the replay agent starts without loading
-the Anthropic SDK.
+``python -m agentenv_dagster.builtin.agents host --ready-file R --ttl-seconds S`` serves an
+agent host instead: one process in which a run deploys all its agents (see ``host.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 
-from agentenv_dagster.builtin.agents.server import run_agent
-from agentenv_dagster.builtin.serving import add_serving_arguments
+from agentenv_dagster.builtin.agents.brains import BRAINS, build_brain
+from agentenv_dagster.builtin.serving import add_serving_arguments, serve
 from agentenv_dagster.runtime.sandbox import LocalSandbox
 
-BRAINS = {
-    "replay": ("agentenv_dagster.builtin.agents.replay", "ReplayBrain"),
-    "anthropic": ("agentenv_dagster.builtin.agents.anthropic_agent", "AnthropicBrain"),
-}
+HOST = "host"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agentenv_dagster.builtin.agents")
-    parser.add_argument("kind", choices=sorted(BRAINS))
-    parser.add_argument("--sandbox", type=Path, required=True)
-    parser.add_argument("--config-file", type=Path, required=True)
+    parser.add_argument("kind", choices=sorted([*BRAINS, HOST]))
+    parser.add_argument("--sandbox", type=Path)
+    parser.add_argument("--config-file", type=Path)
     add_serving_arguments(parser)
     args = parser.parse_args(argv)
+    if args.kind == HOST:
+        from agentenv_dagster.builtin.agents.host import AgentHost
 
-    module, cls = BRAINS[args.kind]
+        host = AgentHost()
+        serve(host.app(), args, on_ready=host.set_url)
+        return
+    if args.sandbox is None or args.config_file is None:
+        parser.error("an agent needs --sandbox and --config-file")
+
+    from agentenv_dagster.builtin.agents.server import run_agent
+
     try:
         config = json.loads(args.config_file.read_text())
-        brain = getattr(importlib.import_module(module), cls)(config)
+        brain = build_brain(args.kind, config)
     except ValueError as exc:  # a bad config file fails the deploy with one clear line
         raise SystemExit(f"agent config {args.config_file}: {exc}") from None
     args.sandbox.mkdir(parents=True, exist_ok=True)

@@ -182,8 +182,20 @@ class EmbeddedAgent(AgentExecutor):
         self.skills: list[dict] = []
         self.trajectories: dict[str, list[dict]] = {}
         self.task_contexts: dict[str, str] = {}
+        self._running: set[asyncio.Task] = set()
+
+    def cancel_running(self) -> int:
+        """Cancel every task in progress (the agent is being ended); how many there were."""
+        running = [t for t in self._running if not t.done()]
+        for task in running:
+            task.cancel()
+        return len(running)
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        current = asyncio.current_task()
+        if current is not None:
+            self._running.add(current)
+            current.add_done_callback(self._running.discard)
         task = context.current_task or new_task_from_user_message(context.message)
         await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)

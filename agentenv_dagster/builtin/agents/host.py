@@ -1,0 +1,94 @@
+"""One process that serves many embedded agents, each under its own URL.
+
+Starting a Python server per agent costs about half a second of CPU, which a dataset of a
+thousand rows cannot pay on a small machine. A run therefore starts one host and deploys
+each agent into it: ``POST /agents`` with the agent's id, sandbox folder and config (what
+the single-agent process reads from ``--config-file``) serves a full agent — card,
+JSON-RPC, agentenv extensions, its own sandbox and MCP registrations — under
+``/agents/<id>``; ``DELETE /agents/<id>`` ends it and cancels what it is running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from agentenv_dagster.builtin.agents.brains import build_brain
+from agentenv_dagster.builtin.agents.server import EmbeddedAgent, build_app, build_card
+from agentenv_dagster.runtime.sandbox import LocalSandbox
+
+PREFIX = "/agents/"
+
+
+@dataclass
+class Tenant:
+    agent: EmbeddedAgent
+    app: Starlette
+
+
+class AgentHost:
+    def __init__(self) -> None:
+        self.url = ""
+        self.tenants: dict[str, Tenant] = {}
+
+    def set_url(self, url: str) -> None:
+        self.url = url
+
+    def app(self):
+        control = Starlette(routes=[
+            Route("/agents", self.create, methods=["POST"]),
+            Route("/agents", self.listing, methods=["GET"]),
+            Route("/agents/{agent_id}", self.delete, methods=["DELETE"]),
+        ])
+
+        async def dispatch(scope, receive, send):
+            """``/agents/<id>/...`` goes to that agent's app, the rest to the control routes."""
+            path = scope.get("path", "")
+            if scope["type"] == "http" and path.startswith(PREFIX):
+                agent_id, _, rest = path[len(PREFIX):].partition("/")
+                tenant = self.tenants.get(agent_id)
+                if tenant is not None and (rest or scope["method"] != "DELETE"):
+                    mount = PREFIX + agent_id
+                    scope = {**scope, "path": "/" + rest, "root_path": scope.get("root_path", "") + mount}
+                    await tenant.app(scope, receive, send)
+                    return
+            await control(scope, receive, send)
+
+        return dispatch
+
+    async def create(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        agent_id, config, sandbox = body.get("id"), body.get("config") or {}, body.get("sandbox")
+        if not isinstance(agent_id, str) or not agent_id or "/" in agent_id or not isinstance(sandbox, str):
+            return JSONResponse({"error": "an agent needs an 'id' (no '/') and a 'sandbox' folder"}, status_code=400)
+        if agent_id in self.tenants:
+            return JSONResponse({"error": f"agent '{agent_id}' exists"}, status_code=409)
+        kind = config.get("kind", "")
+        try:
+            brain = build_brain(kind, config)
+        except ValueError as exc:
+            return JSONResponse({"error": f"agent config: {exc}"}, status_code=400)
+        root = Path(sandbox)
+        root.mkdir(parents=True, exist_ok=True)
+        card = build_card(config.get("name", f"{kind}-agent"), config.get("description") or f"Embedded {kind} agent")
+        url = f"{self.url}{PREFIX}{agent_id}"
+        for interface in card.supported_interfaces:
+            interface.url = url + "/"
+        agent = EmbeddedAgent(brain, LocalSandbox(root.resolve()), config.get("workspace"))
+        self.tenants[agent_id] = Tenant(agent, build_app(agent, card))
+        return JSONResponse({"id": agent_id, "url": url}, status_code=201)
+
+    async def listing(self, request: Request) -> JSONResponse:
+        return JSONResponse({"agents": sorted(self.tenants)})
+
+    async def delete(self, request: Request) -> JSONResponse:
+        tenant = self.tenants.pop(request.path_params["agent_id"], None)
+        if tenant is None:
+            return JSONResponse({"error": "no such agent"}, status_code=404)
+        cancelled = tenant.agent.cancel_running()
+        return JSONResponse({"deleted": request.path_params["agent_id"], "cancelled_tasks": cancelled})

@@ -1,0 +1,103 @@
+"""Schedules: a task that carries a cron schedule gets a Dagster schedule of its job.
+
+The cron comes from ``[schedules]`` in ``.agentenv/config.toml`` (task id -> cron, for
+either format) or, for a Coder Eval task, from a ``schedule:<preset>`` tag (``hourly``,
+``daily``, ``weekly``, ``monthly``, ``yearly``: the reference's tags are kebab-case
+``key:value`` words, so a cron expression itself cannot be a tag). Config wins over a tag.
+A dataset task's tick runs every row in one run, as the CLI does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import dagster as dg
+
+from ..config import AgentEnvConfig, ScheduleEntry
+from ..errors import TaskLoadError
+from ..plan import TaskPlan
+from .rows import RANGE_END_TAG, RANGE_START_TAG
+from .translator import TaskTranslator
+
+log = logging.getLogger("agentenv_dagster")
+SCHEDULE_TAG_KEY = "schedule"
+TAG_PRESETS = {name: f"@{name}" for name in ("hourly", "daily", "weekly", "monthly", "yearly")}
+
+
+def task_run_request(plan: TaskPlan, translator: TaskTranslator, *, run_key: str | None = None) -> dg.RunRequest:
+    """A run of the task as ``plan`` has it: its steps as op config, its id, version and
+    content hash as tags; a dataset task's rows all in one run (a range of partitions)."""
+    from .definitions import run_config  # definitions imports this module
+
+    tags = dict(translator.get_job_tags(plan))
+    request = {"run_key": run_key, "job_name": translator.get_job_name(plan)}
+    rows = plan.document.partitions
+    if not rows:
+        return dg.RunRequest(**request, run_config=run_config(plan, translator), tags=tags)
+    keys = list(rows)
+    if len(keys) == 1:
+        return dg.RunRequest(**request, run_config=run_config(plan, translator, rows), tags=tags, partition_key=keys[0])
+    tags.update({RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]})
+    return dg.RunRequest(**request, run_config=run_config(plan, translator, rows), tags=tags)
+
+
+def task_schedules(
+    plans: list[TaskPlan], config: AgentEnvConfig, jobs: list[dg.JobDefinition],
+    translator: TaskTranslator | None = None,
+) -> list[dg.ScheduleDefinition]:
+    """One schedule per task that has a cron; a schedule that cannot be built is logged and
+    left out (like a bad task file, it must not take the code location down)."""
+    translator = translator or TaskTranslator()
+    by_name = {job.name: job for job in jobs}
+    task_ids = {plan.task_id for plan in plans}
+    for unknown in sorted(set(config.schedules) - task_ids):
+        log.warning(f"[schedules] {unknown}: no task with this id in the tasks folder; not scheduled")
+    schedules = []
+    for plan in plans:
+        entry = config.schedules.get(plan.task_id) or tag_schedule(plan)
+        job = by_name.get(translator.get_job_name(plan))
+        if entry is None or job is None:
+            continue
+        try:
+            schedules.append(task_schedule(plan, entry, job, translator))
+        except dg.DagsterInvalidDefinitionError as exc:
+            log.warning(f"[schedules] {plan.task_id}: not scheduled: {exc}")
+    return schedules
+
+
+def task_schedule(
+    plan: TaskPlan, entry: ScheduleEntry, job: dg.JobDefinition, translator: TaskTranslator,
+) -> dg.ScheduleDefinition:
+    def _tick(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+        return task_run_request(plan, translator)
+
+    return dg.ScheduleDefinition(
+        name=f"{job.name}_schedule", cron_schedule=entry.cron, job=job, execution_fn=_tick,
+        execution_timezone=entry.timezone,
+        default_status=dg.DefaultScheduleStatus.RUNNING if entry.default_status == "running"
+        else dg.DefaultScheduleStatus.STOPPED,
+        description=f"Runs task `{plan.task_id}` on `{entry.cron}` ({entry.timezone}).",
+    )
+
+
+def tag_schedule(plan: TaskPlan) -> ScheduleEntry | None:
+    """A Coder Eval task's ``schedule:<preset>`` tag, if it has one."""
+    if plan.document.format != "coder-eval":
+        return None
+    from ..spec.coder_eval import load_coder_eval_task
+
+    try:
+        tags = load_coder_eval_task(plan.document.source).task.tags
+    except (TaskLoadError, OSError) as exc:  # it compiled a moment ago; it changed since
+        log.warning(f"{plan.document.source}: tags not read, not scheduled: {exc}")
+        return None
+    presets = [t.partition(":")[2] for t in tags if t.partition(":")[0] == SCHEDULE_TAG_KEY]
+    if not presets:
+        return None
+    if presets[0] not in TAG_PRESETS:
+        log.warning(
+            f"{plan.document.source}: tag 'schedule:{presets[0]}': unknown schedule "
+            f"(one of {', '.join(TAG_PRESETS)}; or a cron in [schedules] of .agentenv/config.toml)"
+        )
+        return None
+    return ScheduleEntry(cron=TAG_PRESETS[presets[0]])

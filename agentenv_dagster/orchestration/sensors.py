@@ -1,0 +1,179 @@
+"""Sensors: nothing leaks when a run fails or is cancelled, and a changed task file runs.
+
+- ``agentenv_teardown_failed_runs`` / ``agentenv_teardown_canceled_runs`` (running by
+  default): when a run that ran in this project fails or is cancelled, end everything its
+  ledger still has running — what a run worker killed hard, or a step process interrupted
+  mid-deploy, could not end itself — and say what was ended in the run's own event log.
+- ``agentenv_task_files`` (stopped by default): launches a task's job once per new or changed
+  task document, run key = task id + version + content hash; the cursor remembers what was
+  launched, so a daemon restart launches nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import dagster as dg
+
+from ..compiler import compile_paths, discover
+from ..config import AgentEnvConfig
+from ..plan import TaskPlan
+from .resources import RESOURCE_KEY, AgentEnvResource
+from .schedules import task_run_request
+from .translator import TAG_CONTENT_HASH, TAG_TASK_ID, TAG_TASK_VERSION, TaskTranslator
+
+FAILED_RUNS_SENSOR = "agentenv_teardown_failed_runs"
+CANCELED_RUNS_SENSOR = "agentenv_teardown_canceled_runs"
+TASK_FILES_SENSOR = "agentenv_task_files"
+TAG_TORN_DOWN = "agentenv/torn_down"
+
+log = logging.getLogger("agentenv_dagster")
+
+
+# -- nothing leaks -------------------------------------------------------------------------
+
+def end_run_deployments(
+    instance: dg.DagsterInstance, run: dg.DagsterRun, resource: AgentEnvResource,
+    logger: logging.Logger | None = None,
+) -> list[str] | None:
+    """Close the run's ledger (later deployments of the run are refused) and end what it
+    still has running; the instances ended, or None for a run that never ran in this
+    project (no run folder under its state dir). Reported in the run's event log and as its
+    ``agentenv/torn_down`` tag."""
+    resource = _resource_of_run(resource, run)
+    if not resource.run_dir(run.run_id).is_dir():  # it did not run here (another project's run)
+        return None
+    ended = resource.teardown(run.run_id)
+    status = _ADJECTIVE.get(run.status, run.status.value.lower())
+    message = (
+        f"agentenv: the {status} run left {len(ended)} deployment(s) running; ended: {', '.join(ended)}"
+        if ended else f"agentenv: the {status} run left nothing running"
+    )
+    (logger or log).info(f"run {run.run_id}: {message}")
+    instance.report_engine_event(message, dagster_run=run)
+    instance.add_run_tags(run.run_id, {TAG_TORN_DOWN: str(len(ended))})
+    return ended
+
+
+_ADJECTIVE = {dg.DagsterRunStatus.FAILURE: "failed", dg.DagsterRunStatus.CANCELED: "canceled"}
+
+
+def _resource_of_run(resource: AgentEnvResource, run: dg.DagsterRun) -> AgentEnvResource:
+    """The resource the run itself used: its launchpad config may name another project."""
+    settings = (((run.run_config or {}).get("resources") or {}).get(RESOURCE_KEY) or {}).get("config") or {}
+    project_dir = settings.get("project_dir")
+    if project_dir and project_dir != resource.project_dir:
+        return AgentEnvResource(project_dir=project_dir)
+    return resource
+
+
+def _teardown_sensor(status: dg.DagsterRunStatus, name: str) -> dg.RunStatusSensorDefinition:
+    @dg.run_status_sensor(
+        run_status=status, name=name, default_status=dg.DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=15,
+        # every run, not only those launched from this location: `dagster job execute` and
+        # `agentenv-dagster run` runs have no location; the run folder says whose a run is
+        monitor_all_code_locations=True,
+        description=f"Ends the envs, agents and sandboxes a {_ADJECTIVE[status]} run left running.",
+    )
+    def _sensor(context: dg.RunStatusSensorContext, agentenv: AgentEnvResource):  # the RESOURCE_KEY resource
+        end_run_deployments(context.instance, context.dagster_run, agentenv, context.log)
+        # None, not a SkipReason: the sensor then goes on to the next run in the same tick
+
+    return _sensor
+
+
+def teardown_sensors() -> list[dg.RunStatusSensorDefinition]:
+    return [
+        _teardown_sensor(dg.DagsterRunStatus.FAILURE, FAILED_RUNS_SENSOR),
+        _teardown_sensor(dg.DagsterRunStatus.CANCELED, CANCELED_RUNS_SENSOR),
+    ]
+
+
+# -- new or changed task files -------------------------------------------------------------
+
+def task_run_key(plan: TaskPlan, translator: TaskTranslator) -> str:
+    tags = translator.get_job_tags(plan)
+    return f"{tags[TAG_TASK_ID]}:{tags[TAG_TASK_VERSION]}:{tags[TAG_CONTENT_HASH]}"
+
+
+def task_file_sensor(
+    tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
+    translator: TaskTranslator | None = None, *, minimum_interval_seconds: int = 30,
+) -> dg.SensorDefinition:
+    """Each tick compiles the task folder afresh and launches every task whose run key is
+    not in the cursor. A changed task runs its current content (the step fields are op
+    config) when its job here still fits it — same steps, types, edges, assets and rows;
+    otherwise (a new task, or a changed shape) it waits, unlaunched, until the code location
+    is reloaded."""
+    translator = translator or TaskTranslator()
+    loaded = {translator.get_job_name(p): p for p in plans}
+    task_jobs = [job for job in jobs if job.name in loaded]
+    shapes: dict[str, object] = {}
+
+    def loaded_shape(name: str, job: dg.JobDefinition) -> object:
+        if name not in shapes:
+            shapes[name] = job_shape(job, loaded[name])
+        return shapes[name]
+
+    @dg.sensor(
+        name=TASK_FILES_SENSOR, jobs=task_jobs or None, default_status=dg.DefaultSensorStatus.STOPPED,
+        minimum_interval_seconds=minimum_interval_seconds,
+        description=f"Launches a task's job once per new or changed task document in `{tasks_dir}`.",
+    )
+    def _sensor(context: dg.SensorEvaluationContext):
+        from .definitions import build_job  # definitions imports this module
+
+        launched: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
+        report = compile_paths(discover(tasks_dir), config)
+        by_job = {job.name: job for job in task_jobs}
+        requests, waiting = [], []
+        for plan in report.plans:
+            name, key = translator.get_job_name(plan), task_run_key(plan, translator)
+            if launched.get(name) == key:
+                continue
+            job = by_job.get(name)
+            if job is None or loaded[name].document.source != plan.document.source:
+                waiting.append(f"{plan.document.source}: task '{plan.task_id}' has no job here yet: "
+                               "reload the code location to launch it")
+            elif job_shape(build_job(plan, translator), plan) != loaded_shape(name, job):
+                waiting.append(f"{plan.document.source}: task '{plan.task_id}' changed its steps, edges, "
+                               "assets or rows: reload the code location to launch it")
+            else:
+                requests.append(task_run_request(plan, translator, run_key=key))
+                launched[name] = key
+        for line in waiting:
+            context.log.info(line)
+        if report.errors:
+            waiting.append(f"{len(report.errors)} problem(s) in task files, e.g. {report.errors[0]}")
+        cursor = json.dumps(launched, sort_keys=True)
+        if requests:
+            return dg.SensorResult(run_requests=requests, cursor=cursor)
+        return dg.SensorResult(skip_reason="; ".join(waiting) or "no new or changed task", cursor=cursor)
+
+    return _sensor
+
+
+def job_shape(job: dg.JobDefinition, plan: TaskPlan) -> tuple:
+    """What a run cannot change through run config: the nodes (op, tags — assets and pool —,
+    retry policy), their edges, and the partitions (the rows of the plan the job was built
+    from; the job's own would need its resources bound)."""
+    nodes = []
+    for invocation, inputs in job.graph.dependencies.items():
+        retry = invocation.retry_policy
+        nodes.append((
+            invocation.alias or invocation.name, invocation.name, tuple(sorted((invocation.tags or {}).items())),
+            (retry.max_retries, retry.delay, str(retry.backoff), str(retry.jitter)) if retry else None,
+            tuple(sorted((i, tuple(sorted(d.node for d in dep.get_node_dependencies()))) for i, dep in inputs.items())),
+        ))
+    return tuple(sorted(nodes)), tuple(plan.document.partitions or ())
+
+
+def task_sensors(
+    tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
+    translator: TaskTranslator | None = None,
+) -> list[dg.SensorDefinition]:
+    """The code location's sensors: the teardown pair, and the task-file sensor."""
+    return [*teardown_sensors(), task_file_sensor(tasks_dir, config, plans, jobs, translator)]

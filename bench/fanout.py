@@ -1,0 +1,152 @@
+"""A 1,000-row dataset through agentenv_dagster and through Inspect AI, in one invocation.
+
+The same rows (a sentence to classify), the same model behaviour (a keyword rule answering
+after ``--latency`` seconds) and the same concurrency (``--in-flight``) on both sides:
+
+(a) agentenv_dagster: a Coder Eval task with ``dataset``, run as one Dagster run over every
+    row (each row a partition of the job, every op running its step for all rows,
+    ``rows_in_flight`` at once) — sandboxes, the replay agent answering over real A2A in the
+    run's agent host, a deterministic ``classification_match`` criterion, per-row asset
+    materializations, the suite rollup and the reports;
+(b) Inspect AI: its ``mockllm`` model answering through ``custom_outputs`` after the same
+    delay, ``max_samples`` = ``max_connections`` = the same concurrency, an exact ``match``.
+
+It prints both wall times, their ratio, and each against the ideal (rows × latency / in
+flight). Needs ``pip install -e '.[bench]'``.
+
+    python bench/fanout.py [--rows 1000] [--latency 0.2] [--in-flight 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+LABELS = ("positive", "negative")
+WORDS = {"positive": ["great", "lovely", "superb"], "negative": ["awful", "dull", "broken"]}
+
+
+def rows(n: int) -> list[dict]:
+    """Deterministic sentences; every fifth one is neutral, which the rule answers wrongly."""
+    out = []
+    for i in range(n):
+        label = LABELS[i % 2]
+        word = WORDS[label][i % 3] if i % 5 else "ordinary"
+        out.append({"id": f"r{i:05d}", "text": f"item {i} was {word}", "label": label})
+    return out
+
+
+def answer(text: str) -> str:
+    """The model: positive words answer positive, anything else negative."""
+    return "positive" if any(w in text for w in WORDS["positive"]) else "negative"
+
+
+def project(root: Path, n: int, latency: float) -> Path:
+    (root / ".agentenv").mkdir(parents=True)
+    (root / ".agentenv" / "config.toml").write_text('[model]\ndefault = "replay"\n')
+    (root / "tasks").mkdir()
+    (root / "tasks" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(n)))
+    pattern = "|".join(WORDS["positive"])
+    task = root / "tasks" / "sentiment.yaml"
+    task.write_text(textwrap.dedent(f"""\
+        task_id: sentiment
+        description: classify each sentence
+        initial_prompt: "Classify, answering in label.txt: ${{row.text}}"
+        agent:
+          type: replay
+          delay_seconds: {latency}
+          episodes:
+            - {{match: "{pattern}", reply: positive, actions: [{{write_file: label.txt, content: positive}}]}}
+            - {{match: ".", reply: negative, actions: [{{write_file: label.txt, content: negative}}]}}
+        sandbox: {{python: null}}
+        dataset:
+          paths: [rows.jsonl]
+        success_criteria:
+          - type: classification_match
+            path: label.txt
+            expected_label: "${{row.label}}"
+            allowed_labels: [positive, negative]
+            description: the label is right
+        """))
+    return task
+
+
+def run_agentenv(root: Path, n: int, latency: float, in_flight: int) -> tuple[float, str]:
+    import dagster as dg
+
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+
+    task = project(root, n, latency)
+    config = load_config(root)
+    home = root / ".dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        started = time.perf_counter()
+        done = run_coder_eval_task(task, config, instance=instance, rows_in_flight=in_flight,
+                                   output_dir=root / "out")
+        elapsed = time.perf_counter() - started
+    passed = sum(r.final_status.value == "SUCCESS" for r in done.results)
+    return elapsed, f"{passed}/{len(done.results)} rows passed"
+
+
+def run_inspect(root: Path, n: int, latency: float, in_flight: int) -> tuple[float, str]:
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+    from inspect_ai.scorer import match
+    from inspect_ai.solver import generate
+
+    async def delayed(messages, tools, tool_choice, config):
+        await asyncio.sleep(latency)
+        output = ModelOutput.from_content(model="mockllm", content=answer(messages[-1].text))
+        output.usage = ModelUsage(input_tokens=10, output_tokens=1, total_tokens=11)  # no tokenizer download
+        return output
+
+    samples = [Sample(id=r["id"], input=f"Classify: {r['text']}", target=r["label"]) for r in rows(n)]
+    model = get_model("mockllm/model", custom_outputs=delayed)
+    started = time.perf_counter()
+    (log,) = inspect_eval(
+        Task(dataset=samples, solver=generate(), scorer=match(location="exact")), model=model,
+        max_samples=in_flight, max_connections=in_flight, display="none", log_dir=str(root / "logs"),
+    )
+    elapsed = time.perf_counter() - started
+    accuracy = log.results.scores[0].metrics["accuracy"].value if log.results else None
+    return elapsed, f"status {log.status}, accuracy {accuracy}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1000)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--in-flight", type=int, default=32)
+    parser.add_argument("--only", choices=["agentenv", "inspect"])
+    args = parser.parse_args()
+    ideal = args.rows * args.latency / args.in_flight
+    print(f"{args.rows} rows, {args.latency * 1000:.0f} ms per answer, {args.in_flight} in flight: "
+          f"ideal {ideal:.2f} s", flush=True)
+    times = {}
+    for name, run in (("agentenv_dagster", run_agentenv), ("inspect_ai", run_inspect)):
+        if args.only and not name.startswith(args.only):
+            continue
+        with tempfile.TemporaryDirectory(prefix=f"fanout-{name}-") as tmp:
+            os.environ["DAGSTER_HOME"] = str(Path(tmp) / ".dagster_home")
+            elapsed, outcome = run(Path(tmp), args.rows, args.latency, args.in_flight)
+        times[name] = elapsed
+        print(f"  {name:<17} {elapsed:7.2f} s  ({elapsed / ideal:.2f}x ideal)  {outcome}", flush=True)
+    if len(times) == 2:
+        ratio = times["agentenv_dagster"] / times["inspect_ai"]
+        print(f"  agentenv_dagster / inspect_ai = {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The agent host: one process serving many agents, each a whole A2A agent under its URL."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+
+from agentenv_dagster.runtime.a2a_client import AGENT_CONFIG_URI, A2AClient
+from agentenv_dagster.runtime.processes import is_running, spawn_server, terminate
+from projects import REPO
+
+pytestmark = pytest.mark.anyio
+
+
+def replay(reply: str, **extra) -> dict:
+    return {"kind": "replay", "episodes": [{"match": ".", "reply": reply}], **extra}
+
+
+@pytest.fixture
+def host(tmp_path):
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    server = spawn_server("agentenv_dagster.builtin.agents", ["host"], workdir=tmp_path / "host",
+                          ttl_seconds=120, env={"PYTHONPATH": pythonpath})
+    try:
+        yield server.url
+    finally:
+        terminate(server.pid)
+    assert not is_running(server.pid)
+
+
+async def test_agents_in_one_host_are_separate(host, tmp_path):
+    async with httpx.AsyncClient(timeout=30) as http:
+        a2a = A2AClient(http)
+        urls = {}
+        for name in ("a", "b"):
+            created = await http.post(f"{host}/agents", json={
+                "id": name, "sandbox": str(tmp_path / name), "config": replay(f"I am {name}", name=f"agent {name}")})
+            assert created.status_code == 201
+            urls[name] = created.json()["url"]
+        assert urls["a"] == f"{host}/agents/a"
+        assert (await http.get(f"{host}/agents")).json() == {"agents": ["a", "b"]}
+
+        card = await a2a.get_card(urls["b"])
+        assert card["name"] == "agent b" and card["supportedInterfaces"][0]["url"] == urls["b"] + "/"
+        await a2a.post_extension(urls["a"], card, AGENT_CONFIG_URI, {"model": "for-a"})
+        assert (await a2a.get_extension(urls["b"], card, AGENT_CONFIG_URI))["config"] == {}  # b's own config
+        replies = {name: (await a2a.send_and_wait(url, "who?", timeout_seconds=20)).text for name, url in urls.items()}
+        assert replies == {"a": "I am a", "b": "I am b"}
+        assert (tmp_path / "a").is_dir() and (tmp_path / "b").is_dir()
+
+        deleted = await http.delete(f"{host}/agents/a")
+        assert deleted.status_code == 200
+        assert (await http.get(urls["a"] + "/.well-known/agent-card.json")).status_code == 404
+        assert (await a2a.send_and_wait(urls["b"], "still there?", timeout_seconds=20)).text == "I am b"
+
+
+async def test_deleting_an_agent_cancels_its_running_task(host, tmp_path):
+    slow = {"kind": "replay", "episodes": [{"match": ".", "reply": "late", "actions": [{"sleep": 30}]}]}
+    async with httpx.AsyncClient(timeout=30) as http:
+        url = (await http.post(f"{host}/agents", json={"id": "s", "sandbox": str(tmp_path / "s"), "config": slow})).json()["url"]
+        sent = await http.post(url, headers={"A2A-Version": "1.0"}, json={
+            "jsonrpc": "2.0", "id": "1", "method": "SendMessage",
+            "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "go"}]},
+                       "configuration": {"returnImmediately": True}}})
+        assert sent.json()["result"]["task"]["id"]
+        deleted = await http.delete(f"{host}/agents/s")
+    assert deleted.json() == {"deleted": "s", "cancelled_tasks": 1}
+
+
+async def test_bad_requests_say_what_is_wrong(host, tmp_path):
+    async with httpx.AsyncClient(timeout=30) as http:
+        bad_kind = await http.post(f"{host}/agents", json={"id": "x", "sandbox": str(tmp_path), "config": {"kind": "nope"}})
+        assert bad_kind.status_code == 400 and "unknown agent kind 'nope'" in bad_kind.json()["error"]
+        bad_script = await http.post(f"{host}/agents", json={
+            "id": "y", "sandbox": str(tmp_path), "config": {"kind": "replay", "episodes": [{"match": "("}]}})
+        assert bad_script.status_code == 400 and "replay episode 0: 'match' must be a regular expression" in bad_script.json()["error"]
+        no_id = await http.post(f"{host}/agents", json={"sandbox": str(tmp_path), "config": replay("hi")})
+        assert no_id.status_code == 400
+        ok = await http.post(f"{host}/agents", json={"id": "z", "sandbox": str(tmp_path), "config": replay("hi")})
+        again = await http.post(f"{host}/agents", json={"id": "z", "sandbox": str(tmp_path), "config": replay("hi")})
+        assert ok.status_code == 201 and again.status_code == 409
+        assert (await http.delete(f"{host}/agents/missing")).status_code == 404

@@ -1,0 +1,144 @@
+"""A dataset's rows run together: one Dagster run over a range of partitions, every op running
+its step for all rows, each row's verification a partition materialization."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import replace
+
+import dagster as dg
+import pytest
+from test_coder_eval_run import WORDS_TASK, cli
+
+from agentenv_dagster.compiler import checked_plan, load_document, step_registry
+from agentenv_dagster.config import load_config
+from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+from agentenv_dagster.orchestration.execute import execute_plan
+from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG
+from agentenv_dagster.runtime.local import Ledger
+from projects import leaked_servers, make_project
+
+VERIFICATION = dg.AssetKey(["verifications", "words", "success_criteria"])
+
+ROW_STEP = textwrap.dedent('''
+    from agentenv_dagster.steps.base import TaskStep
+
+    class RowStep(TaskStep):
+        """Fails for the rows whose ``verdict`` is "fail"; records what it saw."""
+        type_name = "row_step"
+        verdict: str
+
+        async def execute(self, ctx, rt):
+            ctx.metadata_map("seen")[self.id] = self.verdict
+            if self.verdict == "fail":
+                raise RuntimeError(f"row said {self.verdict}")
+''')
+
+
+@pytest.fixture
+def project(tmp_path):
+    root = make_project(tmp_path / "project", extra_config='[task_steps]\nimpls = ["row_steps:RowStep"]\n')
+    (root / "row_steps.py").write_text(ROW_STEP)
+    yield root
+    assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_a_dataset_is_one_run_over_its_rows(project):
+    path = project / "tasks" / "words.yaml"
+    path.write_text(WORDS_TASK.format(extra=""))
+    with dg.instance_for_test() as instance:
+        done = run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
+                                   rows_in_flight=2)
+        (run,) = instance.get_runs()
+        assert (run.tags[RANGE_START_TAG], run.tags[RANGE_END_TAG]) == ("r1", "r3")
+        assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
+        passed = {
+            row: instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=VERIFICATION, asset_partitions=[row]),
+                                                 limit=1).records[0].asset_materialization.metadata["passed"].value
+            for row in ("r1", "r2", "r3")
+        }
+        check = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+            [dg.AssetCheckKey(VERIFICATION, "passed")])[dg.AssetCheckKey(VERIFICATION, "passed")]
+        summary = check.event.dagster_event.event_specific_data
+    assert passed == {"r1": True, "r2": True, "r3": False}
+    assert summary.passed is False and summary.metadata["rows_failed"].value == ["r3"]
+    assert summary.metadata["rows_passed"].value == 2
+    assert [(r.task_id, r.final_status.value) for r in done.results] == [
+        ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]  # no scripted reply
+    # every row's agent ran in the run's one agent host: one process, three hosted agents
+    entries = Ledger.of_run(project / ".agentenv" / "state" / "runs" / run.run_id).entries()
+    hosts = [iid for iid, e in entries.items() if e["pid"]]
+    assert len(hosts) == 1 and sorted(e["host"] for e in entries.values() if not e["pid"]) == [hosts[0]] * 3
+    # each row has its own sandbox and its own timing, inside the run's span
+    sandboxes = {r.sandbox_path for r in done.results}
+    assert len(sandboxes) == 3
+    assert all(r.started_at <= r.completed_at and r.duration_seconds < 60 for r in done.results)
+
+
+def test_a_row_that_fails_stops_there_and_the_others_go_on(project):
+    steps = [
+        {"id": "check", "type": "row_step", "verdict": "<row.verdict>", "depends_on": []},
+        {"id": "after", "type": "row_step", "verdict": "ran"},
+    ]
+    (project / "tasks" / "rows.json").write_text(json.dumps(steps))
+    config = load_config(project)
+    document, _ = load_document(project / "tasks" / "rows.json", step_registry(config))
+    seeds = {"a": {"row.verdict": "pass"}, "b": {"row.verdict": "fail"}, "c": {"row.verdict": "pass"}}
+    plan = checked_plan(replace(document, partitions=seeds))
+    with dg.instance_for_test() as instance:
+        run = execute_plan(plan, config, instance=instance, partition_keys=["c", "a", "b"])
+        assert run.success
+        assert set(run.contexts) == {"a", "b", "c"}
+        assert run.contexts["a"].metadata["seen"] == {"check": "pass", "after": "ran"}
+        assert run.contexts["b"].metadata["seen"] == {"check": "fail"}  # `after` never ran for it
+        (failure,) = run.contexts["b"].metadata["failed_steps"]
+        assert (failure["step_id"], failure["error"]) == ("check", "row said fail")
+        assert run.contexts["a"].metadata["seed"] == {"row.verdict": "pass"}
+
+        everyone_fails = checked_plan(replace(document, partitions={
+            "x": {"row.verdict": "fail"}, "y": {"row.verdict": "fail"}}))
+        failed = execute_plan(everyone_fails, config, instance=instance, partition_keys=["x", "y"])
+    assert not failed.success
+    assert {k: c.metadata["failed_steps"][0]["step_id"] for k, c in failed.contexts.items()} == {"x": "check", "y": "check"}
+
+
+def test_a_launch_over_a_partition_range_without_row_config_reads_the_rows_from_the_job(project):
+    """What a single-run backfill (or ``dagster job execute`` with range tags) sends: only the
+    range. The root ops take each row's values from the job's partitioned config."""
+    from agentenv_dagster import build_definitions
+
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
+    job = build_definitions(project / "tasks").get_job_def("words")
+    config = job.partitioned_config.get_run_config_for_partition_key("r1")
+    for node in config["ops"].values():
+        node["config"].pop("rows", None)
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(instance=instance, run_config=config,
+                                        tags={RANGE_START_TAG: "r1", RANGE_END_TAG: "r2"})
+        assert result.success
+        assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2"}
+
+
+def test_the_cli_runs_a_dataset_with_bounded_rows_in_flight(project):
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
+    done = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "1", "--output-dir", "out")
+    assert done.returncode == 1, done.stdout + done.stderr  # r3 errs, as upstream's exit code says
+    summary = json.loads((project / "out" / "run.json").read_text())
+    assert (summary["tasks_run"], summary["tasks_succeeded"], summary["tasks_error"]) == (3, 2, 1)
+    bad = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "0")
+    assert bad.returncode == 2 and "--rows-in-flight" in bad.stderr
+
+
+def test_simulation_trials_are_replicates_each_a_run_tagged_with_its_replicate(project):
+    path = project / "tasks" / "words.yaml"
+    path.write_text(WORDS_TASK.format(extra="").replace(
+        "sandbox: {python: null}",
+        "sandbox: {python: null}\nsimulation: {enabled: true, persona: a user, goal: say hi, n_trials: 2}"))
+    with dg.instance_for_test() as instance:
+        done = run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance)
+        runs = instance.get_runs()
+        assert sorted(r.tags["agentenv/replicate"] for r in runs) == ["0", "1"]
+        assert {r.tags["agentenv/variant"] for r in runs} == {"default"}
+    assert sorted((r.task_id, r.replicate_index) for r in done.results) == [
+        (f"words/{row}", i) for row in ("r1", "r2", "r3") for i in (0, 1)]
