@@ -6,13 +6,19 @@ each agent into it: ``POST /agents`` with the agent's id, sandbox folder and con
 the single-agent process reads from ``--config-file``) serves a full agent — card,
 JSON-RPC, agentenv extensions, its own sandbox and MCP registrations — under
 ``/agents/<id>``; ``DELETE /agents/<id>`` ends it and cancels what it is running.
+
+The agents share one set of routes and one A2A request handler: the path picks the agent
+(a context variable the handler's tasks inherit), so adding one costs a dict entry.
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
+from a2a.server.agent_execution import AgentExecutor
+from a2a.types import AgentCard
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -28,7 +34,36 @@ PREFIX = "/agents/"
 @dataclass
 class Tenant:
     agent: EmbeddedAgent
-    app: Starlette
+    card: AgentCard
+
+
+_current: ContextVar[Tenant] = ContextVar("agentenv_hosted_agent")
+
+
+class HostedAgent(AgentExecutor):
+    """Whichever hosted agent the request is for: every call goes to the current tenant's."""
+
+    async def execute(self, context, event_queue) -> None:
+        await _current.get().agent.execute(context, event_queue)
+
+    async def cancel(self, context, event_queue) -> None:
+        await _current.get().agent.cancel(context, event_queue)
+
+    async def mcp_config(self, request: Request) -> JSONResponse:
+        return await _current.get().agent.mcp_config(request)
+
+    async def agent_config(self, request: Request) -> JSONResponse:
+        return await _current.get().agent.agent_config(request)
+
+    async def skill_config(self, request: Request) -> JSONResponse:
+        return await _current.get().agent.skill_config(request)
+
+    async def trajectory(self, request: Request) -> JSONResponse:
+        return await _current.get().agent.trajectory(request)
+
+
+async def _tenant_card(_: AgentCard) -> AgentCard:
+    return _current.get().card
 
 
 class AgentHost:
@@ -45,17 +80,21 @@ class AgentHost:
             Route("/agents", self.listing, methods=["GET"]),
             Route("/agents/{agent_id}", self.delete, methods=["DELETE"]),
         ])
+        hosted = build_app(HostedAgent(), build_card("hosted-agent", "An agent in an agent host"), _tenant_card)
 
         async def dispatch(scope, receive, send):
-            """``/agents/<id>/...`` goes to that agent's app, the rest to the control routes."""
+            """``/agents/<id>/...`` goes to that agent, the rest to the control routes."""
             path = scope.get("path", "")
             if scope["type"] == "http" and path.startswith(PREFIX):
                 agent_id, _, rest = path[len(PREFIX):].partition("/")
                 tenant = self.tenants.get(agent_id)
                 if tenant is not None and (rest or scope["method"] != "DELETE"):
-                    mount = PREFIX + agent_id
-                    scope = {**scope, "path": "/" + rest, "root_path": scope.get("root_path", "") + mount}
-                    await tenant.app(scope, receive, send)
+                    scope = {**scope, "path": "/" + rest, "root_path": scope.get("root_path", "") + PREFIX + agent_id}
+                    token = _current.set(tenant)
+                    try:
+                        await hosted(scope, receive, send)
+                    finally:
+                        _current.reset(token)
                     return
             await control(scope, receive, send)
 
@@ -79,8 +118,7 @@ class AgentHost:
         url = f"{self.url}{PREFIX}{agent_id}"
         for interface in card.supported_interfaces:
             interface.url = url + "/"
-        agent = EmbeddedAgent(brain, LocalSandbox(root.resolve()), config.get("workspace"))
-        self.tenants[agent_id] = Tenant(agent, build_app(agent, card))
+        self.tenants[agent_id] = Tenant(EmbeddedAgent(brain, LocalSandbox(root.resolve()), config.get("workspace")), card)
         return JSONResponse({"id": agent_id, "url": url}, status_code=201)
 
     async def listing(self, request: Request) -> JSONResponse:

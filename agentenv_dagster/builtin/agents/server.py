@@ -97,6 +97,7 @@ class TaskSession:
 
             self.tools += WORKSPACE_TOOLS
         self.events: list[dict] = []
+        self.context_id: str | None = None  # the A2A context: a brain keeps a conversation per context
         self.tool_call_count = 0
         self.model = ""
         self.usage = {"input_tokens": 0, "output_tokens": 0}
@@ -201,6 +202,7 @@ class EmbeddedAgent(AgentExecutor):
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         await updater.start_work()
         session = TaskSession(self.config, self.skills, self.sandbox, self.workspace)
+        session.context_id = task.context_id
         self.trajectories[task.id] = session.events
         self.task_contexts[task.id] = task.context_id
         prompt = context.get_user_input()
@@ -349,9 +351,11 @@ def build_card(name: str, description: str) -> AgentCard:
     )
 
 
-def build_app(agent: EmbeddedAgent, card: AgentCard) -> Starlette:
+def build_app(agent: EmbeddedAgent, card: AgentCard, card_modifier=None) -> Starlette:
+    """The agent's routes; ``card_modifier`` (async, card -> card) adjusts the card per request."""
     handler = DefaultRequestHandler(agent, task_store=InMemoryTaskStore(), agent_card=card)
-    routes = [r for path in CARD_PATHS for r in create_agent_card_routes(card, card_url=path)]
+    routes = [r for path in CARD_PATHS
+              for r in create_agent_card_routes(card, card_modifier=card_modifier, card_url=path)]
     routes += create_jsonrpc_routes(handler, rpc_url="/", enable_v0_3_compat=True)
     routes += [
         Route(DEFAULT_ENDPOINTS[MCP_CONFIG_URI], agent.mcp_config, methods=["GET", "POST"]),
