@@ -56,13 +56,17 @@ class RunResult:
         return "\n".join(lines)
 
 
+# Offline by default: no telemetry, no newsletter prompt in the UI; storage stays the default.
+DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
+
+
 def project_dagster_home(config: AgentEnvConfig) -> Path:
     """``DAGSTER_HOME`` if set, else the project's ``.dagster_home`` (created on first use)."""
     home = Path(os.environ.get("DAGSTER_HOME") or config.root / ".dagster_home")
     home.mkdir(parents=True, exist_ok=True)
     settings = home / "dagster.yaml"
-    if not settings.exists():  # no network here: opt out of telemetry, keep the defaults
-        settings.write_text("telemetry:\n  enabled: false\n")
+    if not settings.exists():
+        settings.write_text(DAGSTER_YAML)
     os.environ["DAGSTER_HOME"] = str(home)
     return home
 

@@ -15,6 +15,8 @@ import pytest
 from dagster_graphql import DagsterGraphQLClient
 
 from agentenv_dagster.runtime.processes import is_running, terminate
+from agentenv_dagster.orchestration.execute import DAGSTER_YAML
+from browser import ARTIFACTS, CHROMIUM, chromium
 from projects import REPO, leaked_servers, make_project
 
 ASSETS_QUERY = """{
@@ -46,6 +48,26 @@ def wait_until(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def look_at_the_ui(tmp_path, base: str) -> None:
+    """The verification asset's page and its lineage as a browser renders them (the UI is a
+    JavaScript app: Chromium runs it for a virtual 20 s), kept as screenshots."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    pages = {"verification": "/assets/verifications/reply_to_dana/sent",
+             "lineage": "/assets/verifications/reply_to_dana/sent?view=lineage"}
+    for name, path in pages.items():
+        dom = chromium(tmp_path / f"profile-{name}", base + path, "--virtual-time-budget=20000", "--dump-dom",
+                       timeout=120)
+        assert "sent" in dom and "reply_to_dana" in dom, dom[-2000:]
+        if name == "verification":
+            assert "score" in dom and "passed" in dom  # the materialization's metadata
+        else:
+            assert "inbox" in dom  # the loaded artifact upstream of the verification
+        shot = ARTIFACTS / f"dagster-ui-{name}.png"
+        chromium(tmp_path / f"profile-{name}-shot", base + path, "--virtual-time-budget=20000",
+                 f"--screenshot={shot}", "--window-size=1400,1000", "--hide-scrollbars", timeout=120)
+        assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
 @pytest.mark.slow
 def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
     project = make_project(tmp_path / "p")
@@ -53,6 +75,7 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
     shutil.copy(REPO / "definitions.py", project / "definitions.py")
     shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
     (project / ".dagster_home").mkdir()
+    (project / ".dagster_home" / "dagster.yaml").write_text(DAGSTER_YAML)
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home")}
     dev = subprocess.Popen(
@@ -86,6 +109,8 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
         collected = nodes[("artifacts", "reply_to_dana", "collect")]
         assert ["artifacts", "inbox"] in [d["path"] for d in collected["dependencyKeys"]]
         assert collected["assetMaterializations"]
+        if CHROMIUM:
+            look_at_the_ui(tmp_path, f"http://127.0.0.1:{port}")
     finally:
         terminate(dev.pid, grace_seconds=20)
         dev.wait(timeout=30)

@@ -3,34 +3,20 @@ none of the hostile task output becomes live markup."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from browser import chromium as run_chromium
+from browser import needs_chromium
 
 from agentenv_dagster.reports.render import write_reports
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="chromium binary not found (Debian: apt-get install -y chromium)"
-)
+pytestmark = needs_chromium
 
 
 def chromium(tmp_path: Path, page: Path, *args: str) -> str:
-    """One isolated, offline headless run; returns stdout."""
-    completed = subprocess.run(
-        [
-            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={tmp_path / 'chromium-profile'}", *args, page.resolve().as_uri(),
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return completed.stdout
+    """One isolated, offline headless run of the page; returns stdout."""
+    return run_chromium(tmp_path / "chromium-profile", page.resolve().as_uri(), *args)
 
 
 @pytest.fixture
