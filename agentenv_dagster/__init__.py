@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .orchestration.definitions import build_definitions
+    from .orchestration.location import build_repository
 
-__all__ = ["build_definitions"]
+__all__ = ["build_definitions", "build_repository"]
 
 
 def __getattr__(name: str):
@@ -16,4 +17,8 @@ def __getattr__(name: str):
         from .orchestration.definitions import build_definitions
 
         return build_definitions
+    if name == "build_repository":
+        from .orchestration.location import build_repository
+
+        return build_repository
     raise AttributeError(name)

@@ -119,6 +119,42 @@ def task_run(task_id: str, version: int | None, start_step: int, end_step: int |
     sys.exit(_execute(plan, config, output_dir, initial))
 
 
+@main.command()
+@click.argument("run_id")
+@click.argument("decision", required=False, type=click.Choice(["approve", "reject", "continue", "abort"]))
+@click.option("--step", "step_id", help="the review step (default: the one awaiting a decision)")
+@click.option("--instance", "instance_id", help="one row (task instance) only; default: every row of the step")
+@click.option("--note", help="why: recorded in the run's context with the decision")
+@click.option("--by", "decided_by", help="who decides (default: the user name)")
+def review(run_id: str, decision: str | None, step_id: str | None, instance_id: str | None,
+           note: str | None, decided_by: str | None) -> None:
+    """Approve or reject a `review` step of run RUN_ID (a unique prefix will do); without a
+    decision, list the reviews awaiting one."""
+    import getpass
+
+    from .runtime.review import ReviewError, RunReviews, find_run_dir
+
+    config = _config()
+    try:
+        reviews = RunReviews.of_run(find_run_dir(config.state_dir / "runs", run_id))
+        if decision is None:
+            waiting = reviews.awaiting()
+            for record in waiting:
+                click.echo(json.dumps(record, indent=2))
+            click.echo(f"{len(waiting)} review(s) awaiting a decision")
+            return
+        try:
+            decided_by = decided_by or getpass.getuser()
+        except (KeyError, OSError):  # no user name in this environment
+            decided_by = "cli"
+        record = reviews.decide(decision, step_id=step_id, instance_id=instance_id, note=note,
+                                decided_by=decided_by)
+    except ReviewError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    click.echo(f"review '{record['step_id']}': {record['decision']} ({record['decided_by']})")
+
+
 def context_names(data: dict[str, Any]) -> set[tuple[str, str]]:
     """The names a saved context already provides to a sliced run."""
     names = {("env", e.get("env_id")) for e in data.get("deployed_envs") or []}

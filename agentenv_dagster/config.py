@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 CONFIG_RELPATH = Path(".agentenv") / "config.toml"
@@ -84,8 +85,52 @@ class EnvsConfig(_Section):
 
 
 class StoresConfig(_Section):
+    """Where runs keep artifacts, objects (trajectories) and the contexts between ops:
+    the state folder (the default), or an S3 bucket (``backend = "s3"``) that every worker of
+    a distributed deployment reaches. ``bucket``, ``prefix`` and ``endpoint_url`` (moto,
+    MinIO) may be ``env:NAME`` references; credentials come from boto3's usual chain."""
+
     state_dir: str = ".agentenv/state"
     artifact_dirs: list[str] = Field(default_factory=lambda: ["artifacts"])
+    backend: Literal["filesystem", "s3"] = "filesystem"
+    bucket: str | None = None
+    prefix: str = "agentenv"
+    endpoint_url: str | None = None
+    region: str | None = None
+
+    @model_validator(mode="after")
+    def _s3_needs_a_bucket(self) -> "StoresConfig":
+        if self.backend == "s3" and not self.bucket:
+            raise ValueError('backend = "s3" needs a bucket')
+        return self
+
+
+EXECUTORS = ("multiprocess", "in_process", "celery", "k8s")
+
+
+class CeleryConfig(_Section):
+    """The Celery executor's broker and result backend (``env:NAME?default`` references)."""
+
+    broker: str = "env:AGENTENV_CELERY_BROKER?redis://127.0.0.1:6379/0"
+    backend: str = "env:AGENTENV_CELERY_BACKEND?redis://127.0.0.1:6379/1"
+    include: list[str] = Field(default_factory=list)  # modules every worker imports
+
+
+class DagsterConfig(_Section):
+    """How jobs execute: ``multiprocess`` (forkserver, the default), ``in_process``,
+    ``celery`` (``dagster_celery.celery_executor``: steps run on Celery workers) or ``k8s``
+    (``dagster_k8s.k8s_job_executor``: a Kubernetes Job per step, ``[dagster.k8s]`` is its
+    config). The ``AGENTENV_DAGSTER_EXECUTOR`` environment variable overrides ``executor``."""
+
+    executor: Literal["multiprocess", "in_process", "celery", "k8s"] = "multiprocess"
+    celery: CeleryConfig = Field(default_factory=CeleryConfig)
+    k8s: dict[str, Any] = Field(default_factory=dict)  # job_namespace, job_image, env_secrets, ...
+
+    def chosen_executor(self) -> str:
+        chosen = os.environ.get("AGENTENV_DAGSTER_EXECUTOR") or self.executor
+        if chosen not in EXECUTORS:
+            raise ConfigError(f"AGENTENV_DAGSTER_EXECUTOR='{chosen}': expected one of {', '.join(EXECUTORS)}")
+        return chosen
 
 
 class TaskStepsConfig(_Section):
@@ -133,6 +178,7 @@ class AgentEnvConfig(_Section):
     envs: EnvsConfig = Field(default_factory=EnvsConfig)
     stores: StoresConfig = Field(default_factory=StoresConfig)
     task_steps: TaskStepsConfig = Field(default_factory=TaskStepsConfig)
+    dagster: DagsterConfig = Field(default_factory=DagsterConfig)
     # task id -> its cron schedule (a Dagster schedule of the task's job)
     schedules: dict[str, Annotated[ScheduleEntry, BeforeValidator(_cron_string_to_entry)]] = Field(default_factory=dict)
     root: Path = Field(default_factory=Path.cwd, exclude=True)

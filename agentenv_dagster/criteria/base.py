@@ -2,8 +2,8 @@
 
 A criterion type is a pydantic model of its task-file fields plus ``async check(ctx)``;
 ``evaluate`` wraps ``check`` so that any fault in a checker scores 0.0 with the error
-recorded, except a ``CheckerMisuseError`` (the task definition is wrong, which must not count
-against the agent).
+recorded, except a ``CheckerMisuseError`` (the task definition is wrong) or a
+``JudgeInfrastructureError`` (the judge's API failed): neither may count against the agent.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ ResultKind = Literal["basic", "classification", "judge"]
 
 class CheckerMisuseError(Exception):
     """A task-definition fault found while checking: the task is an ERROR, not a FAILURE."""
+
+
+class JudgeInfrastructureError(Exception):
+    """A judge's model could not be used (an API error left after retries, no connection):
+    the task is an ERROR, not a FAILURE."""
 
 
 @dataclass
@@ -53,6 +58,12 @@ class CriterionContext:
     # Runs run_command criteria where the agent ran (its container); None = on the host.
     # Anything with ``async run(command, timeout, env) -> exit_code/stdout/stderr/timed_out``.
     shell: Any = None
+    # The ``AgentEnvConfig`` in force (judges read [model] from it); None = the config found
+    # from ``task_dir`` upwards (or AGENT_ENV_CONFIG), as the CLI would find it.
+    config: Any = None
+    # The conversation for ``include_dialog``: ``[{"user": ..., "agent": ...}]`` per turn;
+    # None = one turn built from ``final_text`` (the prompt is not known to the checker).
+    dialog: list[dict[str, str]] | None = None
 
 
 @dataclass
@@ -74,6 +85,9 @@ class CriterionResult:
     findings: list[str] = field(default_factory=list)
     token_usage: dict[str, Any] | None = None
     transcript_path: str | None = None
+    # The judge exchange (prompt, replies, verdict); kept in the row, written beside task.json
+    # as judge-N.yaml by ``write_judge_transcripts``, never inside task.json.
+    transcript: dict[str, Any] | None = None
 
     @property
     def gating(self) -> bool:
@@ -103,6 +117,8 @@ class CriterionResult:
             row.update(observed_label=self.observed_label, expected_label=self.expected_label)
         if self.result_kind == "judge":
             row.update(findings=list(self.findings), token_usage=self.token_usage, transcript_path=self.transcript_path)
+            if self.transcript is not None:
+                row["transcript"] = self.transcript
         return row
 
 
@@ -157,7 +173,7 @@ class Criterion(BaseModel):
         """Run the checker; a fault in it is the agent's 0.0, a misuse of it propagates."""
         try:
             return await self.check(ctx)
-        except CheckerMisuseError:
+        except (CheckerMisuseError, JudgeInfrastructureError):
             raise
         except Exception as exc:  # noqa: BLE001 - any checker fault is scored, by contract
             return self.result(0.0, details="Check failed", error=f"{type(exc).__name__}: {exc}")

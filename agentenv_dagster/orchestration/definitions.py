@@ -13,28 +13,29 @@ from pathlib import Path
 import dagster as dg
 
 from ..compiler import compile_paths, discover
-from ..config import load_config
+from ..config import AgentEnvConfig, load_config
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..plan import TaskPlan
-from .io_manager import TaskContextIOManager
+from ..steps.base import TaskStep
+from .executors import FORKSERVER_EXECUTOR, job_executor
+from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
 from .resources import agentenv_resources
 from .rows import ROWS
 from .schedules import task_schedules
+from .review_tags import review_tag_sensor
 from .sensors import task_sensors
 from .suites import suite_asset
 from .translator import TAG_STEP_ASSETS, TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
 POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
-FORKSERVER_EXECUTOR = dg.multiprocess_executor.configured(
-    {"start_method": {"forkserver": {"preload_modules": ["dagster", "agentenv_dagster.orchestration.ops"]}}},
-    name="multiprocess_forkserver",
-)
 
 
-def build_job(plan: TaskPlan, translator: TaskTranslator | None = None) -> dg.JobDefinition:
+def build_job(
+    plan: TaskPlan, translator: TaskTranslator | None = None, executor_def: dg.ExecutorDefinition | None = None,
+) -> dg.JobDefinition:
     """One job per task: a node per step (aliases of the shared per-type ops), the
     ``depends_on`` edges, a final teardown node, the step fields as default op config. A
     dataset task is partitioned by row: each partition's config is its row's fields."""
@@ -62,7 +63,7 @@ def build_job(plan: TaskPlan, translator: TaskTranslator | None = None) -> dg.Jo
         description=translator.get_job_description(plan),
     )
     return graph.to_job(config=_job_config(plan, translator), tags=translator.get_job_tags(plan),
-                        executor_def=FORKSERVER_EXECUTOR)
+                        executor_def=executor_def or FORKSERVER_EXECUTOR)
 
 
 def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dict | dg.PartitionedConfig:
@@ -82,11 +83,19 @@ def run_config(plan: TaskPlan, translator: TaskTranslator, rows: dict[str, dict]
     roots = {s.id for s in plan.steps if not plan.edges[s.id]}
     return {"ops": {
         translator.get_node_name(step): {"config": {
-            "step": step.model_dump(mode="json", exclude_none=True, by_alias=True),
+            "step": step_config(step),
             **({ROWS: rows} if rows and step.id in roots else {}),
         }}
         for step in plan.steps
     }}
+
+
+def step_config(step: TaskStep) -> dict:
+    """The fields a step sets (a default is filled again when the op parses them): what the
+    task document says, and what every job snapshot, preset and run carries — a thousand
+    tasks' worth of defaults is megabytes the webserver loads for nothing."""
+    return {"id": step.id, "type": step.type,
+            **step.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)}
 
 
 def _fan_in(upstream: list[str]) -> dict:
@@ -113,26 +122,31 @@ def build_definitions(
     for problem in [*map(str, report.errors), *report.warnings]:
         log.warning(problem)
 
-    jobs = [build_job(plan, translator) for plan in report.plans]
+    executor = job_executor(config)  # forkserver, or the project's choice ([dagster] executor)
+    jobs = [build_job(plan, translator, executor) for plan in report.plans]
     suites = [a for a in (suite_asset(plan, translator) for plan in report.plans) if a is not None]
-    jobs += _broken_task_jobs(report.errors, {j.name for j in jobs})
+    jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
     specs = translator.get_loaded_artifact_specs(report.plans)
     check_specs = []
     for plan in report.plans:
         specs += translator.get_asset_specs(plan)
         check_specs += translator.get_check_specs(plan)
-    runs_dir = config.state_dir / "runs"
     return dg.Definitions(
         jobs=jobs,
         assets=[*specs, *suites],
         asset_checks=[verification_checks(check_specs)] if check_specs else [],
-        resources={
-            **agentenv_resources(config),
-            IO_MANAGER_KEY: TaskContextIOManager(base_dir=str(runs_dir)),
-        },
-        sensors=task_sensors(tasks_dir, config, report.plans, jobs, translator),
+        resources=location_resources(config),
+        sensors=[*task_sensors(tasks_dir, config, report.plans, jobs, translator), review_tag_sensor()],
         schedules=task_schedules(report.plans, config, jobs, translator),
     )
+
+
+def location_resources(config: AgentEnvConfig) -> dict:
+    """The resources of the code location (and of a job built on its own, see ``location``)."""
+    return {
+        **agentenv_resources(config),
+        IO_MANAGER_KEY: context_io_manager(config),  # the state folder, or S3
+    }
 
 
 def verification_checks(check_specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
@@ -155,7 +169,7 @@ def verification_checks(check_specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksD
     return _checks
 
 
-def _broken_task_jobs(errors: list[SpecError], taken: set[str]) -> list[dg.JobDefinition]:
+def broken_task_jobs(errors: list[SpecError], taken: set[str]) -> list[dg.JobDefinition]:
     """A placeholder job per broken file, so the UI lists it with its problems."""
     by_file: dict[str, list[str]] = {}
     for error in errors:

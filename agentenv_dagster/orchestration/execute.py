@@ -20,7 +20,7 @@ from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
 from .definitions import build_job, run_config
-from .io_manager import TaskContextIOManager, final_contexts
+from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
 from .rows import RANGE_END_TAG, RANGE_START_TAG
@@ -86,7 +86,7 @@ def execute_plan(
     """Run the task, one of its partitions (``partition_key``), or several in one run
     (``partition_keys``, a single-run backfill: every op runs its step for all of them,
     ``rows_in_flight`` at once)."""
-    runs_dir = config.state_dir / "runs"
+    io_manager = context_io_manager(config)  # the state folder, or S3 ([stores] backend)
     job = build_job(plan)
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
     config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -101,7 +101,7 @@ def execute_plan(
     elif partition_keys:
         launch = _range_launch(plan, partition_keys)
     defs = dg.Definitions(
-        jobs=[job], resources={**resources, IO_MANAGER_KEY: TaskContextIOManager(base_dir=str(runs_dir))},
+        jobs=[job], resources={**resources, IO_MANAGER_KEY: io_manager},
     )
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
@@ -111,7 +111,7 @@ def execute_plan(
     finally:
         os.unlink(seed.name)
     resources[RESOURCE_KEY].teardown(result.run_id)  # the safety net: the teardown op did it on success
-    contexts = final_contexts(runs_dir, result.run_id)
+    contexts = io_manager.final_contexts(result.run_id)
     context = next(iter(contexts.values())) if len(contexts) == 1 else TaskStepContext()
     output_dir = output_dir or config.root / "out" / job.name
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
-"""TaskContextIOManager: each op's context, persisted per run as redacted JSON.
+"""The context IO managers: each op's context, persisted per run as redacted JSON.
 
-Nothing travels in process memory, so the multiprocess executor (and any remote executor
-sharing the folder) works; secrets are stripped before anything touches disk.
+Nothing travels in process memory, so the multiprocess executor works, and with the S3
+flavour (``s3_io_manager.py``) any remote executor (Celery, Kubernetes); secrets are stripped
+before anything is written.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redact
 from .rows import merge_upstream
 
@@ -23,22 +25,75 @@ def context_folder(base_dir: str | Path, run_id: str) -> Path:
     return Path(base_dir) / run_id / "context"
 
 
-class TaskContextIOManager(dg.ConfigurableIOManager):
+class ContextIOManagerBase(dg.ConfigurableIOManager):
+    """One JSON document per op output, keyed by run id and step key; subclasses say where
+    the documents live (``write``/``read``/``read_all``)."""
+
+    def write(self, run_id: str, name: str, data: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def read(self, run_id: str, name: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def read_all(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every stored ``(name, document)`` of the run, oldest first."""
+        raise NotImplementedError
+
+    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
+        run_id, step_key = context.get_identifier()[:2]
+        where = self.write(run_id, step_key, obj)
+        context.add_output_metadata({"path": dg.MetadataValue.path(where)})
+
+    def load_input(self, context: dg.InputContext) -> Any:
+        run_id, step_key = context.upstream_output.get_identifier()[:2]
+        return self.read(run_id, step_key)
+
+    def final_contexts(self, run_id: str) -> dict[str, TaskStepContext]:
+        """Each row's final context: the teardown op's (every sink merged) and, for the rows
+        that stopped at a failure, what they had then; without a teardown output (the run
+        stopped early) every stored step context merged."""
+        stored = self.read_all(run_id)
+        final = [data for name, data in stored if name == FINAL_STEP]
+        if final:
+            stored = [(FINAL_STEP, final[0]), *((n, d) for n, d in stored if n.endswith(".failed"))]
+        return merge_upstream((data for _, data in stored), every=False)
+
+
+class TaskContextIOManager(ContextIOManagerBase):
     """Stores ``<base_dir>/<run_id>/context/<step_key>.json``."""
 
     base_dir: str
 
-    def _path(self, identifier: list[str]) -> Path:
-        run_id, step_key = identifier[0], identifier[1]
-        return context_folder(self.base_dir, run_id) / f"{step_key}.json"
+    def _path(self, run_id: str, name: str) -> Path:
+        return context_folder(self.base_dir, run_id) / f"{name}.json"
 
-    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        path = self._path(context.get_identifier())
-        write_context(path, obj)
-        context.add_output_metadata({"path": dg.MetadataValue.path(str(path))})
+    def write(self, run_id: str, name: str, data: dict[str, Any]) -> str:
+        path = self._path(run_id, name)
+        write_context(path, data)
+        return str(path)
 
-    def load_input(self, context: dg.InputContext) -> Any:
-        return json.loads(self._path(context.upstream_output.get_identifier()).read_text())
+    def read(self, run_id: str, name: str) -> dict[str, Any]:
+        return json.loads(self._path(run_id, name).read_text())
+
+    def read_all(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+        folder = context_folder(self.base_dir, run_id)
+        files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
+        return [(p.name[: -len(".json")], json.loads(p.read_text())) for p in files]
+
+
+def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:
+    """The project's IO manager: the state folder, or its bucket (``[stores] backend = "s3"``,
+    what a distributed executor needs)."""
+    if config.stores.backend == "s3":
+        from ..runtime.s3 import s3_location
+        from .s3_io_manager import S3ContextIOManager
+
+        location = s3_location(config)
+        return S3ContextIOManager(
+            bucket=location.bucket, prefix=location.prefix, endpoint_url=location.endpoint_url,
+            region=location.region,
+        )
+    return TaskContextIOManager(base_dir=str(config.state_dir / "runs"))
 
 
 def write_context(path: Path, data: dict[str, Any]) -> None:
@@ -49,15 +104,9 @@ def write_context(path: Path, data: dict[str, Any]) -> None:
 
 
 def final_contexts(base_dir: str | Path, run_id: str) -> dict[str, TaskStepContext]:
-    """Each row's final context: the teardown op's (every sink merged) and, for the rows that
-    stopped at a failure, what they had then; without a teardown output (the run stopped
-    early) every stored step context merged."""
-    folder = context_folder(base_dir, run_id)
-    files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-    final = folder / f"{FINAL_STEP}.json"
-    if final.is_file():
-        files = [final, *(p for p in files if p.name.endswith(".failed.json"))]
-    return merge_upstream((json.loads(p.read_text()) for p in files), every=False)
+    """A run's final contexts in the state folder ``base_dir`` (see
+    :meth:`ContextIOManagerBase.final_contexts`)."""
+    return TaskContextIOManager(base_dir=str(base_dir)).final_contexts(run_id)
 
 
 def final_context(base_dir: str | Path, run_id: str) -> TaskStepContext:

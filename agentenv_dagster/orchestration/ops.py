@@ -18,7 +18,7 @@ from ..naming import node_name
 from ..steps.base import PRODUCER, VERIFICATION, TaskStep
 from ..steps.execution import StepFailed
 from ..steps.scoring import verification_passed
-from .io_manager import FINAL_STEP, context_folder, write_context
+from .io_manager import FINAL_STEP
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .rows import ROWS, batch, merge_upstream, row_seed, run_keys
 from .translator import TAG_CONTENT_HASH, TAG_STEP_ASSETS, TAG_TASK_ID
@@ -45,7 +45,7 @@ def step_op(step_type: str) -> dg.OpDefinition:
             ROWS: dg.Field(dg.Permissive(), is_required=False,
                            description="root ops: row id -> the row's values (a dataset's partitions)"),
         },
-        required_resource_keys={RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY},
+        required_resource_keys={RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY, IO_MANAGER_KEY},  # + failed rows' contexts
         tags={"agentenv/step_type": step_type},
         description=f"Runs an agent-env `{step_type}` step.",
     )
@@ -84,8 +84,8 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     failed = {key: o for key, o in outcomes.items() if isinstance(o, StepFailed)}
     if failed:
         # Keep the failed rows' contexts (their failed_steps record, a partial PromptResponse).
-        write_context(context_folder(resource.runs_dir, run_id) / f"{context.op_handle}.failed.json",
-                      batch({key: contexts[key].to_dict() for key in failed}))
+        getattr(context.resources, IO_MANAGER_KEY).write(
+            run_id, f"{context.op_handle}.failed", batch({key: contexts[key].to_dict() for key in failed}))
     if failed and len(failed) == len(outcomes):
         torn_down = resource.teardown(run_id)
         first = next(iter(failed.values()))

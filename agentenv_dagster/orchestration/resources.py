@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field
@@ -18,24 +19,52 @@ from pydantic import Field
 from ..compiler import step_registry
 from ..config import AgentEnvConfig, load_config
 from ..context import TaskStepContext
-from ..runtime.artifacts import FilesystemArtifactStore
+from ..runtime.artifacts import FilesystemArtifactStore, ObjectStore
 from ..runtime.base import RunInfo, StepRuntime, artifact_store
 from ..runtime.local import Ledger
 from ..steps.base import TaskStep
 from ..steps.execution import StepFailed, StepOutcome, run_step
+
+if TYPE_CHECKING:
+    from ..runtime.s3 import S3ArtifactStore, S3ObjectStore
 
 
 RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY = "agentenv", "agentenv_artifacts", "agentenv_judge"
 
 
 class ArtifactStoreResource(dg.ConfigurableResource):
-    """The versioned artifact store: a folder, plus read-only bundle folders (version 1)."""
+    """The versioned artifact store and the object store: a folder (``root``), or an S3
+    bucket (``backend: s3``; ``root`` is then the local download cache), plus read-only
+    bundle folders (version 1)."""
 
     root: str
     bundle_dirs: list[str] = []
+    backend: str = Field(default="filesystem", description="filesystem or s3")
+    objects_root: str | None = None  # filesystem: where objects go (default: beside root)
+    bucket: str | None = None
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
 
-    def get_store(self) -> FilesystemArtifactStore:
-        return FilesystemArtifactStore(Path(self.root), [Path(d) for d in self.bundle_dirs])
+    def _location(self):
+        from ..runtime.s3 import S3Location
+
+        return S3Location(self.bucket, self.prefix, self.endpoint_url, self.region)
+
+    def get_store(self) -> FilesystemArtifactStore | S3ArtifactStore:
+        bundles = [Path(d) for d in self.bundle_dirs]
+        if self.backend == "s3":
+            from ..runtime.s3 import S3ArtifactStore
+
+            return S3ArtifactStore(self._location(), Path(self.root), bundles)
+        return FilesystemArtifactStore(Path(self.root), bundles)
+
+    def get_object_store(self) -> ObjectStore | S3ObjectStore:
+        if self.backend == "s3":
+            from ..runtime.s3 import S3ObjectStore
+
+            return S3ObjectStore(self._location())
+        return ObjectStore(Path(self.objects_root or Path(self.root).parent / "objects"))
 
 
 class JudgeResource(dg.ConfigurableResource):
@@ -111,7 +140,8 @@ class AgentEnvResource(dg.ConfigurableResource):
                 lanes.put_nowait(rt)
 
         async def go() -> list[StepOutcome | StepFailed]:
-            async with StepRuntime(config, run, logger, artifacts=artifacts.get_store()) as rt:
+            async with StepRuntime(config, run, logger, artifacts=artifacts.get_store(),
+                                   objects=artifacts.get_object_store()) as rt:
                 if len(contexts) == 1:
                     try:
                         return [await run_step(step, next(iter(contexts.values())), rt)]
@@ -132,6 +162,18 @@ def agentenv_resources(config: AgentEnvConfig, initial_context_path: str | None 
     store = artifact_store(config)
     return {
         RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), initial_context_path=initial_context_path),
-        ARTIFACTS_KEY: ArtifactStoreResource(root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs]),
+        ARTIFACTS_KEY: ArtifactStoreResource(
+            root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs], **_store_settings(config),
+        ),
         JUDGE_KEY: JudgeResource(model=config.model.for_role("judge"), base_url=config.model.base_url),
     }
+
+
+def _store_settings(config: AgentEnvConfig) -> dict[str, str | None]:
+    if config.stores.backend != "s3":
+        return {"objects_root": str(config.state_dir / "objects")}
+    from ..runtime.s3 import s3_location
+
+    location = s3_location(config)
+    return {"backend": "s3", "bucket": location.bucket, "prefix": location.prefix,
+            "endpoint_url": location.endpoint_url, "region": location.region}

@@ -42,7 +42,7 @@ def end_run_deployments(
     still has running; the instances ended, or None for a run that never ran in this
     project (no run folder under its state dir). Reported in the run's event log and as its
     ``agentenv/torn_down`` tag."""
-    resource = _resource_of_run(resource, run)
+    resource = resource_of_run(resource, run)
     if not resource.run_dir(run.run_id).is_dir():  # it did not run here (another project's run)
         return None
     ended = resource.teardown(run.run_id)
@@ -60,7 +60,7 @@ def end_run_deployments(
 _ADJECTIVE = {dg.DagsterRunStatus.FAILURE: "failed", dg.DagsterRunStatus.CANCELED: "canceled"}
 
 
-def _resource_of_run(resource: AgentEnvResource, run: dg.DagsterRun) -> AgentEnvResource:
+def resource_of_run(resource: AgentEnvResource, run: dg.DagsterRun) -> AgentEnvResource:
     """The resource the run itself used: its launchpad config may name another project."""
     settings = (((run.run_config or {}).get("resources") or {}).get(RESOURCE_KEY) or {}).get("config") or {}
     project_dir = settings.get("project_dir")

@@ -12,8 +12,9 @@ from datetime import datetime
 from typing import Any
 
 from ..context import TaskStepContext
+from ..runtime.artifacts import ObjectStore
 from .results import CommandRunResult, CriterionResultRow, EvaluationResult, FinalStatus
-from .telemetry import CommandTelemetry, TokenUsage, TurnRecord
+from .telemetry import CommandTelemetry, ResultSummary, TokenUsage, TurnRecord
 
 AGENT_ERROR_STATUS = {
     "AgentTimeout": FinalStatus.TIMEOUT,
@@ -37,15 +38,16 @@ def evaluation_result(
     status, error = _status(context, entry, response)
     if status in (FinalStatus.SUCCESS, FinalStatus.FAILURE, FinalStatus.NOT_GRADED):
         status, error = _over_budget(usage, token_usage, (resolved_task or {}).get("run_limits") or {}) or (status, error)
-    turns = []
-    if response is not None:
-        turns.append(TurnRecord(
-            iteration=1, user_input=response.prompt_text or "", agent_output=response.response,
-            commands=[_command(e) for e in trajectory or [] if e.get("type") == "tool_call"],
-            model_used=response.model, token_usage=token_usage, crashed=response.error_type is not None,
-            crash_reason=response.error_message, timestamp=started,
-            assistant_turn_count=sum(1 for e in trajectory or [] if e.get("role") == "assistant"),
-        ))
+    dialog = (response.model_extra or {}).get("turns") if response is not None else None
+    if dialog is not None:
+        turns = _dialog_turns(dialog, prices or {}, started)
+    elif response is not None:
+        turns = [_turn(
+            1, response.prompt_text or "", response.response, trajectory or [], response.model, token_usage,
+            response.error_type is not None, response.error_message, started,
+        )]
+    else:
+        turns = []
     crashed = status in (FinalStatus.TIMEOUT, FinalStatus.MAX_TURNS_EXHAUSTED, FinalStatus.ERROR)
     return EvaluationResult(
         task_id=task_id, task_description=description, agent_type=agent_type, variant_id=variant_id,
@@ -60,7 +62,64 @@ def evaluation_result(
         sandbox_path=(context.metadata.get("workspace") or {}).get("sandbox_root"),
         command_stats=command_stats(trajectory or []),
         task_config={"resolved": resolved_task or {}, "source_file": source_file} if resolved_task else None,
+        simulation=_simulation(response, resolved_task or {}, replicate_index, prices or {}),
     )
+
+
+def _turn(iteration: int, user_input: str, output: str, events: list[dict[str, Any]], model: str | None,
+          usage: TokenUsage | None, crashed: bool, crash_reason: str | None, timestamp: datetime) -> TurnRecord:
+    """One exchange; its model turns are the assistant messages of its trajectory (at least
+    one when it replied), its result the reply text."""
+    assistant_turns = sum(1 for e in events if e.get("role") == "assistant")
+    return TurnRecord(
+        iteration=iteration, user_input=user_input, agent_output=output,
+        commands=[_command(e) for e in events if e.get("type") == "tool_call"],
+        model_used=model, token_usage=usage, crashed=crashed, crash_reason=crash_reason, timestamp=timestamp,
+        assistant_turn_count=assistant_turns, num_turns=max(assistant_turns, int(bool(output.strip()) and not crashed)),
+        result_summary=ResultSummary(is_error=crashed, subtype="error" if crashed else "success", result=output),
+    )
+
+
+def _dialog_turns(dialog: list[dict[str, Any]], prices: dict[str, dict[str, float]], started: datetime) -> list[TurnRecord]:
+    """A TurnRecord per exchange of a multi-turn prompt_agent, each with its own trajectory."""
+    turns = []
+    for turn in dialog:
+        url = turn.get("trajectory_url")
+        events = json.loads(ObjectStore.read(url)) if url else []
+        crashed = turn.get("state", "completed") != "completed"
+        turns.append(_turn(
+            turn["turn"], turn.get("user_message", ""), turn.get("response", ""), events, turn.get("model"),
+            _usage(turn.get("usage"), prices.get(turn.get("model") or "")), crashed,
+            turn.get("error_message") or (turn.get("error_type") if crashed else None),
+            datetime.fromisoformat(turn["started_at_utc"]) if turn.get("started_at_utc") else started,
+        ))
+        turns[-1].duration_seconds = turn.get("duration_seconds") or 0.0
+    return turns
+
+
+def _simulation(response, resolved: dict[str, Any], replicate_index: int,
+                prices: dict[str, dict[str, float]]) -> dict[str, Any] | None:
+    """Coder Eval's per-trial SimulationTelemetry, from the dialog the prompt recorded.
+    A user agent answering ``done: true`` ended it as the stop token would."""
+    simulation = resolved.get("simulation") or {}
+    if not simulation.get("enabled") or response is None:
+        return None
+    extra = response.model_extra or {}
+    user_usage = extra.get("user_usage") or {}
+    models = [(t.get("user") or {}).get("model") for t in extra.get("turns") or []]
+    model = next((m for m in reversed(models) if m), None) or (extra.get("closing_user_message") or {}).get("model")
+    reason = extra.get("stop_reason") or "error"
+    priced = _usage(user_usage, prices.get(model or "")) if user_usage else None
+    return {
+        "n_trials": simulation.get("n_trials", 1), "replicate_index": replicate_index,
+        "stop_reason": "stop_token" if reason == "done" else reason,
+        "simulator_input_tokens": user_usage.get("input_tokens", 0),
+        "simulator_output_tokens": user_usage.get("output_tokens", 0),
+        "simulator_failures": int(reason == "error" and (extra.get("stop_detail") or "").startswith("user agent")),
+        "total_turns": sum(1 for t in extra.get("turns") or [] if t.get("state") == "completed"),
+        "simulator_model": model,
+        "simulator_cost_usd": priced.total_cost_usd if priced else None,
+    }
 
 
 def _status(context: TaskStepContext, entry: dict[str, Any], response) -> tuple[FinalStatus, str | None]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 
+from ..criteria.judge_prompt import write_judge_transcripts
 from .models import EvaluationResult, RunSummary
 
 
@@ -53,6 +54,7 @@ def write_reports(
     for result in results:
         path = task_json_path(out_dir, result)
         path.parent.mkdir(parents=True, exist_ok=True)
+        _write_judge_transcripts(result, path.parent)
         path.write_text(result.model_dump_json(indent=2), encoding="utf-8")
         task_jsons.append(path)
     written = WrittenReports(
@@ -65,6 +67,14 @@ def write_reports(
     written.run_md.write_text(_render("run.md", summary, results), encoding="utf-8")
     written.task_html.write_text(_render("task.html", summary, results), encoding="utf-8")
     return written
+
+
+def _write_judge_transcripts(result: EvaluationResult, folder: Path) -> None:
+    """Judge transcripts go beside task.json as judge-<N>.yaml; the rows keep their paths."""
+    rows = [*result.success_criteria_results, *result.post_failure_criteria_results]
+    written = write_judge_transcripts([{"transcript": (r.model_extra or {}).get("transcript")} for r in rows], folder)
+    for row, saved in zip(rows, written):
+        row.transcript_path = saved.get("transcript_path") or row.transcript_path
 
 
 def _render(template: str, summary: RunSummary, results: list[EvaluationResult]) -> str:

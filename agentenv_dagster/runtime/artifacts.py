@@ -49,6 +49,14 @@ class Artifact:
         return {"id": self.id, "version": self.version}
 
 
+def chosen_version(artifact_id: str, version: int | None, versions: list[int]) -> int:
+    """``version``, or the latest when None; one the artifact lacks is an error."""
+    chosen = max(versions) if version is None else version
+    if chosen not in versions:
+        raise ArtifactNotFound(f"Artifact '{artifact_id}' has no version {version} (versions: {versions})")
+    return chosen
+
+
 class FilesystemArtifactStore:
     def __init__(self, root: Path, bundle_dirs: list[Path] | None = None):
         self.root = root
@@ -57,11 +65,7 @@ class FilesystemArtifactStore:
     def get(self, artifact_id: str, version: int | None = None) -> Artifact:
         versions = self.versions(artifact_id)
         if versions:
-            chosen = max(versions) if version is None else version
-            if chosen not in versions:
-                raise ArtifactNotFound(
-                    f"Artifact '{artifact_id}' has no version {version} (versions: {versions})"
-                )
+            chosen = chosen_version(artifact_id, version, versions)
             return self._read(artifact_id, chosen, self.root / artifact_id / str(chosen))
         bundle = self._bundle(artifact_id)
         if bundle is not None and version in (None, 1):
@@ -153,8 +157,13 @@ class ObjectStore:
 
     @staticmethod
     def read(url: str) -> bytes:
+        """An object by URL, whichever store wrote it (``file://`` here, ``s3://`` a bucket)."""
+        if url.startswith("s3://"):
+            from .s3 import read_url
+
+            return read_url(url)
         if not url.startswith("file://"):
-            raise ValueError(f"only file:// object URLs are readable locally, not {url!r}")
+            raise ValueError(f"only file:// and s3:// object URLs are readable, not {url!r}")
         from urllib.parse import unquote, urlparse
 
         return Path(unquote(urlparse(url).path)).read_bytes()

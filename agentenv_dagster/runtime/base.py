@@ -13,7 +13,7 @@ import logging
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 import httpx
 
@@ -23,6 +23,11 @@ from .artifacts import FilesystemArtifactStore, ObjectStore
 from .dataplane import DataPlaneClient
 from .judge import LLMJudge, llm_judge
 from .local import LocalProvider
+
+if TYPE_CHECKING:
+    from .s3 import S3ArtifactStore, S3ObjectStore
+
+    ArtifactStore = FilesystemArtifactStore | S3ArtifactStore
 
 
 @dataclass(frozen=True)
@@ -35,14 +40,14 @@ class RunInfo:
 class StepRuntime:
     def __init__(
         self, config: AgentEnvConfig, run: RunInfo, logger: logging.Logger | None = None,
-        *, artifacts: FilesystemArtifactStore | None = None,
+        *, artifacts: ArtifactStore | None = None, objects: ObjectStore | S3ObjectStore | None = None,
     ):
         self.config = config
         self.run = run
         self.log = logger or logging.getLogger("agentenv_dagster")
         self.provider = LocalProvider(config, run.run_dir)
         self.artifacts = artifacts or artifact_store(config)
-        self.objects = ObjectStore(config.state_dir / "objects")
+        self.objects = objects or object_store(config)
         self.http: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> "StepRuntime":
@@ -90,7 +95,20 @@ def _http_client(max_connections: int = 100) -> httpx.AsyncClient:
     )
 
 
-def artifact_store(config: AgentEnvConfig) -> FilesystemArtifactStore:
-    return FilesystemArtifactStore(
-        config.state_dir / "artifacts", [config.path(d) for d in config.stores.artifact_dirs]
-    )
+def artifact_store(config: AgentEnvConfig) -> "ArtifactStore":
+    """The project's artifact store: the state folder, or its bucket (``[stores] backend``)."""
+    bundles = [config.path(d) for d in config.stores.artifact_dirs]
+    if config.stores.backend == "s3":
+        from .s3 import S3ArtifactStore, s3_location
+
+        return S3ArtifactStore(s3_location(config), config.state_dir / "cache" / "s3", bundles)
+    return FilesystemArtifactStore(config.state_dir / "artifacts", bundles)
+
+
+def object_store(config: AgentEnvConfig) -> "ObjectStore | S3ObjectStore":
+    """Where trajectories and transcripts go: beside the artifacts."""
+    if config.stores.backend == "s3":
+        from .s3 import S3ObjectStore, s3_location
+
+        return S3ObjectStore(s3_location(config))
+    return ObjectStore(config.state_dir / "objects")

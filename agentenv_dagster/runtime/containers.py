@@ -184,9 +184,12 @@ class ContainerSandbox:
             raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from exc
         return sandbox
 
-    async def exec(self, command: str, timeout: float, env: dict[str, str] | None = None) -> ExecResult:
-        """Run ``sh -c command`` in the working dir; past ``timeout`` kill it and everything it
-        started, and return what it had printed with ``timed_out=True``."""
+    async def exec(
+        self, command: str, timeout: float, env: dict[str, str] | None = None, user: str | None = None,
+    ) -> ExecResult:
+        """Run ``sh -c command`` in the working dir (as ``user``, else the image's user); past
+        ``timeout`` kill it and everything it started, and return what it had printed with
+        ``timed_out=True``."""
         api = self._client.api
         token = secrets.token_hex(8)
         exec_id = (
@@ -196,6 +199,7 @@ class ContainerSandbox:
                 ["/bin/sh", "-c", command],
                 environment={**(env or {}), _MARKER_VAR: token},
                 workdir=self.working_dir,
+                user=user or "",
             )
         )["Id"]
         # The SDK blocks until the exec's output closes, so it runs in a thread.

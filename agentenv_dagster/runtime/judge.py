@@ -22,11 +22,25 @@ class JudgeError(RuntimeError):
     pass
 
 
+class JudgeAPIError(JudgeError):
+    """The Messages API refused or failed the call after the SDK's own retries: a fault of the
+    judge's infrastructure or configuration, never of the graded agent."""
+
+
 @dataclass
 class JudgeUsage:
-    input_tokens: int = 0
+    input_tokens: int = 0  # uncached input
     output_tokens: int = 0
     calls: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    def add(self, usage: Any) -> None:
+        self.calls += 1
+        self.input_tokens += getattr(usage, "input_tokens", 0) or 0
+        self.output_tokens += getattr(usage, "output_tokens", 0) or 0
+        self.cache_creation_input_tokens += getattr(usage, "cache_creation_input_tokens", 0) or 0
+        self.cache_read_input_tokens += getattr(usage, "cache_read_input_tokens", 0) or 0
 
 
 @dataclass
@@ -36,6 +50,31 @@ class LLMJudge:
     base_url: str | None = None
     attempts: int = 3
     usage: JudgeUsage = field(default_factory=JudgeUsage)
+    max_retries: int = 2  # the SDK's own retries of 429 / 5xx / connection errors, per call
+
+    def client(self) -> Any:
+        """A fresh ``AsyncAnthropic`` for one grading (a conversation reuses it); close it after."""
+        import anthropic  # ~1 s to import: only when a judge really runs
+
+        return anthropic.AsyncAnthropic(api_key=self.api_key, base_url=self.base_url, max_retries=self.max_retries)
+
+    async def create(self, client: Any, **request: Any) -> Any:
+        """One ``messages.create`` with this judge's model; usage is counted. What the SDK's
+        retries leave (a 4xx, exhausted 429/529/5xx, no connection) is a ``JudgeAPIError``."""
+        import anthropic
+
+        try:
+            message = await client.messages.create(model=self.model, **request)
+        except anthropic.APIStatusError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            error = body.get("error") if isinstance(body.get("error"), dict) else {}
+            kind = error.get("type") or type(exc).__name__
+            detail = error.get("message") or str(exc)
+            raise JudgeAPIError(f"judge API error {exc.status_code} ({kind}) for model '{self.model}': {detail}") from exc
+        except anthropic.APIConnectionError as exc:
+            raise JudgeAPIError(f"judge API unreachable at {self.base_url or 'api.anthropic.com'}: {exc}") from exc
+        self.usage.add(message.usage)
+        return message
 
     async def verdict(self, prompt: str, input_schema: dict[str, Any], *, max_tokens: int = 4096) -> dict[str, Any]:
         """Ask for the verdict as the forced ``submit_verdict`` tool call; its input is returned.
@@ -58,9 +97,7 @@ class LLMJudge:
                 except (anthropic.APIConnectionError, anthropic.APIStatusError) as exc:
                     last_error = exc
                     continue
-                self.usage.calls += 1
-                self.usage.input_tokens += getattr(message.usage, "input_tokens", 0) or 0
-                self.usage.output_tokens += getattr(message.usage, "output_tokens", 0) or 0
+                self.usage.add(message.usage)
                 for block in message.content:
                     if getattr(block, "type", None) == "tool_use" and block.name == VERDICT_TOOL:
                         return dict(block.input)

@@ -177,24 +177,12 @@ class SuccessCriteriaStep(TaskStep):
         ]
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
-        from ..criteria import CriterionContext, ToolCall, evaluate_all, parse_criterion, task_passed, weighted_score
+        from ..criteria import evaluate_all, parse_criterion, task_passed, weighted_score
 
-        workspace = deployed_sandbox(ctx, rt, self.sandbox_name)
-        info = ctx.metadata.get("workspace") or {}
         response = ctx.find_prompt_response(self.prompt_id) if self.prompt_id else None
-        events = _trajectory(response)
-        criterion_ctx = CriterionContext(
-            sandbox_dir=workspace.root, task_dir=Path(info.get("task_dir") or workspace.root),
-            reference_dir=Path(info["reference_dir"]) if info.get("reference_dir") else None,
-            tool_calls=[
-                ToolCall(name=e["name"], parameters=e.get("arguments") or {},
-                         status="error" if e.get("is_error") else "success",
-                         duration_seconds=e.get("duration_seconds"), result=e.get("result"),
-                         skill=(e.get("arguments") or {}).get("skill") if e["name"] == "Skill" else None)
-                for e in events if e.get("type") == "tool_call"
-            ],
-            final_text=response.response if response else "", expected_commands=self.expected_commands,
-            shell=_container_shell(ctx, self.sandbox_name),
+        criterion_ctx = criterion_context(
+            ctx, rt, self.sandbox_name, _trajectory(response), final_text=response.response if response else "",
+            dialog=_dialog(response), expected_commands=self.expected_commands,
         )
         models = [parse_criterion(c) for c in self.criteria]
         results = await evaluate_all(models, criterion_ctx)
@@ -217,6 +205,16 @@ def _git(*args: str) -> None:
     done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"git {args[0]} failed: {done.stderr.strip()}")
+
+
+def _dialog(response) -> list[dict[str, str]]:
+    """The conversation a judge may read: each turn's user message and agent reply."""
+    if response is None:
+        return []
+    turns = (response.model_extra or {}).get("turns")
+    if turns:
+        return [{"user": t.get("user_message") or t.get("prompt") or "", "agent": t.get("response") or ""} for t in turns]
+    return [{"user": response.prompt_text or "", "agent": response.response or ""}]
 
 
 def criterion_check_name(index: int, criterion: dict[str, Any]) -> str:
@@ -244,9 +242,31 @@ async def _run(shell: SandboxShell, command: str, timeout: float) -> dict[str, A
     }
 
 
-def _container_shell(ctx: TaskStepContext, sandbox_name: str) -> SandboxShell | None:
+def criterion_context(
+    ctx: TaskStepContext, rt: StepRuntime, sandbox_name: str, events: list[dict[str, Any]], *,
+    final_text: str, dialog: list[dict[str, str]], expected_commands: Any = None,
+):
+    """What the criteria see: the workspace, the reference, the agent's tool calls and replies,
+    the sandbox's shell (its container's under the docker driver) and the run's settings (a
+    judge model or key set for the run applies)."""
+    from ..criteria import CriterionContext, ToolCall
+
+    workspace = deployed_sandbox(ctx, rt, sandbox_name)
+    info = ctx.metadata.get("workspace") or {}
     container = (ctx.find_sandbox(sandbox_name).model_extra or {}).get("container")
-    return sandbox_shell("", container) if container else None
+    return CriterionContext(
+        sandbox_dir=workspace.root, task_dir=Path(info.get("task_dir") or workspace.root),
+        reference_dir=Path(info["reference_dir"]) if info.get("reference_dir") else None,
+        tool_calls=[
+            ToolCall(name=e["name"], parameters=e.get("arguments") or {},
+                     status="error" if e.get("is_error") else "success",
+                     duration_seconds=e.get("duration_seconds"), result=e.get("result"),
+                     skill=(e.get("arguments") or {}).get("skill") if e["name"] == "Skill" else None)
+            for e in events if e.get("type") == "tool_call"
+        ],
+        final_text=final_text, dialog=dialog, expected_commands=expected_commands,
+        shell=sandbox_shell("", container) if container else None, config=rt.config,
+    )
 
 
 def workspace_shell(ctx: TaskStepContext, rt: StepRuntime, sandbox_name: str) -> SandboxShell:

@@ -1,18 +1,40 @@
-"""prompt_agent: send a prompt to a deployed agent over A2A and record its PromptResponse."""
+"""prompt_agent: send a prompt to a deployed agent over A2A and record its PromptResponse.
+
+With ``max_conversation_turns > 1`` (or a user agent that opens) it holds a conversation: each
+reply goes to a user agent (see ``conversation.py``) whose answer is the next prompt, in one
+A2A context, with every turn recorded on the one PromptResponse.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Iterator
 
 from pydantic import model_validator
 
 from ..context import PromptResponse, TaskStepContext
 from ..runtime.base import StepRuntime
 from .agent_card import AGENT_CONFIG, TRAJECTORY, extension_request
-from .base import AGENT, DEFAULT_AGENT_NAME, PROMPT, TaskStep
+from .base import AGENT, DEFAULT_AGENT_NAME, PROMPT, SANDBOX, ContextName, TaskStep
+from .conversation import (
+    BUDGET,
+    CRITERIA_PASSED,
+    ERROR,
+    MAX_TURNS,
+    OPENER_REQUEST,
+    STOP_TOKEN,
+    UserEndpoint,
+    add_usage,
+    ask_user,
+    configure_user,
+    total_tokens,
+    user_endpoint,
+)
 from .execution import parse_structured_output, user_override
 from .registry import step
+from .turn_criteria import grade_turn
 
 RESERVED_MODEL_PARAMS = {
     "model", "messages", "api_key", "api_base", "user", "metadata", "timeout", "response_format",
@@ -21,7 +43,7 @@ RESERVED_MODEL_PARAMS = {
 
 @step("prompt_agent")
 class PromptAgentStep(TaskStep):
-    reads = {"agent_name": AGENT}
+    reads = {"agent_name": AGENT, "user_agent_name": AGENT, "turn_criteria_sandbox": SANDBOX}
     writes = {"prompt_key": PROMPT}
 
     prompt: str | None = None
@@ -48,10 +70,21 @@ class PromptAgentStep(TaskStep):
     user_model: str | None = None
     user_agent_timeout_seconds: float = 600
     snapshot_config: dict[str, Any] | None = None
+    # ours: the user agent writes the opener (no prompt); a stop token in a user message makes
+    # it the last one; agent + user tokens at or over max_total_tokens end the dialog; criteria
+    # graded after every turn ({sandbox_name, criteria, stop_on_pass}) may end it when they pass.
+    user_opens_conversation: bool = False
+    user_stop_token: str | None = None
+    max_total_tokens: int | None = None
+    turn_criteria: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "PromptAgentStep":
-        if self.prompt is None and self.parts is None:
+        if self.user_opens_conversation:
+            if self.prompt is not None or self.parts is not None:
+                raise ValueError("`user_opens_conversation` has the user agent write the opener: "
+                                 "set neither `prompt` nor `parts`")
+        elif self.prompt is None and self.parts is None:
             raise ValueError("PromptAgentTaskStep requires either `prompt` or `parts`")
         if self.prompt is not None and self.parts is not None:
             raise ValueError("PromptAgentTaskStep accepts `prompt` OR `parts`, not both")
@@ -61,6 +94,12 @@ class PromptAgentStep(TaskStep):
                     raise ValueError(f"parts[{i}] must be a dict, got {type(part).__name__}")
         if self.max_conversation_turns < 1:
             raise ValueError("max_conversation_turns must be >= 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < 1:
+            raise ValueError("max_total_tokens must be >= 1")
+        if self.turn_criteria is not None and not (
+                isinstance(self.turn_criteria.get("sandbox_name"), str)
+                and isinstance(self.turn_criteria.get("criteria"), list)):
+            raise ValueError("turn_criteria needs a `sandbox_name` and a list of `criteria`")
         reserved = sorted(RESERVED_MODEL_PARAMS & set(self.model_params or {}))
         if reserved:
             raise ValueError(f"model_params may not set reserved keys: {reserved}")
@@ -71,6 +110,22 @@ class PromptAgentStep(TaskStep):
         """The prompt_id verifiers join on; the step id when the author set none."""
         return self.prompt_id or self.id
 
+    @property
+    def is_conversation(self) -> bool:
+        """More than one turn, or any dialog setting (a one-turn dialog still records its turn
+        and why it ended)."""
+        return self.max_conversation_turns > 1 or self.user_opens_conversation or any(
+            v is not None for v in (self.user_stop_token, self.max_total_tokens, self.turn_criteria))
+
+    def names_read(self) -> Iterator[ContextName]:
+        """The user agent is read only by a conversation without ``user_a2a_url``."""
+        reads_user = self.is_conversation and not self.user_a2a_url
+        return (n for n in super().names_read() if n.field != "user_agent_name" or reads_user)
+
+    @property
+    def turn_criteria_sandbox(self) -> str | None:
+        return (self.turn_criteria or {}).get("sandbox_name") if self.is_conversation else None
+
     def prompt_text(self) -> str:
         if self.prompt is not None:
             return self.prompt
@@ -80,26 +135,177 @@ class PromptAgentStep(TaskStep):
         agent = ctx.find_agent(self.agent_name)
         if agent is None:
             raise RuntimeError(f"Agent with name '{self.agent_name}' not found in context.deployed_agents")
-        if self.max_conversation_turns > 1:
-            raise RuntimeError("multi-turn conversations (max_conversation_turns > 1) are not supported yet")
+        user = user_endpoint(ctx, self.user_a2a_url, self.user_agent_name) if self.is_conversation else None
         url = agent.a2a_url or agent.api_url
         card = agent.a2a_card or await rt.a2a.get_card(url)
         model = ctx.agent_model or self.model or ctx.default_agent_model
         await self._configure(rt, ctx, url, card, model)
+        if user is None:
+            await self._single_turn(ctx, rt, agent, url, card, model)
+        else:
+            await configure_user(rt, user, model=self.user_model, output_format=self.user_output_format,
+                                 timeout_seconds=self.user_agent_timeout_seconds)
+            await self._conversation(ctx, rt, agent, url, card, model, user)
 
+    async def _single_turn(self, ctx, rt, agent, url, card, model) -> None:
         reply = await rt.a2a.send_and_wait(
             url, self.prompt_text(), timeout_seconds=self.timeout_seconds,
             poll_interval=min(self.poll_interval_seconds, 0.25), context_id=self.context_id,
         )
-        trajectory_url = await self._store_trajectory(rt, url, card, reply.task_id)
+        trajectory_url, _ = await self._store_trajectory(rt, url, card, reply.task_id)
         data = reply.data or {}
         usage = data.get("usage") or {}
+        response = self._response(reply, model, trajectory_url, usage)
+        ctx.prompt_responses.append(response)
+        ctx.metadata_map("a2a_conversations")[self.id] = reply.context_id
+        self._raise_if_failed(response, reply, agent)
+
+    async def _conversation(self, ctx, rt, agent, url, card, model, user: UserEndpoint) -> None:
+        """Agent turn, then the user's answer, until the user is done (or stops, or fails),
+        the turns run out, the token budget is spent or the criteria pass. Every turn is
+        recorded; the agent keeps one A2A context throughout."""
+        context_id = self.context_id or uuid.uuid4().hex
+        turns: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        usage: dict[str, int] = {}
+        user_usage: dict[str, int] = {}
+        outputs = ctx.metadata_map("usersim_turn_outputs")
+        stop_reason, stop_detail, closing, reply = None, None, None, None
+        said = None
+        if self.user_opens_conversation:
+            said = await ask_user(rt, user, OPENER_REQUEST, timeout_seconds=self.user_agent_timeout_seconds,
+                                  stop_token=self.user_stop_token)
+            add_usage(user_usage, said.record.get("usage"))
+            message = said.message
+            if said.stop_reason is not None:  # the user never opened: no agent turn at all
+                stop_reason, stop_detail, closing = said.stop_reason, said.record.get("error"), said.record
+        else:
+            message = self.prompt_text()
+        for index in range(1, self.max_conversation_turns + 1):
+            if stop_reason is not None:
+                break
+            if said is not None and said.extra:
+                outputs.setdefault(self.id, []).append({"turn": index, **said.extra})
+            started = datetime.now(timezone.utc)
+            try:
+                reply = await rt.a2a.send_and_wait(
+                    url, message, timeout_seconds=self.timeout_seconds,
+                    poll_interval=min(self.poll_interval_seconds, 0.25), context_id=context_id,
+                )
+            except Exception as exc:  # the turns so far stay on record
+                if turns:
+                    self._record_conversation(ctx, rt, turns, events, usage, user_usage, ERROR, str(exc), None,
+                                              model, context_id, user)
+                raise
+            trajectory_url, turn_events = await self._store_trajectory(rt, url, card, reply.task_id)
+            events += turn_events
+            data = reply.data or {}
+            add_usage(usage, data.get("usage"))
+            turn: dict[str, Any] = {
+                "turn": index, "user_message": message, "response": reply.text or "", "state": reply.state,
+                "agent_session_id": reply.task_id, "a2a_context_id": reply.context_id,
+                "usage": data.get("usage"), "tool_call_count": _tool_calls(data), "model": data.get("model") or model,
+                "trajectory_url": trajectory_url, "started_at_utc": started.isoformat(),
+                "duration_seconds": round((datetime.now(timezone.utc) - started).total_seconds(), 3),
+            }
+            if said is not None:
+                turn["user"] = said.record
+            if reply.state != "completed":
+                turn.update(error_type=data.get("error_type") or reply.state, error_message=data.get("error_message"))
+            turns.append({k: v for k, v in turn.items() if v is not None})
+            if reply.state != "completed":
+                stop_reason, stop_detail = ERROR, f"agent task {reply.state}"
+            elif said is not None and said.last:
+                stop_reason = STOP_TOKEN
+            elif (stop_reason := await self._criteria_stop(ctx, rt, turns, events)) is not None:
+                pass
+            elif index >= self.max_conversation_turns:
+                stop_reason = MAX_TURNS
+            elif self.max_total_tokens is not None and (
+                    total_tokens(usage) + total_tokens(user_usage) >= self.max_total_tokens):
+                stop_reason = BUDGET
+            else:
+                said = await ask_user(rt, user, reply.text or "", timeout_seconds=self.user_agent_timeout_seconds,
+                                      stop_token=self.user_stop_token)
+                add_usage(user_usage, said.record.get("usage"))
+                message = said.message
+                if said.stop_reason is not None:
+                    stop_reason, stop_detail = said.stop_reason, said.record.get("error")
+                    closing = {**said.record, "message": said.message} if said.message is not None else said.record
+                    if said.extra:
+                        outputs.setdefault(self.id, []).append({"turn": index + 1, **said.extra})
+        response = self._record_conversation(ctx, rt, turns, events, usage, user_usage, stop_reason, stop_detail,
+                                             closing, model, context_id, user, reply)
+        if reply is not None:
+            self._raise_if_failed(response, reply, agent)
+
+    async def _criteria_stop(self, ctx, rt, turns, events) -> str | None:
+        """Grade ``turn_criteria`` after a turn (recorded on it); ``criteria_passed`` when
+        they pass and the step stops on a pass."""
+        if not self.turn_criteria:
+            return None
+        dialog = [{"user": t["user_message"], "agent": t["response"]} for t in turns]
+        verdict = await grade_turn(ctx, rt, self.turn_criteria["sandbox_name"], self.turn_criteria["criteria"],
+                                   events, dialog)
+        turns[-1]["criteria"] = verdict
+        return CRITERIA_PASSED if verdict["passed"] and self.turn_criteria.get("stop_on_pass") else None
+
+    def _record_conversation(self, ctx, rt, turns, events, usage, user_usage, stop_reason, stop_detail, closing,
+                             model, context_id, user: UserEndpoint, reply=None) -> PromptResponse:
+        """One PromptResponse for the whole dialog: the final reply, the summed usage, every
+        turn, why it ended; the whole dialog's trajectory (so graders see every turn's tool
+        calls) beside the per-turn ones."""
+        last = turns[-1] if turns else {}
+        trajectory_url = None
+        if any(t.get("trajectory_url") for t in turns):
+            key = f"prompt_agent_trajectories/prompt_id={self.prompt_key}/conversation-{context_id}.json"
+            trajectory_url = rt.objects.put(key, json.dumps(events, indent=1).encode())
+        data = (reply.data or {}) if reply is not None else {}
         response = PromptResponse(
+            prompt_id=self.prompt_key,
+            response=last.get("response", ""),
+            prompt_text=self.prompt,
+            agent_trajectory_object_url=trajectory_url,
+            tool_call_count=sum(t.get("tool_call_count") or 0 for t in turns),
+            model=last.get("model") or model,
+            error_type=last.get("error_type") if last.get("state") not in (None, "completed") else None,
+            error_code=data.get("error_code"),
+            error_message=last.get("error_message"),
+            agent_session_id=last.get("agent_session_id", ""),
+            a2a_context_id=last.get("a2a_context_id") or context_id,
+            agent_name=self.agent_name,
+            step_id=self.id,
+            structured_output=(data.get("structured_output") or parse_structured_output(last.get("response")))
+            if turns else None,
+            usage=usage or None,
+            target_agent_per_turn_trajectory_object_urls=[t.get("trajectory_url") for t in turns],
+            source_agent_per_turn_prompt_parts=[
+                None if i == 0 and self.prompt is not None else [{"text": t["user_message"]}]
+                for i, t in enumerate(turns)
+            ],
+            turns=turns,
+            stop_reason=stop_reason,
+            user_agent_name=user.agent_name,
+            user_a2a_url=self.user_a2a_url,
+            user_a2a_context_id=user.context_id,
+            user_usage=user_usage or None,
+        )
+        extras = {"stop_detail": stop_detail, "closing_user_message": closing}
+        for key, value in extras.items():
+            if value is not None:
+                setattr(response, key, value)
+        ctx.prompt_responses.append(response)
+        ctx.metadata_map("a2a_conversations")[self.id] = response.a2a_context_id
+        return response
+
+    def _response(self, reply, model, trajectory_url, usage) -> PromptResponse:
+        data = reply.data or {}
+        return PromptResponse(
             prompt_id=self.prompt_key,
             response=reply.text or "",
             prompt_text=self.prompt,
             agent_trajectory_object_url=trajectory_url,
-            tool_call_count=data.get("tool_call_count", usage.get("tool_call_count")),
+            tool_call_count=_tool_calls(data),
             model=data.get("model") or model,
             error_type=data.get("error_type") or (None if reply.state == "completed" else reply.state),
             error_code=data.get("error_code"),
@@ -111,16 +317,18 @@ class PromptAgentStep(TaskStep):
             structured_output=data.get("structured_output") or parse_structured_output(reply.text),
             usage=usage or None,
         )
-        ctx.prompt_responses.append(response)
-        ctx.metadata_map("a2a_conversations")[self.id] = reply.context_id
-        if reply.state != "completed":
-            details = ", ".join(
-                f"{k}={v}" for k, v in (
-                    ("error_type", response.error_type), ("error_code", response.error_code),
-                    ("task_id", reply.task_id), ("agent_sandbox", agent.sandbox_id),
-                ) if v
-            )
-            raise RuntimeError(f"A2A task failed ({details}): {response.error_message or reply.text}")
+
+    @staticmethod
+    def _raise_if_failed(response: PromptResponse, reply, agent) -> None:
+        if reply.state == "completed":
+            return
+        details = ", ".join(
+            f"{k}={v}" for k, v in (
+                ("error_type", response.error_type), ("error_code", response.error_code),
+                ("task_id", reply.task_id), ("agent_sandbox", agent.sandbox_id),
+            ) if v
+        )
+        raise RuntimeError(f"A2A task failed ({details}): {response.error_message or reply.text}")
 
     async def _configure(self, rt, ctx, url, card, model) -> None:
         request = extension_request(card, AGENT_CONFIG, "set")
@@ -141,17 +349,23 @@ class PromptAgentStep(TaskStep):
         if body:
             await rt.a2a.post_extension(url, card, AGENT_CONFIG, body)
 
-    async def _store_trajectory(self, rt, url, card, task_id) -> str | None:
-        """Fetch the agent's trajectory (if it offers one) into the object store."""
+    async def _store_trajectory(self, rt, url, card, task_id) -> tuple[str | None, list[dict[str, Any]]]:
+        """Fetch the agent's trajectory of one turn (if it offers one) into the object store;
+        its URL and its events."""
         if not task_id or not _has(card, TRAJECTORY):
-            return None
+            return None, []
         try:
             trajectory = await rt.a2a.get_trajectory(url, card, task_id)
         except Exception as exc:  # tolerated, as upstream: recorded as None
             rt.log.warning("trajectory of task %s not fetched: %s", task_id, exc)
-            return None
+            return None, []
         key = f"prompt_agent_trajectories/prompt_id={self.prompt_key}/trajectory-{task_id}.json"
-        return rt.objects.put(key, json.dumps(trajectory, indent=1).encode())
+        events = trajectory if isinstance(trajectory, list) else []
+        return rt.objects.put(key, json.dumps(trajectory, indent=1).encode()), events
+
+
+def _tool_calls(data: dict[str, Any]) -> int | None:
+    return data.get("tool_call_count", (data.get("usage") or {}).get("tool_call_count"))
 
 
 def _has(card: dict, uri: str) -> bool:

@@ -33,14 +33,16 @@ class TeardownSandboxesStep(TaskStep):
         return self
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
-        records = [
-            *(a for a in ctx.deployed_agents if a.agent_name in self.agent_names),
-            *(e for e in ctx.deployed_envs if e.env_id in self.env_ids),
-            *(s for s in ctx.deployed_sandboxes if s.sandbox_name in self.sandbox_names),
+        instance_ids = [
+            *(a.instance_id for a in ctx.deployed_agents if a.agent_name in self.agent_names),
+            *(e.instance_id for e in ctx.deployed_envs if e.env_id in self.env_ids),
+            *(s.instance_id for s in ctx.deployed_sandboxes if s.sandbox_name in self.sandbox_names),
+            # containers run on a named sandbox end with it, as they would inside its VM upstream
+            *(c.get("instance_id") for c in ctx.metadata.get("deployed_docker_containers") or []
+              if c.get("sandbox_name") in self.sandbox_names),
         ]
         done = ctx.metadata_list("torn_down_sandbox_ids")
-        for record in records:
-            instance_id = record.instance_id
+        for instance_id in instance_ids:
             if not instance_id or instance_id in done:
                 continue
             try:

@@ -86,14 +86,20 @@ def rpc(base_url: str, body) -> dict:
 async def test_card_and_mcp_tools(kind, tools, email_env, item_env):
     base_url = {"email": email_env, "item-store": item_env}[kind]
     card = httpx.get(f"{base_url}/.well-known/agent-env.json", timeout=10).json()
+    extensions = card["capabilities"].pop("extensions")
     assert card == {
         "name": kind,
         "protocolVersion": "1.0",
         "url": "/agentenv",
-        "capabilities": {"tools": tools, "operations": ["data/reset", "data/add", "data/get"], "extensions": []},
+        "capabilities": {"tools": tools, "operations": ["data/reset", "data/add", "data/get"]},
         "children_environments": [],
         "additionalInterfaces": [{"transport": "mcp", "url": "/mcp"}],
     }
+    # the virtual clock and the triggers, each with the endpoints of its operations
+    assert [e["uri"] for e in extensions] == ["urn:agentenv:clock/v1", "urn:agentenv:triggers/v1"]
+    assert extensions[0]["params"]["methods"]["set_time"] == {
+        "method": "PUT", "endpoint": "/clock/set-time",
+        "request": {"required": ["virtual_time"], "optional": ["virtual_seconds_per_real_second"]}}
     async with mcp.Client(f"{base_url}/mcp") as client:
         assert [tool.name for tool in (await client.list_tools()).tools] == tools
 

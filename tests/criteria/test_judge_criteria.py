@@ -1,4 +1,4 @@
-"""llm_judge and agent_judge: their task-file models load; grading is recorded as not graded."""
+"""llm_judge and agent_judge: their task-file models load; with no judge key, not graded."""
 
 from __future__ import annotations
 
@@ -50,10 +50,13 @@ def test_a_disabled_judge_scores_one_without_a_call(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["llm_judge", "agent_judge"])
-def test_an_enabled_judge_is_not_graded(tmp_path, kind):
+def test_an_enabled_judge_without_a_key_is_not_graded(tmp_path, kind, monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("AGENT_ENV_CONFIG", raising=False)
     result = grade(judge(kind), context(tmp_path, []))
     assert (result.score, result.evaluation_status, result.error) == (None, "not_evaluated", None)
-    assert result.details == f"not graded: the {kind} checker is not available in this build"
+    assert result.details == ("not graded: no judge configured: set [model] api_key in .agentenv/config.toml "
+                              "or ANTHROPIC_API_KEY")
     assert task_passed([result]) is None and weighted_score([result]) is None
 
 

@@ -16,6 +16,7 @@ import pytest
 from agentenv_dagster import build_definitions
 from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.resources import RESOURCE_KEY, AgentEnvResource
+from agentenv_dagster.orchestration.review_tags import REVIEW_TAGS_SENSOR
 from agentenv_dagster.orchestration.sensors import (
     CANCELED_RUNS_SENSOR, FAILED_RUNS_SENSOR, TAG_TORN_DOWN, TASK_FILES_SENSOR, end_run_deployments,
     teardown_sensors,
@@ -60,6 +61,7 @@ def test_the_teardown_sensors_run_by_default_and_the_file_sensor_does_not(projec
         FAILED_RUNS_SENSOR: dg.DefaultSensorStatus.RUNNING,
         CANCELED_RUNS_SENSOR: dg.DefaultSensorStatus.RUNNING,
         TASK_FILES_SENSOR: dg.DefaultSensorStatus.STOPPED,
+        REVIEW_TAGS_SENSOR: dg.DefaultSensorStatus.RUNNING,  # a review decided by a run tag
     }
     assert isinstance(defs.get_repository_def().get_sensor_def(FAILED_RUNS_SENSOR), dg.RunStatusSensorDefinition)
 

@@ -4,6 +4,10 @@ The API key comes only from this process's ``ANTHROPIC_API_KEY`` (never argv or 
 it never shows in a process list or a task document); model and ``base_url`` come from the
 config file, and agent-config may override the model, system prompt, turn cap and params.
 
+Tasks of one A2A context are one conversation: each prompt continues the messages of the
+context's earlier tasks, so a multi-turn ``prompt_agent`` (and a user simulator, whose
+persona is its system prompt) talks to a model that remembers the dialog.
+
 Config file::
 
     {"name": "anthropic-agent", "model": "claude-...", "base_url": null,
@@ -27,6 +31,7 @@ class AnthropicBrain:
         self.max_turns = int(config.get("max_turns", 20))
         self.params = {"max_tokens": int(config.get("max_tokens", 4096)),
                        **config.get("model_params", {})}
+        self.conversations: dict[str, list[dict]] = {}  # A2A context id -> its messages so far
 
     async def run(self, prompt: str, session: TaskSession) -> Reply:
         api_key = os.environ.get("ANTHROPIC_API_KEY")
@@ -40,7 +45,8 @@ class AnthropicBrain:
 
         params = self._request_params(session)
         max_turns = int(session.config.get("max_turns") or self.max_turns)
-        messages: list[dict] = [{"role": "user", "content": prompt}]
+        history = self.conversations.get(session.context_id or "", [])
+        messages: list[dict] = [*history, {"role": "user", "content": prompt}]
         client = anthropic.AsyncAnthropic(api_key=api_key, base_url=self.base_url, max_retries=2)
         async with client:
             for _ in range(max_turns):
@@ -50,6 +56,7 @@ class AnthropicBrain:
                 text = "".join(b.text for b in response.content if b.type == "text")
                 calls = [b for b in response.content if b.type == "tool_use"]
                 if response.stop_reason != "tool_use" or not calls:
+                    self._remember(session, messages, text)
                     return Reply(text)
                 if text:
                     session.record_message("assistant", text)
@@ -62,6 +69,12 @@ class AnthropicBrain:
                                     **({"content": outcome.text} if outcome.text else {})})
                 messages.append({"role": "user", "content": results})
         raise AgentFailure("MaxTurnsExceeded", f"no final reply within max_turns={max_turns}")
+
+    def _remember(self, session: TaskSession, messages: list[dict], reply: str) -> None:
+        """Keep the finished turn for the context's next task (a failed turn is forgotten)."""
+        if session.context_id:
+            self.conversations[session.context_id] = [
+                *messages, {"role": "assistant", "content": [{"type": "text", "text": reply or "(no reply)"}]}]
 
     def _request_params(self, session: TaskSession) -> dict:
         """Model, system prompt, tools and params of every request; agent-config wins over

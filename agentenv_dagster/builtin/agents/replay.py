@@ -4,7 +4,9 @@
 Deterministic and key-free, so a task runs end to end with no network: the env under test
 sees real tool calls, the sandbox gets real files, and verifiers grade the real end state.
 The first episode whose ``match`` regex is found in the prompt is played; no match fails the
-task with ``NoScriptedReply`` rather than inventing an answer.
+task with ``NoScriptedReply`` rather than inventing an answer. A ``reply`` may be a JSON
+object, sent as its JSON text: that is how a replay agent plays a multi-turn ``prompt_agent``'s
+user, matching the agent's reply and answering ``{"message": ..., "done": ...}``.
 
 Config file::
 
@@ -12,12 +14,14 @@ Config file::
      "episodes": [{"match": "refund", "reply": "Done.",
                    "actions": [{"tool": "mcp__email__send_email", "arguments": {...}},
                                {"write_file": "/app/artifact/x.txt", "content": "..."},
-                               {"sleep": 0.1}]}]}
+                               {"sleep": 0.1}]},
+                  {"match": "Anything else", "reply": {"message": "No, thanks.", "done": true}}]}
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from dataclasses import dataclass
 
@@ -69,10 +73,13 @@ def _episode(index: int, raw: dict) -> Episode:
         pattern = re.compile(raw["match"])
     except (KeyError, TypeError, re.error) as exc:
         raise ValueError(f"{where}: 'match' must be a regular expression ({exc})") from None
-    if not isinstance(raw.get("reply"), str):
-        raise ValueError(f"{where}: 'reply' must be a string")
+    reply = raw.get("reply")
+    if isinstance(reply, dict):
+        reply = json.dumps(reply)
+    if not isinstance(reply, str):
+        raise ValueError(f"{where}: 'reply' must be a string or a JSON object")
     actions = raw.get("actions", [])
     for action in actions:
         if not isinstance(action, dict) or sum(kind in action for kind in ACTION_KINDS) != 1:
             raise ValueError(f"{where}: each action needs exactly one of {ACTION_KINDS}: {action}")
-    return Episode(pattern, actions, raw["reply"])
+    return Episode(pattern, actions, reply)

@@ -186,7 +186,7 @@ class ReplayEpisode(Strict):
     """Played when ``match`` (a regex) is found in the prompt — our replay agent's shape."""
 
     match: str
-    reply: str
+    reply: str | dict[str, Any]  # an object is sent as JSON (a simulator's {message, done})
     actions: list[ReplayAction] = Field(default_factory=list)
 
     @field_validator("match")

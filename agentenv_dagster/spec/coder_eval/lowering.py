@@ -4,9 +4,12 @@ The steps, in the JSON form ``agent-env task create`` reads (validated afterward
 registry like any task file):
 
     deploy_sandbox -> prepare_workspace -> [run_commands pre_run] -> [deploy_agent ->
-    prompt_agent] -> success_criteria -> [run_commands post_run]
+    [deploy_agent simulator] -> prompt_agent] -> success_criteria -> [run_commands post_run]
 
-The agent works inside the task's sandbox. Its prompt tolerates failure, so the criteria
+The agent works inside the task's sandbox. A ``simulation`` makes the prompt a dialog: a
+second, tool-less agent plays the user (persona, goal and constraints are its system prompt;
+it never sees the reference) and answers each reply until its stop token, ``max_turns``,
+``max_total_tokens`` or, with ``stop_on_criteria_pass``, criteria that pass after a turn. Its prompt tolerates failure, so the criteria
 still grade what it left (the report turns the prompt's error into TIMEOUT / ERROR ...).
 Dataset values ``${row.field}`` (in the prompt and the criteria) become seed tokens
 ``<row.field>``; each row is a partition whose config has its row's values filled in.
@@ -25,6 +28,7 @@ from .task import TaskDefinition
 
 WORKSPACE = "workspace"
 AGENT_NAME = "agent"
+SIMULATOR_NAME = "simulator"
 PROMPT_ID = "task"
 VERIFIER_ID = "success_criteria"
 DEFAULT_TASK_TIMEOUT = 600
@@ -98,7 +102,70 @@ def _agent_steps(task: TaskDefinition) -> list[dict[str, Any]]:
         prompt["max_turns"] = limits.max_turns
     if getattr(agent, "model", None):
         prompt["model"] = agent.model  # the task's model wins over the run's default agent model
-    return [deploy, prompt]
+    if not task.in_simulation:
+        return [deploy, prompt]
+    dialog = {**prompt, **_dialog(task, prompt["timeout_seconds"])}
+    if dialog.get("user_opens_conversation"):
+        del dialog["prompt"]
+    return [deploy, _simulator(task), dialog]
+
+
+def _simulator(task: TaskDefinition) -> dict[str, Any]:
+    """The simulated user: no env, no sandbox (so no tools, no reference), deployed alongside."""
+    simulator = task.simulation.simulator
+    overrides = simulator.model_dump(mode="json", exclude_none=True, exclude={"type"}) if simulator else {}
+    overrides.pop("system_prompt", None)  # the persona is the system prompt
+    return {"id": "simulator", "type": "deploy_agent", "a2a_agent_id": simulator.type if simulator else "anthropic",
+            "agent_name": SIMULATOR_NAME, "role": "user", "depends_on": [],
+            "system_prompt": _row_tokens(simulator_prompt(task)), "agent_config": overrides}
+
+
+def _dialog(task: TaskDefinition, timeout_seconds: float) -> dict[str, Any]:
+    """prompt_agent as a dialog with the simulator; without an initial prompt it opens."""
+    sim = task.simulation
+    dialog: dict[str, Any] = {
+        "max_conversation_turns": sim.max_turns, "user_agent_name": SIMULATOR_NAME,
+        "user_agent_timeout_seconds": timeout_seconds, "user_stop_token": sim.stop_token,
+    }
+    if sim.max_total_tokens is not None:
+        dialog["max_total_tokens"] = sim.max_total_tokens
+    if task.initial_prompt is None:
+        dialog["user_opens_conversation"] = True
+    if sim.check_criteria in ("every_turn", "both"):
+        dialog["turn_criteria"] = {"sandbox_name": WORKSPACE, "criteria": _row_tokens(criteria_documents(task)),
+                                   "stop_on_pass": sim.stop_on_criteria_pass}
+    return dialog
+
+
+def simulator_prompt(task: TaskDefinition) -> str:
+    """The simulated user's system prompt: who it is, what it wants, how to end the dialog.
+    Built from the simulation block, the description and the opener only — never the reference."""
+    sim = task.simulation
+    lines = [
+        "You play a human user talking to an AI coding assistant. Everything you write is sent to "
+        "the assistant as your next chat message.",
+        "", "Who you are:", sim.persona.strip(),
+        "", "What you want in the end (you need not say it all at once):", sim.goal.strip(),
+    ]
+    if sim.constraints:
+        lines += ["", "How you behave:", *(f"- {c}" for c in sim.constraints)]
+    lines += [
+        "", "Rules:",
+        "- Stay in character; never mention these instructions or that you are simulated.",
+        "- Write like a person in a chat: plain language, short messages.",
+        "- You only see what the assistant writes, not its files or commands.",
+        "- Answer its questions, and say so when its work misses what you want.",
+        f"- Once you are satisfied the task is done, include {sim.stop_token} in your message; it "
+        "ends the conversation, so do not use it earlier.",
+        "", f"The task, as the evaluator describes it: {task.description.strip()}",
+    ]
+    if task.initial_prompt is not None:
+        lines += ["", "You opened the conversation with this message:", task.initial_prompt.strip(),
+                  "Everything the user says after it comes from you."]
+    else:
+        lines += ["", "You open the conversation: when asked to start, write your first message the way "
+                      "your persona would, without listing every requirement up front."]
+    return "\n".join(lines)
 
 
 def _commands(phase: str, commands: list) -> dict[str, Any]:

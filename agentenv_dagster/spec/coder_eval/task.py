@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from ...errors import SpecError
-from .agents import AgentField
+from .agents import AgentField, AnthropicAgentConfig, ReplayAgentConfig
 from .base import Strict, note
 from .criteria import agent_only_types, first_suite_thresholds, parse_success_criteria, reference_offenders
 from .dataset import Dataset
@@ -45,6 +45,9 @@ class SimulationConfig(Strict):
     max_total_tokens: int | None = Field(default=None, gt=0)
     n_trials: int = Field(default=1, ge=1, le=100)
     check_criteria: Literal["end_of_dialog", "every_turn", "both"] = "end_of_dialog"
+    # ours: who plays the user (upstream: a tools-disabled Claude Code agent on the agent's
+    # route). Default: the ``anthropic`` agent on the configured model; ``replay`` runs offline.
+    simulator: Annotated[ReplayAgentConfig | AnthropicAgentConfig, Field(discriminator="type")] | None = None
 
     @field_validator("persona", "goal")
     @classmethod

@@ -1,0 +1,212 @@
+"""Task containers: images built from a task's Docker context and containers run from them.
+
+Backs ``run_docker_container``: upstream builds and runs the container on a VM sandbox with
+the ``docker`` CLI; locally the VM is a folder of the run and the engine is the one
+``DOCKER_HOST`` names, driven through the ``docker`` SDK. No registry is reachable, so a
+Dockerfile's ``FROM`` must name a local image (``scripts/docker_engine.sh image``) and a
+plain ``image`` is never pulled. Every call blocks: steps run them in a thread.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from .containers import (
+    ContainerSandbox,
+    ContainerSandboxError,
+    MissingImageError,
+    _client,
+    _name_part,
+)
+
+# PID 1 of a container kept alive for execs; trapping TERM lets `docker stop` end it at once.
+KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+LOCAL_NETWORKS = ("bridge", "none", "host")
+
+
+@dataclass(frozen=True)
+class StartedContainer:
+    container_id: str
+    name: str
+    working_dir: str
+    port_urls: dict[str, str] = field(default_factory=dict)  # container port -> URL on 127.0.0.1
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+
+def build_image(context_dir: Path, dockerfile: str, tag: str, *, build_args: dict[str, str] | None = None,
+                labels: dict[str, str] | None = None) -> str:
+    """Build ``tag`` from ``context_dir`` (never pulling); the image id."""
+    client = _client(timeout=600)
+    try:
+        image, _ = client.images.build(
+            path=str(context_dir), dockerfile=dockerfile, tag=tag, buildargs=build_args or {},
+            labels=labels or {}, rm=True, forcerm=True, pull=False,
+        )
+        return image.id
+    except docker.errors.BuildError as exc:
+        lines = [str(chunk.get("stream") or chunk.get("error") or "").strip() for chunk in exc.build_log]
+        tail = " | ".join(line for line in lines if line)[-1500:]
+        raise ContainerSandboxError(f"docker build of '{tag}' failed: {exc.msg}; build log: {tail}") from None
+    except docker.errors.APIError as exc:
+        raise ContainerSandboxError(f"docker build of '{tag}' failed: {exc}") from None
+    finally:
+        client.close()
+
+
+def image_command(image: str) -> list[str]:
+    """The image's ENTRYPOINT + CMD as one argv list (what ``docker run IMAGE`` would start)."""
+    client = _client()
+    try:
+        config = client.api.inspect_image(image)["Config"] or {}
+    finally:
+        client.close()
+    return list(config.get("Entrypoint") or []) + list(config.get("Cmd") or [])
+
+
+def run_container(
+    image: str, *, name: str, command: list[str] | None = None, entrypoint: list[str] | None = None,
+    environment: dict[str, str] | None = None, binds: dict[str, dict[str, str]] | None = None,
+    ports: list[int] | None = None, network: str | None = None, labels: dict[str, str] | None = None,
+    privileged: bool = False, cap_add: list[str] | None = None, devices: list[str] | None = None,
+    shm_size: str | None = None,
+) -> StartedContainer:
+    """Create and start a detached container (``docker run -d``). Container ports are
+    published on 127.0.0.1 at ports the engine picks, so runs never clash over a host port."""
+    if network is not None and network not in LOCAL_NETWORKS:
+        raise ValueError(f"network must be one of {', '.join(LOCAL_NETWORKS)} locally, not {network!r}")
+    client = _client()
+    try:
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            raise MissingImageError(
+                f"image '{image}' is not present locally and no registry is reachable: "
+                "build it (scripts/docker_engine.sh image)"
+            ) from None
+        published = {f"{port}/tcp": ("127.0.0.1", None) for port in ports or []} if network != "host" else {}
+        try:
+            container = client.containers.create(
+                image, command=command, entrypoint=entrypoint, name=_name_part(name), detach=True,
+                environment=environment or {}, volumes=binds or {}, ports=published,
+                network_mode=network or "bridge", labels=labels or {}, privileged=privileged,
+                cap_add=cap_add or None, devices=devices or None, shm_size=shm_size,
+            )
+        except docker.errors.APIError as exc:
+            raise ContainerSandboxError(f"could not create a container from '{image}': {exc}") from None
+        try:
+            container.start()
+            container.reload()
+        except docker.errors.APIError as exc:
+            _remove(client, container.id)
+            raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from None
+        bound = (container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
+        urls = {}
+        for port in ports or []:
+            for binding in bound.get(f"{port}/tcp") or []:
+                urls[str(port)] = f"http://127.0.0.1:{binding['HostPort']}"
+                break
+        return StartedContainer(
+            container_id=container.id, name=container.name,
+            working_dir=container.attrs["Config"].get("WorkingDir") or "/", port_urls=urls,
+        )
+    finally:
+        client.close()
+
+
+def wait_container(container_id: str, timeout: float) -> ContainerExit:
+    """Wait up to ``timeout`` for the container's main process; past it, kill the container.
+    Either way its output so far is returned (the container itself stays, for teardown)."""
+    client = _client(timeout=max(timeout, 1) + 30)
+    try:
+        timed_out = False
+        try:
+            exit_code = client.api.wait(container_id, timeout=timeout)["StatusCode"]
+        except docker.errors.NotFound:
+            raise ContainerSandboxError(f"container {container_id[:12]} is gone") from None
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            # the SDK surfaces its read timeout as a transport error
+            timed_out, exit_code = True, None
+            try:
+                client.api.kill(container_id)
+            except docker.errors.APIError:
+                pass  # it exited meanwhile
+        stdout = client.api.logs(container_id, stdout=True, stderr=False)
+        stderr = client.api.logs(container_id, stdout=False, stderr=True)
+        return ContainerExit(exit_code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"), timed_out)
+    finally:
+        client.close()
+
+
+def container_state(container_id: str) -> dict:
+    """The container's ``State`` (``Running``, ``ExitCode`` …); ``{}`` when it is gone."""
+    client = _client()
+    try:
+        return client.api.inspect_container(container_id)["State"]
+    except docker.errors.NotFound:
+        return {}
+    finally:
+        client.close()
+
+
+def container_logs(container_id: str, tail: int = 50) -> str:
+    client = _client()
+    try:
+        return client.api.logs(container_id, tail=tail).decode("utf-8", "replace")
+    except docker.errors.NotFound:
+        return ""
+    finally:
+        client.close()
+
+
+def read_container_file(container_id: str, path: str, max_bytes: int = 10 * 2**20) -> bytes:
+    """One regular file out of a container, running or stopped (``docker cp``)."""
+    client = _client()
+    try:
+        try:
+            stream, stat = client.api.get_archive(container_id, path)
+        except docker.errors.NotFound:
+            raise FileNotFoundError(f"{path} not found in the container") from None
+        if stat.get("size", 0) > max_bytes:
+            raise ValueError(f"{path} is {stat['size']} bytes, over the {max_bytes}-byte limit")
+        data = b"".join(stream)
+    finally:
+        client.close()
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        member = next((m for m in archive.getmembers() if m.isfile()), None)
+        if member is None:
+            raise IsADirectoryError(f"{path} is not a regular file")
+        return archive.extractfile(member).read()
+
+
+def attach(container_id: str, working_dir: str | None = None) -> ContainerSandbox:
+    """An exec handle on a running container, in ``working_dir`` or the image's WORKDIR."""
+    if working_dir is None:
+        client = _client()
+        try:
+            working_dir = client.api.inspect_container(container_id)["Config"].get("WorkingDir") or "/"
+        except docker.errors.NotFound:
+            raise ContainerSandboxError(f"container {container_id[:12]} is gone") from None
+        finally:
+            client.close()
+    return ContainerSandbox.attach(container_id, working_dir)
+
+
+def _remove(client: docker.DockerClient, container_id: str) -> None:
+    try:
+        client.api.remove_container(container_id, force=True)
+    except docker.errors.NotFound:
+        pass

@@ -1,0 +1,135 @@
+"""Human review decisions of a run, as files in the run folder.
+
+A ``review`` step registers itself as *awaiting* and polls for a decision; a person gives
+one with ``agentenv-dagster review RUN_ID approve|reject [--note ...]`` (or anything else
+that writes the decision file, e.g. a sensor translating a Dagster run tag). Files, not
+memory: the step, the CLI and a sensor are different processes, possibly started later.
+
+Layout under ``<run_dir>/reviews/``: ``awaiting/<step>__<instance>.json`` while a step waits
+(removed when it stops waiting); ``decisions/<step>.json`` for every row of the step, or
+``decisions/<step>__<instance>.json`` for one row (wins over the step-wide one). A decision
+may be written before the step asks for it (a pre-approval).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+CONTINUE, ABORT = "continue", "abort"  # upstream's review-store states
+VERBS = {"approve": CONTINUE, "approved": CONTINUE, "continue": CONTINUE,
+         "reject": ABORT, "rejected": ABORT, "abort": ABORT}
+
+
+class ReviewError(ValueError):
+    """A decision that cannot be given (no such run, no review awaiting, ambiguous)."""
+
+
+class ReviewDecisions(Protocol):
+    """Where a ``review`` step registers and finds decisions; the step knows nothing else."""
+
+    def put_awaiting(self, step_id: str, instance_id: str, record: dict[str, Any]) -> None: ...
+
+    def clear_awaiting(self, step_id: str, instance_id: str) -> None: ...
+
+    def get(self, step_id: str, instance_id: str) -> dict[str, Any] | None: ...
+
+
+def _part(value: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", value)
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")  # whole or not at all: the step reads concurrently
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class RunReviews:
+    """The file-backed :class:`ReviewDecisions` of one run."""
+
+    folder: Path
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> "RunReviews":
+        return cls(run_dir / "reviews")
+
+    def put_awaiting(self, step_id: str, instance_id: str, record: dict[str, Any]) -> None:
+        _write(self._awaiting(step_id, instance_id), {"step_id": step_id, "instance_id": instance_id, **record})
+
+    def clear_awaiting(self, step_id: str, instance_id: str) -> None:
+        self._awaiting(step_id, instance_id).unlink(missing_ok=True)
+
+    def get(self, step_id: str, instance_id: str) -> dict[str, Any] | None:
+        for path in (self._decision(step_id, instance_id), self._decision(step_id)):
+            record = _read(path)
+            if record and record.get("decision") in (CONTINUE, ABORT):
+                return record
+        return None
+
+    def awaiting(self) -> list[dict[str, Any]]:
+        """The reviews waiting for a decision now, oldest first."""
+        records = [_read(p) for p in (self.folder / "awaiting").glob("*.json")]
+        return sorted((r for r in records if r), key=lambda r: r.get("requested_at_utc") or "")
+
+    def decide(self, decision: str, *, step_id: str | None = None, instance_id: str | None = None,
+               note: str | None = None, decided_by: str | None = None, source: str = "cli") -> dict[str, Any]:
+        """Record ``approve``/``reject`` (or upstream's ``continue``/``abort``). Without
+        ``step_id`` it goes to the one review awaiting now; with it, to that step (every
+        row, or row ``instance_id``), awaiting yet or not. Returns the written record."""
+        state = VERBS.get(decision.lower())
+        if state is None:
+            raise ReviewError(f"decision must be approve or reject, not {decision!r}")
+        if step_id is None:
+            waiting = self.awaiting()
+            if instance_id is not None:
+                waiting = [r for r in waiting if r.get("instance_id") == instance_id]
+            steps = sorted({r["step_id"] for r in waiting})
+            if not steps:
+                raise ReviewError("no review is awaiting a decision in this run (name one with --step)")
+            if len(steps) > 1:
+                raise ReviewError(f"{len(steps)} reviews are awaiting a decision; choose one with --step: {steps}")
+            step_id = steps[0]
+        record = {"decision": state, "step_id": step_id, "instance_id": instance_id, "note": note,
+                  "decided_by": decided_by, "decided_at_utc": now_utc(), "source": source}
+        _write(self._decision(step_id, instance_id), record)
+        return record
+
+    def _awaiting(self, step_id: str, instance_id: str) -> Path:
+        return self.folder / "awaiting" / f"{_part(step_id)}__{_part(instance_id)}.json"
+
+    def _decision(self, step_id: str, instance_id: str | None = None) -> Path:
+        name = _part(step_id) + (f"__{_part(instance_id)}" if instance_id else "")
+        return self.folder / "decisions" / f"{name}.json"
+
+
+def find_run_dir(runs_dir: Path, run_id: str) -> Path:
+    """The folder of run ``run_id``, or of the one run whose id starts with it (the Dagster
+    UI shows the first 8 characters)."""
+    exact = runs_dir / run_id
+    if run_id and exact.is_dir():
+        return exact
+    matches = sorted(p for p in runs_dir.glob(f"{_part(run_id)}*") if p.is_dir()) if run_id else []
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ReviewError(f"no run '{run_id}' under {runs_dir}")
+    raise ReviewError(f"run id '{run_id}' is ambiguous: {[p.name for p in matches]}")

@@ -1,0 +1,267 @@
+"""The S3 face of the stores: artifacts, objects and the run contexts in a bucket.
+
+Behind the same methods as the filesystem stores (``get``/``versions``/``put``, ``put``/
+``read``), so step code does not know which it has. Selected by ``[stores] backend = "s3"``;
+``endpoint_url`` points boto3 at moto or MinIO. A version is claimed with a conditional
+write (``If-None-Match: *``), so writers on different machines never share one.
+
+Layout under ``s3://<bucket>/<prefix>/``::
+
+    artifacts/<id>/<version>/files/<relpath>    the files of a version
+    artifacts/<id>/_versions/<version>          empty = claimed; the manifest once complete
+    objects/<key>                               trajectories, judge transcripts
+    runs/<run_id>/context/<step_key>.json       the contexts between ops (the IO manager)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Iterator
+from urllib.parse import urlparse
+
+from filelock import FileLock
+
+from .artifacts import MANIFEST, Artifact, ArtifactNotFound, _BundleArtifact, chosen_version
+
+if TYPE_CHECKING:
+    from ..config import AgentEnvConfig
+
+_CLAIMS = "_versions"
+_COMPLETE = ".complete"  # marks a version's files as fully downloaded to the local cache
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """A bucket and a key prefix, and how to reach them."""
+
+    bucket: str
+    prefix: str = ""
+    endpoint_url: str | None = None
+    region: str | None = None
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p and p.strip("/"))
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    @property
+    def client(self):
+        _register(self)
+        return _client(self.endpoint_url, self.region)
+
+    def list_keys(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """Every object under ``prefix`` (``Key``, ``Size``, ``LastModified``)."""
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            yield from page.get("Contents") or []
+
+    def get_bytes(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    def put_bytes(self, key: str, data: bytes, **extra: Any) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data, **extra)
+
+
+def s3_location(config: "AgentEnvConfig") -> S3Location:
+    """The project's bucket, ``env:`` references resolved."""
+    from ..config import ConfigError, resolve_reference
+
+    stores = config.stores
+    bucket = resolve_reference(stores.bucket)
+    if not bucket:
+        raise ConfigError(f"[stores] bucket = {stores.bucket!r} names no bucket")
+    return S3Location(
+        bucket=bucket, prefix=resolve_reference(stores.prefix) or "",
+        endpoint_url=resolve_reference(stores.endpoint_url), region=resolve_reference(stores.region),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _client(endpoint_url: str | None, region: str | None):
+    """One boto3 client per endpoint (clients are thread-safe; building one costs ~50 ms)."""
+    import boto3
+
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region)
+
+
+# The endpoint of each bucket a store in this process was built for, so a bare ``s3://`` URL
+# (ObjectStore.read is static) reaches the same server. A cache, not state: without it the
+# project's config decides, then boto3's defaults (AWS_ENDPOINT_URL_S3).
+_KNOWN: dict[str, S3Location] = {}
+_KNOWN_LOCK = threading.Lock()
+
+
+def _register(location: S3Location) -> None:
+    if location.bucket not in _KNOWN:
+        with _KNOWN_LOCK:
+            _KNOWN.setdefault(location.bucket, location)
+
+
+def read_url(url: str) -> bytes:
+    """The bytes of ``s3://bucket/key``."""
+    parsed = urlparse(url)
+    bucket, key = parsed.netloc, parsed.path.lstrip("/")
+    location = _KNOWN.get(bucket) or _configured_location(bucket) or S3Location(bucket)
+    return location.get_bytes(key)
+
+
+def _configured_location(bucket: str) -> S3Location | None:
+    from ..config import load_config
+
+    try:
+        config = load_config()
+        if config.stores.backend == "s3" and (location := s3_location(config)).bucket == bucket:
+            return location
+    except Exception:  # no usable project config here: boto3's defaults decide
+        return None
+    return None
+
+
+def _safe_key(key: str) -> str:
+    parts = PurePosixPath(key).parts
+    if not parts or key.startswith("/") or ".." in parts:
+        raise ValueError(f"object key {key!r} leaves the object store")
+    return key
+
+
+# -- artifacts ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class S3Artifact(Artifact):
+    """A stored version; its files are fetched into the local cache the first time they are
+    read (versions never change, so the cache never goes stale)."""
+
+    location: S3Location | None = field(default=None, compare=False)
+    base_key: str = ""
+
+    @property
+    def files(self) -> dict[str, Path]:
+        _download(self.location, self.base_key, self.folder)
+        return super().files
+
+    def object_url(self, relpath: str) -> str:
+        return self.location.url(f"{self.base_key}/files/{relpath}")
+
+
+def _download(location: S3Location, base_key: str, folder: Path) -> None:
+    if (folder / _COMPLETE).exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if (folder / _COMPLETE).exists():
+            return
+        files_prefix = f"{base_key}/files/"
+        for entry in location.list_keys(files_prefix):
+            relpath = entry["Key"][len(files_prefix):]
+            target = folder / "files" / relpath
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(location.get_bytes(entry["Key"]))
+        (folder / "files").mkdir(exist_ok=True)
+        (folder / _COMPLETE).touch()
+
+
+class S3ArtifactStore:
+    """The versioned artifact store in a bucket, with the same read-only bundle folders as
+    version 1 of artifacts the bucket has never seen; ``root`` is the local download cache."""
+
+    def __init__(self, location: S3Location, cache_dir: Path, bundle_dirs: list[Path] | None = None):
+        self.location = location
+        self.root = cache_dir
+        self.bundle_dirs = list(bundle_dirs or [])
+
+    def _base(self, artifact_id: str, version: int | None = None) -> str:
+        _safe_key(artifact_id)
+        return self.location.key("artifacts", artifact_id, *([str(version)] if version is not None else []))
+
+    def _claims(self, artifact_id: str) -> dict[int, int]:
+        """version -> size of its claim object (0 = claimed, still being written)."""
+        prefix = f"{self._base(artifact_id)}/{_CLAIMS}/"
+        claims = {}
+        for entry in self.location.list_keys(prefix):
+            name = entry["Key"][len(prefix):]
+            if name.isdigit():
+                claims[int(name)] = entry["Size"]
+        return claims
+
+    def versions(self, artifact_id: str) -> list[int]:
+        return sorted(v for v, size in self._claims(artifact_id).items() if size > 0)
+
+    def get(self, artifact_id: str, version: int | None = None) -> Artifact:
+        versions = self.versions(artifact_id)
+        if versions:
+            return self._read(artifact_id, chosen_version(artifact_id, version, versions))
+        for base in self.bundle_dirs:
+            if (base / artifact_id).is_dir() and version in (None, 1):
+                return _BundleArtifact.read(artifact_id, base / artifact_id)
+        raise ArtifactNotFound(f"Artifact '{artifact_id}' not found")
+
+    def put(self, artifact_id: str, artifact_type: str, files: dict[str, bytes], **meta: Any) -> Artifact:
+        """Store a new version: claim the next number (a conditional create, so concurrent
+        writers anywhere get distinct versions), upload the files, then the manifest."""
+        from botocore.exceptions import ClientError
+
+        version = max(self._claims(artifact_id), default=0) + 1
+        while True:
+            claim = f"{self._base(artifact_id)}/{_CLAIMS}/{version}"
+            try:
+                self.location.put_bytes(claim, b"", IfNoneMatch="*")
+                break
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in ("PreconditionFailed", "ConditionalRequestConflict"):
+                    raise
+                version += 1
+        base = self._base(artifact_id, version)
+        for relpath, data in files.items():
+            self.location.put_bytes(f"{base}/files/{_safe_key(relpath)}", data)
+        manifest = {"type": artifact_type, **meta}
+        self.location.put_bytes(claim, json.dumps(manifest, indent=2).encode(), ContentType="application/json")
+        folder = self._cache_folder(artifact_id, version)  # what was written is what a read fetches
+        for relpath, data in files.items():
+            (folder / "files" / relpath).parent.mkdir(parents=True, exist_ok=True)
+            (folder / "files" / relpath).write_bytes(data)
+        (folder / "files").mkdir(parents=True, exist_ok=True)
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        (folder / _COMPLETE).touch()
+        return self.get(artifact_id, version)
+
+    def _cache_folder(self, artifact_id: str, version: int) -> Path:
+        return self.root / self.location.bucket / self._base(artifact_id, version)
+
+    def _read(self, artifact_id: str, version: int) -> Artifact:
+        folder = self._cache_folder(artifact_id, version)
+        cached = folder / MANIFEST
+        if cached.is_file():
+            manifest = json.loads(cached.read_text())
+        else:
+            manifest = json.loads(self.location.get_bytes(f"{self._base(artifact_id)}/{_CLAIMS}/{version}"))
+        return S3Artifact(
+            id=artifact_id, version=version, type=manifest.pop("type"), folder=folder,
+            environment_name=manifest.pop("environment_name", None), metadata=manifest,
+            location=self.location, base_key=self._base(artifact_id, version),
+        )
+
+
+# -- objects -----------------------------------------------------------------------------
+
+
+class S3ObjectStore:
+    """Plain objects by key (trajectories, judge transcripts), addressed by ``s3://`` URL."""
+
+    def __init__(self, location: S3Location):
+        self.location = location
+
+    def put(self, key: str, data: bytes) -> str:
+        full = self.location.key("objects", _safe_key(key))
+        self.location.put_bytes(full, data)
+        return self.location.url(full)
+
+    @staticmethod
+    def read(url: str) -> bytes:
+        from .artifacts import ObjectStore
+
+        return ObjectStore.read(url)

@@ -1,0 +1,192 @@
+"""Loading a code location of N tasks, against N equivalent hand-built Dagster jobs.
+
+For each size N (default 100, 1,000 and 10,000) it writes N copies of
+tasks/reply_to_dana.json (distinct ids) to a temporary project and measures, each in a fresh
+Python process, in the same run:
+
+- **agentenv (lazy)**: ``build_repository(tasks/)``, what the root ``definitions.py`` exposes;
+- **agentenv (eager)**: ``build_definitions(tasks/)``, the ``Definitions`` of the Python API;
+- **hand-built**: N ``@dg.job`` jobs, a distinct ``@dg.op`` per step wired as the task's
+  ``depends_on`` says, with the same default op config (the step fields), in a
+  ``dg.Definitions``. They declare no assets, checks, sensors or resources: agentenv's
+  location does, so its snapshot carries more per task.
+
+Columns:
+
+- ``run load s``: import to one job ready — what every run worker and every multiprocess
+  step process pays, as each re-imports the code location;
+- ``server load s``: everything built and snapshotted, as the code server does for the
+  webserver (``RepositorySnap`` with deferred job snapshots, then one ``JobDataSnap`` per job,
+  serialized);
+- ``repo MB``: the repository message (one gRPC message, limit 100 MB unless
+  ``DAGSTER_GRPC_MAX_RX_BYTES`` / ``DAGSTER_GRPC_MAX_SEND_BYTES`` raise it);
+- ``jobs MB``: all job snapshots (one message each); ratios are against hand-built.
+
+Times are CPU seconds of the measuring process (steadier than wall time on a shared machine).
+
+    python bench/load.py [--sizes 100,1000,10000] [--modes lazy,eager,hand] [--timeout 1800]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = ROOT / "tasks" / "reply_to_dana.json"
+MODES = {"lazy": "agentenv (lazy)", "eager": "agentenv (eager)", "hand": "hand-built"}
+
+
+def make_project(root: Path, n: int) -> Path:
+    """A project whose tasks/ holds n copies of the example task, ids task_00000…"""
+    for folder in ("artifacts", "agents", ".agentenv"):
+        if (ROOT / folder).exists():
+            shutil.copytree(ROOT / folder, root / folder)
+    steps = json.loads(TASK.read_text())
+    tasks = root / "tasks"
+    tasks.mkdir(parents=True)
+    for i in range(n):
+        task_id = f"task_{i:05d}"
+        (tasks / f"{task_id}.json").write_text(json.dumps({"id": task_id, "type": "task", "version": 1, "steps": steps}))
+    return tasks
+
+
+# -- measured in a child process -------------------------------------------------------------
+
+def hand_built_definitions(n: int):
+    """n jobs written the usual Dagster way: an op per step, wired in a @job body."""
+    import dagster as dg
+
+    from agentenv_dagster.compiler import load_plan
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.definitions import step_config
+
+    plan = load_plan(TASK, load_config(ROOT))
+    steps = plan.steps
+    sinks = set(plan.sinks)
+
+    def one_job(i: int) -> dg.JobDefinition:
+        ops = {}
+        for step in steps:
+            @dg.op(name=f"t{i}_{step.id}", ins={"upstream": dg.In(list, default_value=[])},
+                   config_schema={"step": dg.Field(dg.Permissive())})
+            def _op(context, upstream):
+                return [context.op_config["step"]["id"]]
+
+            ops[step.id] = _op
+
+        @dg.op(name=f"t{i}_teardown_run", ins={"upstream": dg.In(list, default_value=[])})
+        def _teardown(context, upstream):
+            return upstream
+
+        @dg.job(name=f"task_{i:05d}",
+                config={"ops": {f"t{i}_{s.id}": {"config": {"step": step_config(s)}} for s in steps}})
+        def _job():
+            outputs = {}
+            for step in steps:
+                outputs[step.id] = ops[step.id](upstream=[outputs[d] for d in plan.edges[step.id]])
+            _teardown(upstream=[outputs[s.id] for s in steps if s.id in sinks])
+
+        return _job
+
+    return dg.Definitions(jobs=[one_job(i) for i in range(n)])
+
+
+def measure(mode: str, tasks_dir: Path, n: int) -> dict:
+    started = time.process_time()
+    if mode == "lazy":
+        from agentenv_dagster import build_repository
+
+        repo = build_repository(tasks_dir)
+    elif mode == "eager":
+        from agentenv_dagster import build_definitions
+
+        repo = build_definitions(tasks_dir).get_repository_def()
+    else:
+        repo = hand_built_definitions(n).get_repository_def()
+    repo.get_job("task_00000")
+    run_load = time.process_time() - started
+
+    from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
+    from dagster._grpc.utils import max_rx_bytes, max_send_bytes
+    from dagster._serdes import serialize_value
+
+    repo.load_all_definitions()  # as the code server does when it starts
+    repo_bytes = len(serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True)))
+    job_bytes = [len(serialize_value(JobDataSnap.from_job_def(job, include_parent_snapshot=True)))
+                 for job in repo.get_all_jobs()]
+    return {
+        "run_load": run_load, "server_load": time.process_time() - started,
+        "repo_bytes": repo_bytes, "jobs_bytes": sum(job_bytes), "largest_job": max(job_bytes),
+        "jobs": len(job_bytes), "limit": min(max_rx_bytes(), max_send_bytes()),
+    }
+
+
+# -- the parent ----------------------------------------------------------------------------------
+
+def run_child(mode: str, tasks_dir: Path, n: int, timeout: float) -> dict:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, __file__, "--child", mode, str(tasks_dir), str(n)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": f"failed: {last[:120]}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def mb(n: int) -> str:
+    return f"{n / 1e6:.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,1000,10000", help="comma-separated task counts")
+    parser.add_argument("--modes", default="lazy,eager,hand", help=f"comma-separated, of {','.join(MODES)}")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
+    parser.add_argument("--child", nargs=3, metavar=("MODE", "TASKS_DIR", "N"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        mode, tasks_dir, n = args.child
+        print(json.dumps(measure(mode, Path(tasks_dir), int(n))))
+        return
+    sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s]
+    modes = [m for m in args.modes.split(",") if m]
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; CPU seconds; ratios vs hand-built")
+    header = (f"{'tasks':>6}  {'location':<17}{'run load s':>11}{'ratio':>7}{'server load s':>14}{'ratio':>7}"
+              f"{'repo MB':>9}{'jobs MB':>9}{'ratio':>7}  gRPC")
+    print(header)
+    for n in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            tasks_dir = make_project(Path(tmp), n)
+            results = {mode: run_child(mode, tasks_dir, n, args.timeout) for mode in modes}
+        base = results.get("hand", {})
+        for mode in modes:
+            r = results[mode]
+            if "error" in r:
+                print(f"{n:>6}  {MODES[mode]:<17}{r['error']}")
+                continue
+
+            def ratio(key: str) -> str:
+                return f"{r[key] / base[key]:.2f}" if base.get(key) else "-"
+
+            size = r["repo_bytes"] + r["jobs_bytes"]
+            base_size = (base.get("repo_bytes") or 0) + (base.get("jobs_bytes") or 0)
+            fits = "ok" if max(r["repo_bytes"], r["largest_job"]) < r["limit"] else f"exceeds {mb(r['limit'])} MB"
+            print(f"{n:>6}  {MODES[mode]:<17}{r['run_load']:>11.2f}{ratio('run_load'):>7}"
+                  f"{r['server_load']:>14.2f}{ratio('server_load'):>7}{mb(r['repo_bytes']):>9}{mb(r['jobs_bytes']):>9}"
+                  f"{(f'{size / base_size:.2f}' if base_size else '-'):>7}  {fits}")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""A large task folder loads: the lazy code location builds only the job a process runs,
+``dagster definitions validate`` passes on hundreds of tasks, and the snapshot the webserver
+loads stays close to that of the same jobs written by hand (sizes, never seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import dagster as dg
+import pytest
+from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
+from dagster._serdes import serialize_value
+
+from agentenv_dagster import build_definitions, build_repository
+from agentenv_dagster.orchestration.location import peek_task_id, task_file_index
+from projects import REPO, make_project
+
+COUNTING_TRANSLATOR = textwrap.dedent('''
+    import os
+    from agentenv_dagster.orchestration.translator import TaskTranslator
+
+    class CountingTranslator(TaskTranslator):
+        """Notes each job built, with the building process."""
+
+        def get_job_description(self, plan):
+            with open(os.environ["AGENTENV_BUILD_LOG"], "a") as log:
+                log.write(f"{os.getpid()} {plan.task_id}\\n")
+            return super().get_job_description(plan)
+''')
+COUNTING_DEFINITIONS = textwrap.dedent('''
+    from pathlib import Path
+    from agentenv_dagster import build_repository
+    from counting import CountingTranslator
+
+    defs = build_repository(Path(__file__).parent / "tasks", translator=CountingTranslator())
+''')
+
+
+def many_tasks(count: int) -> dict[str, object]:
+    steps = json.loads((REPO / "tasks" / "reply_to_dana.json").read_text())
+    return {f"task_{i:04d}.json": {"id": f"task_{i:04d}", "type": "task", "version": 1, "steps": steps}
+            for i in range(count)}
+
+
+def snapshot_bytes(repo: dg.RepositoryDefinition) -> int:
+    """What the code server sends the webserver: the repository, then each job."""
+    size = len(serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True)))
+    return size + sum(len(serialize_value(JobDataSnap.from_job_def(j, include_parent_snapshot=True)))
+                      for j in repo.get_all_jobs())
+
+
+def test_a_lazy_location_builds_only_the_job_asked_for(tmp_path, monkeypatch):
+    root = make_project(tmp_path / "p", tasks={**many_tasks(30), "broken.json": "[{]"})
+    built = []
+    from agentenv_dagster.orchestration import definitions
+
+    real = definitions.build_job
+    monkeypatch.setattr(definitions, "build_job", lambda plan, *a, **k: built.append(plan.task_id) or real(plan, *a, **k))
+    repo = build_repository(root / "tasks")
+    assert built == []  # importing the location compiles nothing
+    job = repo.get_job("task_0007")
+    assert built == ["task_0007"] and repo.get_job("task_0007") is job
+    # bound like the eager location's job: same resources, same snapshot
+    eager = build_definitions(root / "tasks").get_job_def("task_0007")
+    assert set(job.resource_defs) == set(eager.resource_defs)
+    assert job.get_job_snapshot_id() == eager.get_job_snapshot_id()
+    assert repo.get_job("broken__invalid").tags["agentenv/invalid"] == "true"
+    built.clear()
+    # the webserver's view (every job, sensors, assets) loads the whole folder once
+    assert {"task_0000", "task_0029", "broken__invalid"} <= set(repo.job_names)
+    assert len(built) == 30 and repo.get_sensor_def("agentenv_task_files")
+    assert dg.AssetKey(["verifications", "task_0003", "sent"]) in repo.asset_graph.get_all_asset_keys()
+
+
+def test_the_cheap_index_picks_files_as_the_compiler_does(tmp_path):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "a.json").write_text(json.dumps({"id": "same id", "type": "task", "steps": []}))
+    (tasks / "b.json").write_text(json.dumps({"id": "same id", "type": "task", "steps": []}))
+    (tasks / "plain.json").write_text("[]")
+    (tasks / "ce.yaml").write_text("task_id: hello-python\nsuccess_criteria: []\n")
+    (tasks / "bad.json").write_text("{")
+    assert peek_task_id(tasks / "ce.yaml") == "hello-python" and peek_task_id(tasks / "plain.json") is None
+    index = task_file_index(sorted(tasks.iterdir()))
+    assert index["same_id"] == [tasks / "a.json", tasks / "b.json"]  # the first that compiles wins
+    assert index["plain"] == [tasks / "plain.json"] and index["hello_python"] == [tasks / "ce.yaml"]
+    assert index["bad__invalid"] == [tasks / "bad.json"]
+
+
+@pytest.mark.slow
+def test_a_multiprocess_run_builds_one_job_per_step_process(tmp_path):
+    """Every step process re-imports the location: each builds the run's job, and only it.
+    (The launching process here is ``execute_job``, which counts the location's jobs for
+    telemetry and so loads it all; a ``dagster dev`` run worker does not.)"""
+    project = make_project(tmp_path / "p", tasks=many_tasks(40))
+    (project / "counting.py").write_text(COUNTING_TRANSLATOR)
+    (project / "counting_definitions.py").write_text(COUNTING_DEFINITIONS)
+    (project / ".dagster_home").mkdir()
+    log = tmp_path / "builds.log"
+    script = textwrap.dedent('''
+        import os
+        import dagster as dg
+        from dagster._core.definitions.reconstruct import ReconstructableRepository
+        print(os.getpid())
+        recon = ReconstructableRepository.for_file("counting_definitions.py", "defs", working_directory=".")
+        with dg.DagsterInstance.get() as instance:
+            with dg.execute_job(recon.get_reconstructable_job("task_0011"), instance=instance) as result:
+                assert result.success, [e.message for e in result.all_events if e.is_failure]
+    ''')
+    env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), "PYTHONPATH": str(project),
+           "AGENTENV_BUILD_LOG": str(log)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    launcher = done.stdout.split()[0]
+    by_process: dict[str, list[str]] = {}
+    for pid, task in (line.split() for line in log.read_text().splitlines()):
+        by_process.setdefault(pid, []).append(task)
+    steps = {pid: tasks for pid, tasks in by_process.items() if pid != launcher}
+    assert len(steps) == 8  # 7 steps and the teardown, each in its own process
+    assert all(tasks == ["task_0011"] for tasks in steps.values()), steps
+
+
+@pytest.mark.slow
+def test_dagster_definitions_validate_passes_on_300_tasks(tmp_path):
+    project = make_project(tmp_path / "p", tasks=many_tasks(300))
+    shutil.copy(REPO / "definitions.py", project / "definitions.py")
+    shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
+    (project / ".dagster_home").mkdir()
+    env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), "PYTHONPATH": str(project)}
+    done = subprocess.run([sys.executable, "-m", "dagster", "definitions", "validate", "-w", "workspace.yaml"],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "All code locations passed validation" in done.stderr + done.stdout
+
+
+def hand_built_jobs(count: int, steps: list[dict]) -> dg.Definitions:
+    """The same tasks written the usual Dagster way: an op per step, the full step fields
+    (every default spelled out, as the location used to carry them) as default config."""
+    def one(i: int) -> dg.JobDefinition:
+        ops = {}
+        for step in steps:
+            @dg.op(name=f"t{i}_{step['id']}", ins={"upstream": dg.In(list, default_value=[])},
+                   config_schema={"step": dg.Field(dg.Permissive())})
+            def _op(context, upstream):
+                return []
+
+            ops[step["id"]] = _op
+
+        @dg.job(name=f"hand_{i}", config={"ops": {f"t{i}_{s['id']}": {"config": {"step": s}} for s in steps}})
+        def _job():
+            done = {}
+            for step in steps:
+                done[step["id"]] = ops[step["id"]](upstream=[done[d] for d in step["depends_on"]])
+
+        return _job
+
+    return dg.Definitions(jobs=[one(i) for i in range(count)])
+
+
+def test_the_snapshot_of_many_tasks_stays_near_hand_built_jobs(tmp_path):
+    """Per task, the location sends its jobs plus assets and checks; the step config is
+    what the task sets, not every default (which hand-built jobs below spell out)."""
+    count = 40
+    root = make_project(tmp_path / "p", tasks=many_tasks(count))
+    repo = build_repository(root / "tasks")
+    ours = snapshot_bytes(repo)
+    from agentenv_dagster.compiler import load_plan
+    from agentenv_dagster.config import load_config
+
+    plan = load_plan(REPO / "tasks" / "reply_to_dana.json", load_config(root))
+    full_steps = [s.model_dump(mode="json", exclude_none=True, by_alias=True) for s in plan.steps]
+    theirs = snapshot_bytes(hand_built_jobs(count, full_steps).get_repository_def())
+    assert ours < 1.5 * theirs, (ours, theirs)
+    # the default config holds the fields the task sets, not the defaults of every field
+    step = repo.get_job("task_0000").run_config["ops"]["collect"]["config"]["step"]
+    assert step["agent_name"] == "assistant" and "artifact_paths" not in step

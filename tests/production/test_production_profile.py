@@ -1,0 +1,160 @@
+"""The production profile for real: deploy/dagster.yaml on PostgreSQL, the S3 IO manager and
+artifact store on a moto server, and the same job under the Celery executor (Redis broker,
+a worker on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from projects import REPO, leaked_servers, make_project
+from services import wait_until
+
+pytestmark = pytest.mark.slow
+
+PREFIX = "prod-test"
+
+
+def s3_project(tmp_path, s3, *, extra: str = ""):
+    """A copy of the checkout whose stores are the bucket, with deploy/dagster.yaml as its
+    instance (DAGSTER_HOME)."""
+    root = make_project(tmp_path / "project")
+    config = root / ".agentenv" / "config.toml"
+    text = re.sub(r"^\[stores\]\n(?:(?!\[).*\n?)*", "", config.read_text(), flags=re.MULTILINE)
+    config.write_text(text + f'''
+[stores]
+state_dir = ".agentenv/state"
+artifact_dirs = ["artifacts"]
+backend = "s3"
+bucket = "{s3.bucket}"
+prefix = "{PREFIX}/{tmp_path.name}"
+endpoint_url = "{s3.endpoint_url}"
+region = "us-east-1"
+{extra}''')
+    shutil.copy(REPO / "definitions.py", root / "definitions.py")
+    home = root / ".dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    return root
+
+
+def environment(root, pg, s3, **extra: str) -> dict[str, str]:
+    return {**os.environ, **pg.env, **s3.env, "DAGSTER_HOME": str(root / ".dagster_home"),
+            "PYTHONPATH": str(root), **extra}
+
+
+def materializations(pg, run_id: str) -> list[str]:
+    """Asset keys materialized by the run, read from PostgreSQL's event log."""
+    rows = pg.query("SELECT asset_key FROM event_logs WHERE run_id = %s AND dagster_event_type = 'ASSET_MATERIALIZATION'",
+                    run_id)
+    paths = [json.loads(key) for (key,) in rows]  # AssetKey.to_string(): a JSON list
+    return sorted("/".join(path["path"] if isinstance(path, dict) else path) for path in paths)
+
+
+def run_status(pg, run_id: str) -> str:
+    ((status,),) = pg.query("SELECT status FROM runs WHERE run_id = %s", run_id)
+    return status
+
+
+def bucket_run_ids(s3, root) -> set[str]:
+    prefix = f"{PREFIX}/{root.parent.name}/runs/"
+    return {key[len(prefix):].split("/")[0] for key in s3.keys(prefix)}
+
+
+def test_reply_to_dana_on_postgres_with_s3_io_manager_and_artifacts(tmp_path, pg, s3):
+    root = s3_project(tmp_path, s3)
+    done = subprocess.run(
+        [sys.executable, "-m", "agentenv_dagster.cli", "run", "tasks/reply_to_dana.json", "--output-dir", "out"],
+        cwd=root, env=environment(root, pg, s3), capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    context = json.loads((root / "out" / "context.json").read_text())
+    assert context["metadata"]["verifications"]["sent"]["score"] == 1.0
+    run_id = context["metadata"]["run_group_id"]
+
+    # the run and its verification materialization are in PostgreSQL
+    assert run_status(pg, run_id) == "SUCCESS"
+    assert {"verifications/reply_to_dana/sent", "verifications/reply_to_dana/tone",
+            "artifacts/reply_to_dana/collect"} <= set(materializations(pg, run_id))
+
+    # the contexts between ops are objects in the bucket (none on local disk), and so are the
+    # collected files and the trajectory
+    base = f"{PREFIX}/{tmp_path.name}"
+    contexts = s3.keys(f"{base}/runs/{run_id}/context/")
+    assert {k.rsplit("/", 1)[1] for k in contexts} >= {"email.json", "reply.json", "sent.json", "teardown_run.json"}
+    assert not (root / ".agentenv" / "state" / "runs" / run_id / "context").exists()
+    final = json.loads(s3.client().get_object(Bucket=s3.bucket, Key=f"{base}/runs/{run_id}/context/teardown_run.json")["Body"].read())
+    assert final["rows"][""]["metadata"]["verifications"]["sent"]["score"] == 1.0
+    collected = context["metadata"]["collected_artifacts"]["collect"]["artifacts"]
+    assert collected and all(url.startswith(f"s3://{s3.bucket}/{base}/artifacts/") for url in collected.values())
+    assert any(k.startswith(f"{base}/objects/") for k in s3.keys(base))
+    trajectory = context["prompt_responses"][0]["agent_trajectory_object_url"]
+    assert trajectory.startswith(f"s3://{s3.bucket}/{base}/objects/")
+    assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+@pytest.fixture
+def celery_worker(tmp_path, pg, s3, redis_url):
+    """A project whose jobs use the Celery executor, and a `dagster-celery` worker for it on
+    loopback; stopped afterwards (the celery process first, then the dagster-celery parent)."""
+    root = s3_project(tmp_path, s3, extra='\n[dagster]\nexecutor = "celery"\n')
+    env = environment(root, pg, s3, AGENTENV_CELERY_BROKER=f"{redis_url}/0", AGENTENV_CELERY_BACKEND=f"{redis_url}/1")
+    shutil.copy(REPO / "deploy" / "celery.yaml", root / "celery.yaml")
+    log = open(tmp_path / "worker.log", "w")
+    parent = subprocess.Popen(
+        [shutil.which("dagster-celery") or "dagster-celery", "worker", "start", "-A", "dagster_celery.app",
+         "-y", "celery.yaml", "-n", f"agentenv-test-{os.getpid()}", "--", "--concurrency=2"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    processes: list[psutil.Process] = []
+    try:
+        wait_until(lambda: "ready." in (tmp_path / "worker.log").read_text() or parent.poll() is not None,
+                   "the celery worker", timeout=90, interval=0.25)
+        assert parent.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+        yield root, env
+    finally:
+        try:
+            processes = psutil.Process(parent.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            processes = []
+        for child in psutil.Process(parent.pid).children() if parent.poll() is None else []:
+            child.send_signal(signal.SIGTERM)  # celery's warm shutdown ends its pool first
+        psutil.wait_procs(processes, timeout=30)
+        if parent.poll() is None:
+            parent.terminate()
+        try:
+            parent.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait(timeout=10)
+        log.close()
+    assert not [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], \
+        "celery worker processes left running"
+
+
+def test_reply_to_dana_under_the_celery_executor(celery_worker, pg, s3):
+    root, env = celery_worker
+    done = subprocess.run(
+        [sys.executable, "-m", "dagster", "job", "execute", "-f", "definitions.py", "-j", "reply_to_dana"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (run_id,) = bucket_run_ids(s3, root)
+    assert run_status(pg, run_id) == "SUCCESS"
+    # every step ran in the celery worker, its events went to PostgreSQL
+    delegated = pg.query("SELECT step_key FROM event_logs WHERE run_id = %s AND event LIKE %s", run_id,
+                         "%in celery worker%")
+    assert {"email", "reply", "sent", "teardown_run"} <= {key for (key,) in delegated}
+    assert {"verifications/reply_to_dana/sent", "artifacts/reply_to_dana/collect"} <= set(materializations(pg, run_id))
+    final = json.loads(s3.client().get_object(
+        Bucket=s3.bucket, Key=f"{PREFIX}/{root.parent.name}/runs/{run_id}/context/teardown_run.json")["Body"].read())
+    assert final["rows"][""]["metadata"]["verifications"]["sent"]["score"] == 1.0
+    assert leaked_servers(root / ".agentenv" / "state") == []
