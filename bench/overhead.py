@@ -21,7 +21,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from agentenv_dagster import build_definitions
+from agentenv_dagster import build_repository
 from agentenv_dagster.compiler import load_plan
 from agentenv_dagster.config import load_config
 from agentenv_dagster.naming import job_name
@@ -32,8 +32,9 @@ TASK = os.environ.get("BENCH_TASK", str(ROOT / "tasks" / "reply_to_dana.json"))
 
 
 def reconstructable_job() -> dg.JobDefinition:
-    """Module-level, so the multiprocess executor's children can rebuild the job."""
-    return build_definitions(Path(TASK).parent, project_dir=ROOT).get_job_def(job_name(Path(TASK).stem))
+    """Module-level, so the multiprocess executor's children can rebuild the job; through the
+    lazy location, as definitions.py loads it, so a step builds only this job."""
+    return build_repository(Path(TASK).parent, project_dir=ROOT).get_job(job_name(Path(TASK).stem))
 
 
 def time_walker(plan, config) -> float:
