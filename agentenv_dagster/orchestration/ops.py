@@ -22,6 +22,7 @@ from .io_manager import FINAL_STEP
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .rows import ROWS, batch, merge_upstream, row_seed, run_keys
 from .translator import TAG_CONTENT_HASH, TAG_STEP_ASSETS, TAG_TASK_ID
+from .usage import usage_metadata
 
 IO_MANAGER_KEY = "task_context_io_manager"
 TEARDOWN_OP = FINAL_STEP
@@ -95,6 +96,7 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
                       **({"failed_rows": sorted(failed)} if len(failed) > 1 else {})},
         )
     assets = json.loads(context.op.tags.get(TAG_STEP_ASSETS) or '{"produced": [], "loaded": {}}')
+    prices = resource.load_config().model.prices if assets["produced"] else {}
     many = len(outcomes) > 1
     for key, outcome in outcomes.items():
         if key in failed:
@@ -104,7 +106,7 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
             context.log.warning(
                 f"step '{step.id}' failed (tolerated, fail_task_on_error=false){_row(key)}: {outcome.failure['error']}"
             )
-        yield from asset_events(assets, outcome.step, contexts[key], key or None, checks=not many)
+        yield from asset_events(assets, outcome.step, contexts[key], key or None, checks=not many, prices=prices)
     done = {key: contexts[key].to_dict() for key in outcomes if key not in failed}
     if many:
         yield from batch_check_evaluations(assets, step, {key: contexts[key] for key in done})
@@ -152,7 +154,7 @@ def teardown_op() -> dg.OpDefinition:
 
 def asset_events(
     assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
-    *, checks: bool = True,
+    *, checks: bool = True, prices: dict[str, dict[str, float]] | None = None,
 ) -> Iterator[Any]:
     """Materializations (and, with ``checks``, check evaluations) for what the step wrote,
     observations of what it read, under the keys the translator gave the step's node."""
@@ -165,7 +167,8 @@ def asset_events(
         if kind == VERIFICATION:
             entry = (ctx.metadata.get("verifications") or {}).get(name)
             if entry is not None:
-                yield dg.AssetMaterialization(asset_key=key, metadata=verification_metadata(entry), partition=partition)
+                metadata = {**verification_metadata(entry), **usage_metadata(ctx, entry, prices or {})}
+                yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition)
                 if checks:
                     yield from _check_evaluations(key, entry, step, partition)
         elif kind == PRODUCER:

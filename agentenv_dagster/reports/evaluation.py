@@ -34,7 +34,7 @@ def evaluation_result(
     rows = [CriterionResultRow.model_validate(r) for r in entry.get("results") or []]
     response = context.find_prompt_response(prompt_id)
     usage = (response.model_extra or {}).get("usage") if response else None
-    token_usage = _usage(usage, (prices or {}).get(response.model if response else "", None))
+    token_usage = priced_usage(usage, (prices or {}).get(response.model if response else "", None))
     status, error = _status(context, entry, response)
     if status in (FinalStatus.SUCCESS, FinalStatus.FAILURE, FinalStatus.NOT_GRADED):
         status, error = _over_budget(usage, token_usage, (resolved_task or {}).get("run_limits") or {}) or (status, error)
@@ -89,7 +89,7 @@ def _dialog_turns(dialog: list[dict[str, Any]], prices: dict[str, dict[str, floa
         crashed = turn.get("state", "completed") != "completed"
         turns.append(_turn(
             turn["turn"], turn.get("user_message", ""), turn.get("response", ""), events, turn.get("model"),
-            _usage(turn.get("usage"), prices.get(turn.get("model") or "")), crashed,
+            priced_usage(turn.get("usage"), prices.get(turn.get("model") or "")), crashed,
             turn.get("error_message") or (turn.get("error_type") if crashed else None),
             datetime.fromisoformat(turn["started_at_utc"]) if turn.get("started_at_utc") else started,
         ))
@@ -109,7 +109,7 @@ def _simulation(response, resolved: dict[str, Any], replicate_index: int,
     models = [(t.get("user") or {}).get("model") for t in extra.get("turns") or []]
     model = next((m for m in reversed(models) if m), None) or (extra.get("closing_user_message") or {}).get("model")
     reason = extra.get("stop_reason") or "error"
-    priced = _usage(user_usage, prices.get(model or "")) if user_usage else None
+    priced = priced_usage(user_usage, prices.get(model or "")) if user_usage else None
     return {
         "n_trials": simulation.get("n_trials", 1), "replicate_index": replicate_index,
         "stop_reason": "stop_token" if reason == "done" else reason,
@@ -183,7 +183,7 @@ def _command(event: dict[str, Any]) -> CommandTelemetry:
     )
 
 
-def _usage(usage: dict[str, Any] | None, price: dict[str, float] | None) -> TokenUsage | None:
+def priced_usage(usage: dict[str, Any] | None, price: dict[str, float] | None) -> TokenUsage | None:
     """Token buckets, priced when ``[model] prices`` knows the model (else cost stays unknown)."""
     if not usage:
         return None

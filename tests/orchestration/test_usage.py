@@ -1,0 +1,39 @@
+"""Token and cost metadata on verification assets: the agent's, a simulated user's, the judge's."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentenv_dagster.context import PromptResponse, TaskStepContext
+from agentenv_dagster.orchestration.usage import usage_metadata
+
+PRICES = {"claude-agent": {"input": 3.0, "output": 15.0}, "claude-judge": {"input": 1.0, "output": 5.0}}
+
+
+def values(metadata: dict) -> dict:
+    return {k: v.value for k, v in metadata.items()}
+
+
+def test_each_bucket_is_summed_and_priced_where_the_model_has_a_price():
+    ctx = TaskStepContext(prompt_responses=[
+        PromptResponse(prompt_id="p", response="a", model="claude-agent",
+                       usage={"input_tokens": 1000, "output_tokens": 200},
+                       user_usage={"input_tokens": 50, "output_tokens": 5}),
+        PromptResponse(prompt_id="q", response="b", model="claude-agent", usage={"input_tokens": 1000, "output_tokens": 0}),
+    ])
+    entry = {"judge": {"model": "claude-judge", "usage": {"input_tokens": 400, "output_tokens": 40}},
+             "results": [{"id": "c1", "token_usage": {"uncached_input_tokens": 100, "output_tokens": 10,
+                                                      "total_cost_usd": 0.001}}]}
+    got = values(usage_metadata(ctx, entry, PRICES))
+    assert (got["agent_input_tokens"], got["agent_output_tokens"]) == (2000, 200)
+    assert got["agent_cost_usd"] == pytest.approx((2000 * 3 + 200 * 15) / 1e6)
+    assert (got["user_input_tokens"], got["user_output_tokens"]) == (50, 5)
+    assert "user_cost_usd" not in got  # the simulator's model has no price: tokens, no invented cost
+    assert (got["judge_input_tokens"], got["judge_output_tokens"]) == (500, 50)
+    assert got["judge_cost_usd"] == pytest.approx(0.001 + (400 * 1 + 40 * 5) / 1e6)
+
+
+def test_nothing_spent_says_nothing():
+    ctx = TaskStepContext(prompt_responses=[PromptResponse(prompt_id="p", response="a", model="replay",
+                                                           usage={"input_tokens": 0, "output_tokens": 0})])
+    assert usage_metadata(ctx, {"results": [{"id": "x"}]}, PRICES) == {}
