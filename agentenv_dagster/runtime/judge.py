@@ -22,6 +22,11 @@ class JudgeError(RuntimeError):
     pass
 
 
+class JudgeNoVerdict(JudgeError):
+    """The judge answered but did not call ``submit_verdict``: a missing verdict, not a
+    transport failure (callers may ask again or score it 0)."""
+
+
 class JudgeAPIError(JudgeError):
     """The Messages API refused or failed the call after the SDK's own retries: a fault of the
     judge's infrastructure or configuration, never of the graded agent."""
@@ -101,7 +106,7 @@ class LLMJudge:
                 for block in message.content:
                     if getattr(block, "type", None) == "tool_use" and block.name == VERDICT_TOOL:
                         return dict(block.input)
-                raise JudgeError("judge replied without calling submit_verdict")
+                raise JudgeNoVerdict("judge replied without calling submit_verdict")
         finally:
             await client.close()
         raise JudgeError(f"LLM judge failed after {self.attempts} attempts: {last_error}")

@@ -3,22 +3,39 @@
 The judge is a named agent (``agent_name``), a judge agent deployed for the grading
 (``use_agent_judge``), or the LLM itself through the ``anthropic`` client. A judge that
 cannot be reached from here is not faked: the verification is written as not graded.
+
+Output formats (``rubric_formats``): ``rubric_binary``, ``rubric_partial`` and
+``trajectory_mistakes`` are graded here; the evidence formats need screenshot trajectory
+compaction, which this runtime does not provide. Ids that never match after three attempts fail
+the step ("Judge returned <n> results but expected <m> criteria"); a judge that never returns a
+verdict at all scores 0 with the error recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
 from ..context import PromptResponse, TaskStepContext
 from ..runtime.base import StepRuntime
-from ..runtime.judge import JudgeUnavailable
+from ..runtime.judge import JudgeNoVerdict, JudgeUnavailable
 from .base import AGENT, PROMPT, VERIFICATION, TaskStep
-from .execution import parse_structured_output, user_override
+from .execution import user_override
 from .registry import step
+from .rubric_formats import (
+    EVIDENCE_FORMATS,
+    FORMATS,
+    MissingVerdict,
+    id_problem,
+    make_row,
+    parse_verdict_text,
+    restore_mistakes,
+    verdict_parts,
+)
 from .scoring import ScoreAggregator, aggregate
 
 OutputFormat = Literal[
@@ -26,37 +43,6 @@ OutputFormat = Literal[
     "rubric_evidence_with_mistakes",
 ]
 JUDGE_ATTEMPTS = 3
-VERDICT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "results": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "string"},
-                    "score": {"type": "number"},
-                    "justification": {"type": "string"},
-                },
-                "required": ["id", "score", "justification"],
-            },
-        }
-    },
-    "required": ["results"],
-}
-INSTRUCTIONS = {
-    "rubric_binary": (
-        "Judge each criterion PASS or FAIL and give it a score of exactly 1.0 (PASS) or 0.0 "
-        "(FAIL). A criterion marked \"negative\": true describes a mistake: decide whether it "
-        "is PRESENT or ABSENT, and score 1.0 only when it is ABSENT. Justify each briefly."
-    ),
-    "rubric_partial": (
-        "Give each criterion a score from 0.0 to 1.0 for how fully the agent met it (for a "
-        "criterion with \"outcomes\", the score of the outcome that applies). A criterion "
-        "marked \"negative\": true describes a mistake: score 1.0 when it is absent. Justify "
-        "each briefly."
-    ),
-}
 
 
 class NotGraded(Exception):
@@ -97,9 +83,21 @@ class RubricsVerifierStep(TaskStep):
         return criteria
 
     @model_validator(mode="after")
-    def _check(self) -> "RubricsVerifierStep":
+    def _check(self) -> RubricsVerifierStep:
         if self.default_model_api_base and self.use_agent_judge:
             raise ValueError("default_model_api_base is only allowed with use_agent_judge=false")
+        if self.output_format in EVIDENCE_FORMATS:
+            compaction = self.trajectory_filter
+            if isinstance(compaction, dict):
+                screenshot = compaction.get("compaction") == "screenshot" and \
+                    compaction.get("frame_strategy") == "per_criterion"
+            else:
+                screenshot = False
+            if self.use_agent_judge or not self.use_trajectory or not screenshot:
+                raise ValueError(
+                    f"output_format '{self.output_format}' needs use_agent_judge=false, use_trajectory=true "
+                    "and trajectory_filter {compaction: 'screenshot', frame_strategy: 'per_criterion'}"
+                )
         return self
 
     @property
@@ -121,13 +119,16 @@ class RubricsVerifierStep(TaskStep):
                 }],
             }
             return
-        if self.output_format not in INSTRUCTIONS:
-            raise RuntimeError(f"output_format '{self.output_format}' is not supported by this runtime yet")
+        if self.output_format not in FORMATS:
+            raise RuntimeError(
+                f"output_format '{self.output_format}' needs screenshot trajectory compaction, "
+                "which this runtime does not provide"
+            )
         trajectory = self._trajectory(rt, response)
         prompt = self.judge_prompt(ctx, response, trajectory)
         model = user_override(ctx, "judge_model") or self.default_model or rt.config.model.for_role("judge")
         try:
-            items, judge = await self._grade(ctx, rt, prompt, model)
+            graded = await self._grade(ctx, rt, prompt, model)
         except NotGraded as reason:
             verifications[self.verifier_key] = {
                 "format": self.output_format, "score": None, "graded": False,
@@ -135,17 +136,29 @@ class RubricsVerifierStep(TaskStep):
             }
             rt.log.warning("verifier '%s' not graded: %s", self.verifier_key, reason)
             return
-        rows = self._rows(items)
-        verifications[self.verifier_key] = {
-            "format": self.output_format,
-            "results": rows,
-            "score": aggregate(rows, self.score_aggregator),
-            "score_aggregator": self.score_aggregator,
-            "graded": True,
-            "judge": judge,
-            "compact_trajectory_s3_uri": None,
-            "judge_trajectory_s3_uri": None,
-        }
+        entry: dict[str, Any] = {"format": self.output_format}
+        if graded.error is not None:
+            # no verdict at all after every attempt: 0, with the judge's failure on record
+            rows = [{**c, "score": 0.0, "result": False, "justification": "", "error": graded.error}
+                    for c in self.criteria]
+            entry.update(results=rows, score=0.0, error=graded.error)
+            rt.log.warning("verifier '%s' scored 0: %s", self.verifier_key, graded.error)
+        else:
+            rows = self._rows(graded.items)
+            entry.update(results=rows, score=aggregate(rows, self.score_aggregator))
+            errors = [f"{r['id']}: {r['error']}" for r in rows if "error" in r]
+            if errors:
+                entry["errors"] = errors
+        if self.output_format == "trajectory_mistakes":
+            entry["mistakes"] = restore_mistakes(graded.mistakes, self._id_of())
+        entry.update(
+            score_aggregator=self.score_aggregator, graded=True, judge=graded.judge,
+            compact_trajectory_s3_uri=None, judge_trajectory_s3_uri=None,
+        )
+        if graded.discrepancies:
+            entry.update(judge_output_retries=len(graded.discrepancies),
+                         judge_output_discrepancies=graded.discrepancies)
+        verifications[self.verifier_key] = entry
 
     # -- the judge -------------------------------------------------------------------------
     def keyed_criteria(self) -> list[dict[str, Any]]:
@@ -159,6 +172,9 @@ class RubricsVerifierStep(TaskStep):
             keyed.append(item)
         return keyed
 
+    def _id_of(self) -> dict[str, str]:
+        return {f"c{i}": c["id"] for i, c in enumerate(self.criteria, start=1)}
+
     def judge_prompt(self, ctx: TaskStepContext, response: PromptResponse, trajectory: str | None) -> str:
         sections = [
             "You are grading the work of an AI agent against rubric criteria.",
@@ -169,9 +185,8 @@ class RubricsVerifierStep(TaskStep):
         sections.append(f"## Agent Response\n<agent_response>\n{response.response}\n</agent_response>")
         sections.append("## Criteria\n" + json.dumps(self.keyed_criteria(), indent=2))
         sections.append(
-            "## Instructions\n" + INSTRUCTIONS[self.output_format]
-            + '\nReply with JSON only: {"results": [{"id": "c1", "score": 1.0, "justification": "..."}]},'
-            " one result per criterion id."
+            "## Instructions\n" + FORMATS[self.output_format].instructions
+            + "\n" + FORMATS[self.output_format].reply_instruction()
         )
         if self.grading_policy_prompt:
             sections.append(f"## Grading policy\n{self.grading_policy_prompt}")
@@ -183,21 +198,36 @@ class RubricsVerifierStep(TaskStep):
             sections.append("## Files\nThese files were loaded for you to open:\n" + "\n".join(files))
         return "\n\n".join(sections)
 
-    async def _grade(self, ctx, rt, prompt, model) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """Ask the judge, correcting it up to three times when its ids do not match."""
+    async def _grade(self, ctx, rt, prompt, model) -> _Graded:
+        """Ask the judge, correcting it up to three times when its ids do not match or its
+        reply holds no verdict. Wrong ids to the end fail the step (the reference's message);
+        no verdict to the end is graded 0 with the error recorded."""
         ask, judge, cleanup = await self._judge(ctx, rt, model)
         keys = [c["id"] for c in self.keyed_criteria()]
+        discrepancies: list[str] = []
         try:
             text = prompt
-            for _ in range(JUDGE_ATTEMPTS):
-                items = _results_of(await ask(text))
-                problem = _id_problem(items, keys)
-                if problem is None:
-                    return items, judge
+            items: list[dict[str, Any]] = []
+            missing: str | None = None
+            for attempt in range(JUDGE_ATTEMPTS):
+                try:
+                    items, mistakes = verdict_parts(await ask(text))
+                except (MissingVerdict, JudgeNoVerdict) as exc:
+                    missing = problem = f"no verdict: {exc}"
+                else:
+                    missing = None
+                    problem = id_problem(items, keys)
+                    if problem is None:
+                        return _Graded(items, mistakes, judge, discrepancies)
+                if attempt + 1 < JUDGE_ATTEMPTS:
+                    discrepancies.append(problem)
                 text = (
                     f"{prompt}\n\n## Correction\nYour previous verdict was invalid ({problem}). "
                     f"Return exactly one result for each of the ids {keys}."
                 )
+            if missing is not None:
+                return _Graded([], [], judge, discrepancies,
+                               error=f"judge returned no verdict after {JUDGE_ATTEMPTS} attempts ({missing})")
             raise ValueError(f"Judge returned {len(items)} results but expected {len(keys)} criteria")
         finally:
             await cleanup()
@@ -234,34 +264,32 @@ class RubricsVerifierStep(TaskStep):
         except JudgeUnavailable as exc:
             raise NotGraded(str(exc)) from None
 
-        async def ask(text: str) -> Any:
-            return await judge.verdict(text, VERDICT_SCHEMA)
+        info: dict[str, Any] = {"model": judge.model}
 
-        return ask, {"model": judge.model}, nothing
+        async def ask(text: str) -> Any:
+            try:
+                return await judge.verdict(text, FORMATS[self.output_format].schema)
+            finally:  # every attempt's tokens, for the verification asset's cost metadata
+                info["usage"] = asdict(judge.usage)
+
+        return ask, info, nothing
 
     def _agent_asker(self, rt, url):
         async def ask(text: str) -> Any:
             reply = await rt.a2a.send_and_wait(url, text, timeout_seconds=self.judge_timeout_seconds)
             if reply.state != "completed":
                 raise RuntimeError(f"Judge A2A task failed (task_id={reply.task_id}): {reply.text}")
-            return _parse_verdict_text(reply.text)
+            verdict = parse_verdict_text(reply.text)
+            if verdict is None:
+                raise MissingVerdict(f"the judge's reply is not JSON: {(reply.text or '')[:200]!r}")
+            return verdict
 
         return ask
 
     def _rows(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         by_key = {item["id"]: item for item in items}
-        rows = []
-        for i, criterion in enumerate(self.criteria, start=1):
-            item = by_key[f"c{i}"]
-            score = float(item.get("score", 0))
-            row = {**criterion, "justification": item.get("justification", "")}
-            if self.output_format == "rubric_binary":
-                row.update(score=1.0 if score == 1.0 else 0.0, result=score == 1.0)
-            else:
-                score = min(1.0, max(0.0, score))
-                row.update(score=score, result=score >= float(criterion.get("pass_threshold", 0.5)))
-            rows.append(row)
-        return rows
+        return [make_row(self.output_format, criterion, by_key[f"c{i}"])
+                for i, criterion in enumerate(self.criteria, start=1)]
 
     def _trajectory(self, rt: StepRuntime, response: PromptResponse) -> str | None:
         if not self.use_trajectory:
@@ -291,27 +319,11 @@ class RubricsVerifierStep(TaskStep):
         ]
 
 
-def _results_of(verdict: Any) -> list[dict[str, Any]]:
-    if isinstance(verdict, dict):
-        verdict = verdict.get("results")
-    return [item for item in verdict or [] if isinstance(item, dict)]
 
-
-def _parse_verdict_text(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except (TypeError, ValueError):
-        return parse_structured_output(text)
-
-
-def _id_problem(items: list[dict[str, Any]], keys: list[str]) -> str | None:
-    ids = [item.get("id") for item in items]
-    missing = sorted(set(keys) - set(ids))
-    unknown = sorted({i for i in ids if i not in keys}, key=str)
-    duplicates = sorted({i for i in ids if ids.count(i) > 1}, key=str)
-    if not (missing or unknown or duplicates) and len(ids) == len(keys):
-        return None
-    return "; ".join(
-        f"{label}: {values}" for label, values in
-        (("missing ids", missing), ("unknown ids", unknown), ("duplicate ids", duplicates)) if values
-    ) or f"{len(ids)} results for {len(keys)} criteria"
+@dataclass
+class _Graded:
+    items: list[dict[str, Any]]
+    mistakes: list[Any]
+    judge: dict[str, Any]
+    discrepancies: list[str] = field(default_factory=list)
+    error: str | None = None

@@ -22,12 +22,12 @@ CRITERIA = [
 ]
 
 
-def steps(**rubric):
+def steps(criteria=CRITERIA, **rubric):
     return [
         {"id": "agent", "type": "deploy_agent", "a2a_agent_id": "writer", "agent_name": "w", "depends_on": []},
         {"id": "ask", "type": "prompt_agent", "agent_name": "w", "prompt_id": "p", "prompt": "Write to Dana."},
         {"id": "grade", "type": "rubrics_verifier", "prompt_id": "p", "verifier_id": "tone",
-         "use_agent_judge": False, "criteria": CRITERIA, **rubric},
+         "use_agent_judge": False, "criteria": criteria, **rubric},
     ]
 
 
@@ -54,7 +54,7 @@ def test_llm_judge_grades_rekeyed_criteria_with_a_forced_tool_call(judged):
     assert entry["score"] == 0.0  # all_pass
     assert [(r["id"], r["result"], r["justification"]) for r in entry["results"]] == [
         ("polite", True, "because 1"), ("signed", False, "because 2")]
-    assert entry["judge"] == {"model": "claude-test"}
+    assert entry["judge"]["model"] == "claude-test" and entry["judge"]["usage"]["calls"] == 1
     request = api.requests[0].body
     assert request["tool_choice"] == {"type": "tool", "name": "submit_verdict"}
     prompt = request["messages"][0]["content"]
