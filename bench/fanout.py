@@ -3,9 +3,9 @@
 The same rows (a sentence to classify), the same model behaviour (a keyword rule answering
 after ``--latency`` seconds) and the same concurrency (``--in-flight``) on both sides:
 
-(a) agentenv_dagster: a Coder Eval task with ``dataset``, run as one Dagster run over every
-    row (each row a partition of the job, every op running its step for all rows,
-    ``rows_in_flight`` at once) — sandboxes, the replay agent answering over real A2A in the
+(a) agentenv_dagster: a Coder Eval task with ``dataset``, run as ``--shards`` concurrent Dagster
+    runs over slices of the rows (each row a partition of the job, every op running its step
+    for all its run's rows; the 32 rows in flight shared out between the shards) — sandboxes, the replay agent answering over real A2A in the
     run's agent host, a deterministic ``classification_match`` criterion, per-row asset
     materializations, the suite rollup and the reports;
 (b) Inspect AI: its ``mockllm`` model answering through ``custom_outputs`` after the same
@@ -78,7 +78,7 @@ def project(root: Path, n: int, latency: float) -> Path:
     return task
 
 
-def run_agentenv(root: Path, n: int, latency: float, in_flight: int) -> tuple[float, str]:
+def run_agentenv(root: Path, n: int, latency: float, in_flight: int, shards: int) -> tuple[float, str]:
     import dagster as dg
 
     from agentenv_dagster.config import load_config
@@ -91,14 +91,14 @@ def run_agentenv(root: Path, n: int, latency: float, in_flight: int) -> tuple[fl
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         started = time.perf_counter()
-        done = run_coder_eval_task(task, config, instance=instance, rows_in_flight=in_flight,
+        done = run_coder_eval_task(task, config, instance=instance, rows_in_flight=in_flight, shards=shards,
                                    output_dir=root / "out")
         elapsed = time.perf_counter() - started
     passed = sum(r.final_status.value == "SUCCESS" for r in done.results)
     return elapsed, f"{passed}/{len(done.results)} rows passed"
 
 
-def run_inspect(root: Path, n: int, latency: float, in_flight: int) -> tuple[float, str]:
+def run_inspect(root: Path, n: int, latency: float, in_flight: int, shards: int) -> tuple[float, str]:
     from inspect_ai import Task
     from inspect_ai import eval as inspect_eval
     from inspect_ai.dataset import Sample
@@ -130,17 +130,19 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--only", choices=["agentenv", "inspect"])
+    parser.add_argument("--shards", type=int, default=min(os.cpu_count() or 1, 3),
+                        help="agentenv_dagster: concurrent runs over slices of the rows (default: cores, at most 3)")
     args = parser.parse_args()
     ideal = args.rows * args.latency / args.in_flight
     print(f"{args.rows} rows, {args.latency * 1000:.0f} ms per answer, {args.in_flight} in flight: "
-          f"ideal {ideal:.2f} s", flush=True)
+          f"ideal {ideal:.2f} s; agentenv_dagster in {args.shards} shard run(s)", flush=True)
     times = {}
     for name, run in (("agentenv_dagster", run_agentenv), ("inspect_ai", run_inspect)):
         if args.only and not name.startswith(args.only):
             continue
         with tempfile.TemporaryDirectory(prefix=f"fanout-{name}-") as tmp:
             os.environ["DAGSTER_HOME"] = str(Path(tmp) / ".dagster_home")
-            elapsed, outcome = run(Path(tmp), args.rows, args.latency, args.in_flight)
+            elapsed, outcome = run(Path(tmp), args.rows, args.latency, args.in_flight, args.shards)
         times[name] = elapsed
         print(f"  {name:<17} {elapsed:7.2f} s  ({elapsed / ideal:.2f}x ideal)  {outcome}", flush=True)
     if len(times) == 2:

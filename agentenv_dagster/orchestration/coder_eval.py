@@ -29,7 +29,7 @@ from ..spec.coder_eval import apply_overrides, load_coder_eval_experiment, load_
 from ..spec.coder_eval.dataset import select_rows
 from ..spec.coder_eval.variants import resolve_for_variant
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
-from .execute import execute_plan
+from .shards import run_rows
 
 TAG_VARIANT, TAG_REPLICATE = "agentenv/variant", "agentenv/replicate"
 
@@ -69,10 +69,11 @@ def run_coder_eval_task(
     path: Path, config: AgentEnvConfig, *, overrides: Sequence[str] = (), grade_only_from: Path | None = None,
     output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
     split: str | None = None, sample: int | None = None, experiment: Path | None = None,
-    rows_in_flight: int | None = None,
+    rows_in_flight: int | None = None, shards: int = 1,
 ) -> CoderEvalRun:
-    """Every variant (or the task as it is) x replicate: one Dagster run, over the selected
-    rows of a dataset (a partition each, ``rows_in_flight`` at a time).
+    """Every variant (or the task as it is) x replicate: one Dagster run over the selected rows
+    of a dataset (a partition each, ``rows_in_flight`` at a time), or ``shards`` concurrent runs
+    over slices of them.
     Raises ``TaskLoadError`` for a bad task (exit 2 in the CLI)."""
     loaded = load_coder_eval_task(path)
     task = loaded.task
@@ -91,9 +92,8 @@ def run_coder_eval_task(
         for replicate in range(repeats if rows != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant_id, str(replicate) if repeats > 1 else None) if p)
             tags = {TAG_VARIANT: variant_id or "default", TAG_REPLICATE: str(replicate)}
-            run = execute_plan(plan, config, output_dir=out / "contexts" / (label or "task"), instance=instance,
-                               partition_keys=rows, rows_in_flight=rows_in_flight, tags=tags)
-            contexts = {k: run.contexts[k] for k in rows if k in run.contexts} if rows else {"": run.context}
+            contexts = run_rows(plan, config, rows, output_dir=out / "contexts" / (label or "task"), instance=instance,
+                                rows_in_flight=rows_in_flight, tags=tags, shards=shards)
             for row_id, context in contexts.items():
                 row_started, row_completed = _span(context)
                 response = context.find_prompt_response(PROMPT_ID)

@@ -122,7 +122,7 @@ def test_a_launch_over_a_partition_range_without_row_config_reads_the_rows_from_
 
 def test_the_cli_runs_a_dataset_with_bounded_rows_in_flight(project):
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
-    done = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "1", "--output-dir", "out")
+    done = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "1", "--shards", "2", "--output-dir", "out")
     assert done.returncode == 1, done.stdout + done.stderr  # r3 errs, as upstream's exit code says
     summary = json.loads((project / "out" / "run.json").read_text())
     assert (summary["tasks_run"], summary["tasks_succeeded"], summary["tasks_error"]) == (3, 2, 1)
@@ -142,3 +142,17 @@ def test_simulation_trials_are_replicates_each_a_run_tagged_with_its_replicate(p
         assert {r.tags["agentenv/variant"] for r in runs} == {"default"}
     assert sorted((r.task_id, r.replicate_index) for r in done.results) == [
         (f"words/{row}", i) for row in ("r1", "r2", "r3") for i in (0, 1)]
+
+
+def test_shards_are_concurrent_runs_over_slices_of_the_rows(project):
+    path = project / "tasks" / "words.yaml"
+    path.write_text(WORDS_TASK.format(extra=""))
+    with dg.instance_for_test() as instance:
+        done = run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
+                                   shards=2, rows_in_flight=4)
+        runs = sorted(
+            (r.tags.get(RANGE_START_TAG) or r.tags["dagster/partition"], r.tags.get(RANGE_END_TAG)) for r in instance.get_runs())
+        assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
+    assert runs == [("r1", "r2"), ("r3", None)]  # a slice of one row is a plain partition run
+    assert [(r.task_id, r.final_status.value) for r in done.results] == [
+        ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]

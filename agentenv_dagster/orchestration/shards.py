@@ -1,0 +1,67 @@
+"""A dataset's selected rows as shard runs: contiguous slices of its partitions, each one Dagster
+run over a range of partitions, run side by side in their own processes.
+
+One run's ops are barriers and its Python is one core: grading (CPU) cannot overlap the
+prompts (waiting). Two or three shards on two cores do overlap them — measured on the 1,000-row
+benchmark, 25 s in one run against 15 s in two. ``rows_in_flight`` is shared out, so the agents
+see the same number of prompts at once either way.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import dagster as dg
+
+from ..compiler import step_registry
+from ..config import AgentEnvConfig
+from ..context import TaskStepContext
+from ..plan import TaskPlan
+from .execute import execute_plan
+
+
+def run_rows(
+    plan: TaskPlan, config: AgentEnvConfig, rows: list[str] | None, *, output_dir: Path,
+    instance: dg.DagsterInstance | None, rows_in_flight: int | None, tags: dict[str, str], shards: int = 1,
+) -> dict[str, TaskStepContext]:
+    """Each row's final context, in row order (key ``""`` for a task without a dataset)."""
+    if not rows:
+        run = execute_plan(plan, config, output_dir=output_dir, instance=instance, tags=tags)
+        return {"": run.context}
+    size = math.ceil(len(rows) / max(1, min(shards, len(rows))))
+    chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
+    if len(chunks) == 1:
+        contexts = execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=rows,
+                                rows_in_flight=rows_in_flight, tags=tags).contexts
+    else:
+        in_flight = math.ceil((rows_in_flight or 32) / len(chunks))
+        blob = pickle.dumps(plan)
+        ref = instance.get_ref() if instance is not None else None
+        with ProcessPoolExecutor(len(chunks), mp_context=_forkserver()) as pool:
+            futures = [
+                pool.submit(_shard, blob, config, ref, chunk, in_flight, tags, output_dir / f"shard-{i}")
+                for i, chunk in enumerate(chunks)
+            ]
+            contexts = {k: c for future in futures for k, c in future.result().items()}
+    return {k: contexts[k] for k in rows if k in contexts}
+
+
+def _forkserver():
+    """Shard processes forked from a server that has imported Dagster and this package once
+    (fork-safe: the server runs no threads; ~1 s of imports saved per shard)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["dagster", "agentenv_dagster.orchestration.shards"])
+    return context
+
+
+def _shard(plan_blob: bytes, config: AgentEnvConfig, instance_ref, keys: list[str], rows_in_flight: int,
+           tags: dict[str, str], output_dir: Path) -> dict[str, TaskStepContext]:
+    step_registry(config)  # a project's own step modules importable before the plan is read back
+    plan = pickle.loads(plan_blob)
+    instance = dg.DagsterInstance.from_ref(instance_ref) if instance_ref is not None else None
+    return execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=keys,
+                        rows_in_flight=rows_in_flight, tags=tags).contexts
