@@ -558,18 +558,16 @@ def parse_junit_xml(text: str) -> list[dict[str, Any]]:
             if found is not None:
                 outcome, message = kind, found.get("message") or (found.text or "").strip() or None
                 break
-        duration = case.get("time")
-        more = {"duration_seconds": float(duration)} if duration and _is_number(duration) else {}
-        rows.append(_row(test_id, outcome, message, **more))
+        rows.append(_row(test_id, outcome, message, **_duration(case.get("time"))))
     return rows
 
 
-def _is_number(text: str) -> bool:
+def _duration(text: str | None) -> dict[str, float]:
+    """A JUnit ``time`` attribute as ``duration_seconds``; absent or unreadable, nothing."""
     try:
-        float(text)
+        return {"duration_seconds": float(text)} if text else {}
     except ValueError:
-        return False
-    return True
+        return {}
 
 
 def _tests_from(junit: Any, stdout: str) -> tuple[list[dict[str, Any]], str | None]:
