@@ -13,6 +13,7 @@ import math
 import multiprocessing
 import pickle
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 import dagster as dg
@@ -21,7 +22,7 @@ from ..compiler import step_registry
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
-from .execute import execute_plan
+from .execute import execute_plan, project_dagster_home
 
 
 def run_rows(
@@ -40,14 +41,24 @@ def run_rows(
     else:
         in_flight = math.ceil((rows_in_flight or 32) / len(chunks))
         blob = pickle.dumps(plan)
-        ref = instance.get_ref() if instance is not None else None
-        with ProcessPoolExecutor(len(chunks), mp_context=_forkserver()) as pool:
-            futures = [
-                pool.submit(_shard, blob, config, ref, chunk, in_flight, tags, output_dir / f"shard-{i}")
-                for i, chunk in enumerate(chunks)
-            ]
-            contexts = {k: c for future in futures for k, c in future.result().items()}
+        # the parent opens the instance first: a new SQLite instance creates its tables on
+        # opening, and two shards doing that at once collide ("table runs already exists")
+        with _opened(instance, config) as opened:
+            ref = opened.get_ref()
+            with ProcessPoolExecutor(len(chunks), mp_context=_forkserver()) as pool:
+                futures = [
+                    pool.submit(_shard, blob, config, ref, chunk, in_flight, tags, output_dir / f"shard-{i}")
+                    for i, chunk in enumerate(chunks)
+                ]
+                contexts = {k: c for future in futures for k, c in future.result().items()}
     return {k: contexts[k] for k in rows if k in contexts}
+
+
+def _opened(instance: dg.DagsterInstance | None, config: AgentEnvConfig):
+    if instance is not None:
+        return nullcontext(instance)
+    project_dagster_home(config)
+    return dg.DagsterInstance.get()
 
 
 def _forkserver():
@@ -62,6 +73,6 @@ def _shard(plan_blob: bytes, config: AgentEnvConfig, instance_ref, keys: list[st
            tags: dict[str, str], output_dir: Path) -> dict[str, TaskStepContext]:
     step_registry(config)  # a project's own step modules importable before the plan is read back
     plan = pickle.loads(plan_blob)
-    instance = dg.DagsterInstance.from_ref(instance_ref) if instance_ref is not None else None
-    return execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=keys,
-                        rows_in_flight=rows_in_flight, tags=tags).contexts
+    with dg.DagsterInstance.from_ref(instance_ref) as instance:
+        return execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=keys,
+                            rows_in_flight=rows_in_flight, tags=tags).contexts
