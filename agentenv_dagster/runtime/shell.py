@@ -15,6 +15,16 @@ from pathlib import Path
 from typing import Protocol
 
 
+# What a host interpreter running task data gets of this process's environment: what Python
+# needs, never a secret (an LLM key, cloud credentials).
+HOST_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
+
+
+def host_env(**extra: str) -> dict[str, str]:
+    """This process's environment cut down to :data:`HOST_ENV_KEYS`, plus ``extra``."""
+    return {**{k: os.environ[k] for k in HOST_ENV_KEYS if k in os.environ}, **extra}
+
+
 @dataclass(frozen=True)
 class ShellResult:
     exit_code: int | None  # None when the deadline ended it

@@ -1,8 +1,8 @@
 """Run an env-outcome verifier script in its own interpreter.
 
-``python -m agentenv_dagster.runtime.verify_script SCRIPT MCP_URL`` imports SCRIPT (task
-data, so untrusted: never in the op's own process), awaits its ``verify(mcp_url)`` and
-prints the rows as JSON on stdout.
+``python -m agentenv_dagster.runtime.verify_script SCRIPT MCP_URL RESULT`` imports SCRIPT (task data, so untrusted:
+never in the op's own process, and given none of its secrets), awaits its ``verify(mcp_url)``
+and writes the rows as JSON to RESULT — not to stdout, which is the script's own to print on.
 """
 
 from __future__ import annotations
@@ -12,9 +12,14 @@ import importlib.util
 import inspect
 import json
 import os
-import signal
 import sys
+import tempfile
 from pathlib import Path
+
+from .shell import host_env, run_argv
+
+RESULT_FILE = "rows.json"
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # where ``agentenv_dagster`` imports from
 
 
 class VerifyScriptError(RuntimeError):
@@ -22,27 +27,30 @@ class VerifyScriptError(RuntimeError):
 
 
 async def run_verify_script(script: Path, mcp_url: str, timeout_seconds: float) -> list[dict]:
-    """The script's rows, or :class:`VerifyScriptError` naming why there are none."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", __name__, str(script), mcp_url,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_seconds)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
-        os.killpg(proc.pid, signal.SIGKILL)
-        await proc.wait()
-        raise VerifyScriptError(f"{script.name}: verify() did not finish within {timeout_seconds:g}s") from None
-    if proc.returncode != 0:
-        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-        raise VerifyScriptError(f"{script.name}: verify() failed: {tail[0]}")
-    rows = json.loads(out)
+    """The script's rows, or :class:`VerifyScriptError` naming why there are none. The script
+    runs in a scratch folder with only :data:`~.shell.HOST_ENV_KEYS` of the environment."""
+    with tempfile.TemporaryDirectory(prefix="agentenv-verify-") as scratch:
+        result = Path(scratch) / RESULT_FILE
+        done = await run_argv(
+            [sys.executable, "-m", __name__, str(script), mcp_url, str(result)],
+            cwd=Path(scratch), env=host_env(PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=PACKAGE_PARENT),
+            timeout=timeout_seconds,
+        )
+        if done.timed_out:
+            raise VerifyScriptError(f"{script.name}: verify() did not finish within {timeout_seconds:g}s")
+        if done.exit_code != 0:
+            tail = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.exit_code}"]
+            raise VerifyScriptError(f"{script.name}: verify() failed: {tail[0]}")
+        try:
+            rows = json.loads(result.read_text())
+        except (OSError, ValueError) as exc:
+            raise VerifyScriptError(f"{script.name}: verify() left no readable rows: {exc}") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise VerifyScriptError(f"{script.name}: verify() must return a list of dicts")
     return rows
 
 
-def _main(script: str, mcp_url: str) -> None:
+def _main(script: str, mcp_url: str, result: str) -> None:
     spec = importlib.util.spec_from_file_location("agentenv_verify_script", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -52,8 +60,12 @@ def _main(script: str, mcp_url: str) -> None:
     rows = verify(mcp_url)
     if inspect.isawaitable(rows):
         rows = asyncio.run(rows)
-    json.dump(rows, sys.stdout, default=str)
+    encoded = json.dumps(rows, default=str)
+    with open(result, "w") as out:
+        out.write(encoded)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 if __name__ == "__main__":
-    _main(*sys.argv[1:3])
+    _main(*sys.argv[1:4])

@@ -23,7 +23,7 @@ from ..context import TaskStepContext
 from ..runtime.artifacts import Artifact
 from ..runtime.base import StepRuntime
 from ..runtime.sandbox import LocalSandbox
-from ..runtime.shell import ShellResult, run_argv, sandbox_shell
+from ..runtime.shell import ShellResult, host_env, run_argv, sandbox_shell
 from .base import AGENT, ARTIFACT, DEFAULT_AGENT_NAME, ENV, TaskStep
 from .registry import step
 
@@ -35,8 +35,6 @@ ENTRY_WHEN_AMBIGUOUS = "run.py"
 MAX_OUTPUT_BYTES = 50 * 1024 * 1024
 MAX_SCRIPT_BYTES = 5 * 1024 * 1024
 STDERR_TRUNCATE = 1000
-# The host interpreter gets no secrets of this process (no LLM key), only what Python needs.
-HOST_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
 
 
 class RunCodeValidationError(ValueError):
@@ -193,8 +191,7 @@ class RunCodeStep(TaskStep):
         if container:  # the sandbox folder is the container's working dir
             command = shlex.join(["python3", *args])
             return await sandbox_shell(root, container).run(command, self.timeout_seconds, quiet)
-        env = {**{k: os.environ[k] for k in HOST_ENV_KEYS if k in os.environ}, **quiet}
-        return await run_argv([sys.executable, *args], cwd=root, env=env, timeout=self.timeout_seconds)
+        return await run_argv([sys.executable, *args], cwd=root, env=host_env(**quiet), timeout=self.timeout_seconds)
 
     def _read_output(self, path: Path) -> Any:
         if not path.is_file():

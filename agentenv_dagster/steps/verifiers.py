@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
@@ -33,6 +34,9 @@ class _Verifier(TaskStep):
         }
 
 
+ENTRY_SCRIPT = "verify.py"  # which script runs when an artifact holds several
+
+
 @step("env_outcome_verifier")
 class EnvOutcomeVerifierStep(_Verifier):
     """Runs a stored script's ``async verify(mcp_url)`` against the env's end state, in a
@@ -50,10 +54,19 @@ class EnvOutcomeVerifierStep(_Verifier):
         if env is None:
             raise RuntimeError(f"Env '{self.env_id}' not found in context.deployed_envs")
         artifact = rt.artifacts.get(self.file_artifact_id, self.file_artifact_version)
-        scripts = [path for name, path in artifact.files.items() if name.endswith(".py")]
+        self.record(ctx, await run_verify_script(self._script(artifact.files), env.mcp_url, self.timeout_seconds))
+
+    def _script(self, files: dict[str, Path]) -> Path:
+        """The artifact's one script; of several, the one named ``verify.py``."""
+        scripts = {name: path for name, path in files.items() if name.endswith(".py")}
+        if len(scripts) > 1:
+            scripts = {n: p for n, p in scripts.items() if Path(n).name == ENTRY_SCRIPT} or scripts
         if not scripts:
             raise RuntimeError(f"Artifact '{self.file_artifact_id}' holds no Python script")
-        self.record(ctx, await run_verify_script(scripts[0], env.mcp_url, self.timeout_seconds))
+        if len(scripts) > 1:
+            raise RuntimeError(f"Artifact '{self.file_artifact_id}' holds {len(scripts)} Python scripts "
+                               f"({', '.join(sorted(scripts))}); name the one to run {ENTRY_SCRIPT}")
+        return next(iter(scripts.values()))
 
 
 class ResponseCriterion(BaseModel):

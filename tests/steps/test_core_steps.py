@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import textwrap
+from pathlib import Path
 
 import pytest
 from fakes.messages_api import text_reply, tool_use_reply
@@ -139,6 +141,41 @@ def test_env_outcome_scripts_run_outside_the_process_with_a_timeout(project):
     errors = {f["step_id"]: f["error"] for f in context.metadata["failed_steps"]}
     assert errors == {"slow": "verify.py: verify() did not finish within 1s",
                       "bad": "verify.py: verify() failed: ValueError: env unreachable"}
+
+
+def test_an_env_outcome_script_gets_no_secrets_and_may_print(project, monkeypatch):
+    """The script is task data: it runs in a scratch folder, sees none of the op's secrets,
+    and what it prints is its own business (the rows travel apart from stdout)."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-must-not-leak")
+    checks = {
+        "nosy_check": {"verify.py": textwrap.dedent("""\
+            import os
+            async def verify(url):
+                print("looking around", os.getcwd())
+                return [{"id": "env", "result": True, "score": 1.0,
+                         "key": os.environ.get("ANTHROPIC_API_KEY"), "cwd": os.getcwd(),
+                         "sees_config": os.path.exists(".agentenv/config.toml")}]
+            """), "helpers.py": "X = 1\n"},
+        "two_check": {"a.py": "async def verify(url):\n    return []\n", "b.py": "async def verify(url):\n    return []\n"},
+    }
+    for name, files in checks.items():
+        (project / "artifacts" / name).mkdir()
+        (project / "artifacts" / name / "artifact.json").write_text('{"type": "file"}')
+        for filename, body in files.items():
+            (project / "artifacts" / name / filename).write_text(body)
+    context = run_steps(project, [
+        EMAIL,
+        {"id": "nosy", "type": "env_outcome_verifier", "env_id": "email", "file_artifact_id": "nosy_check",
+         "depends_on": ["email"]},
+        {"id": "two", "type": "env_outcome_verifier", "env_id": "email", "file_artifact_id": "two_check",
+         "fail_task_on_error": False, "depends_on": ["email"]},
+    ])
+    (row,) = context.metadata["verifications"]["nosy"]["results"]
+    assert row["key"] is None and row["sees_config"] is False
+    assert not Path(row["cwd"]).exists() and Path(row["cwd"]) != project  # a scratch folder, removed
+    assert context.metadata["verifications"]["nosy"]["score"] == 1.0
+    (failure,) = context.metadata["failed_steps"]
+    assert failure["error"] == "Artifact 'two_check' holds 2 Python scripts (a.py, b.py); name the one to run verify.py"
 
 
 def test_an_agent_deployed_into_a_sandbox_works_there_with_workspace_tools(project):
