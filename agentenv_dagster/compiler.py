@@ -16,7 +16,9 @@ from .errors import SpecError, TaskLoadError
 from .naming import job_name, node_name
 from .plan import TaskPlan
 from .spec.loader import TaskDocument, load_task_file, parse_task_document
+from .spec.store import TaskStore
 from .steps import BUILTIN_STEPS, StepRegistry
+from .steps.execution import apply_seed
 
 TASK_SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -97,6 +99,13 @@ def discover(tasks_dir: str | Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.suffix in TASK_SUFFIXES and p.is_file())
 
 
+def task_sources(tasks_dir: str | Path, config: AgentEnvConfig) -> list[Path]:
+    """What a code location compiles: the task files, then the newest version of every task
+    in the task store (``task create``). Of two sources of one task id the file is compiled
+    first and wins (see :func:`compile_location`)."""
+    return [*discover(tasks_dir), *TaskStore(config.state_dir / "tasks").latest_paths()]
+
+
 @dataclass
 class CompileReport:
     plans: list[TaskPlan] = field(default_factory=list)
@@ -104,11 +113,21 @@ class CompileReport:
     warnings: list[str] = field(default_factory=list)
 
 
-def compile_paths(paths: list[Path], config: AgentEnvConfig) -> CompileReport:
-    """Every file compiled independently; duplicate job names are errors of the later file."""
+def compile_location(tasks_dir: str | Path, config: AgentEnvConfig) -> CompileReport:
+    """The task files and the stored tasks of a code location. A stored task whose id a
+    file also defines is left out with a warning: the file in ``tasks/`` is what its job
+    runs (``task run --id`` still runs the stored versions)."""
+    files = discover(tasks_dir)
+    return compile_paths(task_sources(tasks_dir, config), config, shadowing=set(files))
+
+
+def compile_paths(paths: list[Path], config: AgentEnvConfig, *, shadowing: set[Path] | None = None) -> CompileReport:
+    """Every file compiled independently; duplicate job names are errors of the later file,
+    except that a file of ``shadowing`` only shadows a later one (a warning)."""
     registry = step_registry(config)
     report = CompileReport()
     seen: dict[str, str] = {}
+    shadowing_names: set[str] = set()
     for path in paths:
         try:
             document, warnings = load_document(path, registry)
@@ -124,6 +143,10 @@ def compile_paths(paths: list[Path], config: AgentEnvConfig) -> CompileReport:
             report.errors.append(SpecError(f"could not compile: {type(exc).__name__}: {exc}", file=str(path)))
             continue
         name = job_name(plan.task_id)
+        if name in shadowing_names and path not in shadowing:
+            report.warnings.append(f"{path}: stored task '{plan.task_id}' is shadowed by {seen[name]}: "
+                                   "its job runs the file")
+            continue
         if name in seen:
             report.errors.append(SpecError(
                 f"task '{plan.task_id}' compiles to job '{name}', already used by {seen[name]}",
@@ -135,15 +158,18 @@ def compile_paths(paths: list[Path], config: AgentEnvConfig) -> CompileReport:
             report.errors.extend(clashes)
             continue
         seen[name] = str(path)
+        if shadowing and path in shadowing:
+            shadowing_names.add(name)
         report.plans.append(plan)
         report.warnings.extend(_registry_warnings(plan, config))
     return report
 
 
 def _registry_warnings(plan: TaskPlan, config: AgentEnvConfig) -> list[str]:
-    """Ids the local registry does not know: a run here would fail, production may differ."""
+    """Ids the local registry does not know: a run here would fail, production may differ.
+    A ``<key>`` token is judged by the value the task gives it by default."""
     warnings = []
-    for step in plan.steps:
+    for step in (apply_seed(s, plan.document.seed) for s in plan.steps):
         env_id = getattr(step, "env_id", None) if step.type == "deploy_env" else None
         if env_id and config.env_entry(env_id) is None:
             warnings.append(f"{plan.document.source}: step '{step.id}': env '{env_id}' is not in the local registry")

@@ -63,15 +63,30 @@ class EnvEntry(_Section):
     mcp_url: str | None = None
 
 
+CODING_CLI_KINDS = ("claude-code", "codex")
+
+
 class AgentEntry(_Section):
-    kind: Literal["replay", "anthropic"]
+    """A registered agent. ``claude-code`` and ``codex`` are the real coding agents (their
+    CLIs in the sandbox folder); the permission/tool fields are theirs (Coder Eval ``agent:``)."""
+
+    kind: Literal["replay", "anthropic", "claude-code", "codex"]
     script: str | None = None          # replay: a JSON file of episodes (relative to the config root)
     episodes: list[dict[str, Any]] | None = None  # replay: inline episodes
     delay_seconds: float = 0.0
     model: str | None = None
-    max_turns: int = 20
+    max_turns: int = 20                # claude-code/codex: only when set (else the CLI's own default)
     description: str | None = None
     path_prepend: list[str] = Field(default_factory=list)  # workspace folders put first on the agent's PATH
+    permission_mode: Literal["default", "acceptEdits", "plan", "bypassPermissions"] = "acceptEdits"
+    allowed_tools: list[str] | None = None
+    disallowed_tools: list[str] | None = None
+    sdk_options: dict[str, Any] = Field(default_factory=dict)  # claude-code: more ClaudeAgentOptions fields
+    system_prompt_mode: Literal["append", "replace"] = "append"  # claude-code: on the claude_code preset, or instead
+    setting_sources: list[Literal["user", "project", "local"]] | None = None  # claude-code; default ["project"]
+    settings: str | None = None        # claude-code: a settings file path or JSON text
+    plugins: list[dict[str, str]] | None = None  # claude-code: [{type: "local", path}]
+    cli_path: str | None = None        # claude-code/codex: the CLI to run instead of the one found
 
 
 class AgentsConfig(_Section):
@@ -169,11 +184,22 @@ BUILTIN_AGENTS = {
     "replay": AgentEntry(kind="replay"),
     "anthropic": AgentEntry(kind="anthropic"),
     "a2a-default": AgentEntry(kind="anthropic"),
+    "claude-code": AgentEntry(kind="claude-code"),
+    "codex": AgentEntry(kind="codex"),
 }
+
+
+class ConversationsConfig(_Section):
+    # where a conversation's user is when no user agent is deployed and no user_a2a_url set
+    default_human_a2a_url: str | None = "env:AGENT_ENV_HUMAN_A2A_URL"
+
+    def human_a2a_url(self) -> str | None:
+        return resolve_reference(self.default_human_a2a_url)
 
 
 class AgentEnvConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
+    conversations: ConversationsConfig = Field(default_factory=ConversationsConfig)
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
     envs: EnvsConfig = Field(default_factory=EnvsConfig)
     stores: StoresConfig = Field(default_factory=StoresConfig)

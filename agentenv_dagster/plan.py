@@ -133,5 +133,6 @@ class TaskPlan:
         document = TaskDocument(
             task_id=self.document.task_id, version=self.document.version,
             steps=tuple(sliced), source=self.document.source, format=self.document.format,
+            seed=self.document.seed,
         )
         return TaskPlan(document, given_names=frozenset(given_names))

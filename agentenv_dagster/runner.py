@@ -15,7 +15,7 @@ from .config import AgentEnvConfig
 from .context import TaskStepContext
 from .plan import TaskPlan
 from .runtime.base import RunInfo, StepRuntime
-from .steps.execution import run_step
+from .steps.execution import default_seed, run_step
 
 
 async def run_plan(
@@ -27,6 +27,7 @@ async def run_plan(
     ctx.instance_id = ctx.instance_id or f"{plan.task_id}-{run_id[:8]}"
     ctx.metadata.setdefault("run_group_id", run_id)
     ctx.metadata.setdefault("task_id", plan.task_id)
+    default_seed(ctx, plan.document.seed)
     run = RunInfo(run_id=run_id, task_id=plan.task_id, run_dir=run_dir(config, run_id))
     done: set[str] = set()
     running: dict[asyncio.Task, str] = {}

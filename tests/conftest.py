@@ -32,20 +32,25 @@ def _engine(command: str, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
+def _engine_or_skip(command: str, timeout: float, why: str) -> subprocess.CompletedProcess:
+    """Run the engine script, or skip saying ``why`` and the script's last word."""
+    try:
+        done = _engine(command, timeout)
+    except subprocess.TimeoutExpired as exc:
+        pytest.skip(f"{why}: {exc}")
+    if done.returncode != 0:
+        pytest.skip(f"{why}: {(done.stderr.strip().splitlines() or [f'exit {done.returncode}'])[-1]}")
+    return done
+
+
 @pytest.fixture(scope="session")
 def docker_engine():
     """A private engine with the busybox image, DOCKER_HOST pointing at it; always stopped
-    afterwards, even when starting it failed halfway."""
+    afterwards, even when starting it failed halfway. Skipped, with the script's reason,
+    where the engine cannot start or the image cannot be built."""
     try:
-        try:
-            started = _engine("start", timeout=600)
-        except subprocess.TimeoutExpired as exc:
-            pytest.skip(f"no Docker engine on this machine: {exc}")
-        if started.returncode != 0:
-            reason = (started.stderr.strip().splitlines() or [f"exit {started.returncode}"])[-1]
-            pytest.skip(f"no Docker engine on this machine: {reason}")
-        built = _engine("image", timeout=120)
-        assert built.returncode == 0, built.stderr
+        started = _engine_or_skip("start", 600, "no Docker engine on this machine")
+        _engine_or_skip("image", 120, "the busybox sandbox image could not be built")
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("DOCKER_HOST", started.stdout.strip())
             yield started.stdout.strip()

@@ -418,14 +418,14 @@ def test_a_bad_file_does_not_stop_the_others(tmp_path, config):
 def test_unknown_registry_ids_are_warnings_not_errors(tmp_path, config):
     path = write(tmp_path, "t.json", [
         {"id": "env", "type": "deploy_env", "env_id": "crm"},
-        {"id": "agent", "type": "deploy_agent", "env_ids": ["crm"], "a2a_agent_id": "claude-code"},
+        {"id": "agent", "type": "deploy_agent", "env_ids": ["crm"], "a2a_agent_id": "openhands"},
     ])
     report = compile_paths([path], config)
     assert report.errors == []
     assert [p.task_id for p in report.plans] == ["t"]
     assert report.warnings == [
         f"{path}: step 'env': env 'crm' is not in the local registry",
-        f"{path}: step 'agent': agent 'claude-code' is not in the local registry",
+        f"{path}: step 'agent': agent 'openhands' is not in the local registry",
     ]
 
 

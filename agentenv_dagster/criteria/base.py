@@ -9,6 +9,7 @@ recorded, except a ``CheckerMisuseError`` (the task definition is wrong) or a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 EvaluationStatus = Literal["evaluated", "not_evaluated"]
 ResultKind = Literal["basic", "classification", "judge"]
+LivePolarity = Literal["pass", "fail"]
 
 
 class CheckerMisuseError(Exception):
@@ -88,6 +90,8 @@ class CriterionResult:
     # The judge exchange (prompt, replies, verdict); kept in the row, written beside task.json
     # as judge-N.yaml by ``write_judge_transcripts``, never inside task.json.
     transcript: dict[str, Any] | None = None
+    # On a run the stop_early watcher cut, an unarmed criterion is graded but does not gate.
+    advisory: bool = False
 
     @property
     def gating(self) -> bool:
@@ -119,6 +123,8 @@ class CriterionResult:
             row.update(findings=list(self.findings), token_usage=self.token_usage, transcript_path=self.transcript_path)
             if self.transcript is not None:
                 row["transcript"] = self.transcript
+        if self.advisory:
+            row["advisory"] = True
         return row
 
 
@@ -169,6 +175,11 @@ class Criterion(BaseModel):
                     raise ValueError(f"a criterion with weight 0 is informational and may not set {name}")
         return self
 
+    def live_polarities(self) -> frozenset[LivePolarity]:
+        """The verdicts ``live_verdict`` can reach on a growing trajectory for these fields;
+        empty for a criterion that cannot be observed live (it has no ``stop_early`` block)."""
+        return frozenset()
+
     async def evaluate(self, ctx: CriterionContext) -> CriterionResult:
         """Run the checker; a fault in it is the agent's 0.0, a misuse of it propagates."""
         try:
@@ -203,12 +214,23 @@ def weighted_score(results: list[CriterionResult]) -> float | None:
     return math.fsum(r.weight * r.score for r in counted) / total  # type: ignore[operator]
 
 
-def task_passed(results: list[CriterionResult]) -> bool | None:
-    """Strict AND over gating criteria; None when any of them is not graded (never a guess)."""
-    gating = [r for r in results if r.gating]
+def task_passed(
+    results: list[CriterionResult], *, armed: Sequence[bool] | None = None, gate_threshold: float = 1.0,
+) -> bool | None:
+    """Strict AND over gating criteria. On a run the stop_early watcher cut (``armed`` given,
+    aligned with ``results``), only the armed subset gates instead: the weighted share of it that
+    passed must reach ``gate_threshold`` (at 1.0, exactly a strict AND over the armed).
+    None when a criterion that gates is not graded (never a guess)."""
+    if armed is None:
+        gating = [r for r in results if r.gating]
+    else:
+        gating = [r for r, is_armed in zip(results, armed, strict=True) if is_armed]
     if any(not r.graded for r in gating):
         return None
-    return all(r.passed for r in gating)
+    if armed is None or not gating:
+        return all(r.passed for r in gating)
+    total = math.fsum(r.weight for r in gating)
+    return math.fsum(r.weight for r in gating if r.passed) / total >= gate_threshold
 
 
 async def evaluate_all(criteria: list[Criterion], ctx: CriterionContext) -> list[CriterionResult]:

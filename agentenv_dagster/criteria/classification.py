@@ -11,7 +11,15 @@ import re
 from pydantic import Field
 
 from . import paths
-from .base import CheckerMisuseError, Criterion, CriterionContext, CriterionResult, StopEarly, ToolCall
+from .base import (
+    CheckerMisuseError,
+    Criterion,
+    CriterionContext,
+    CriterionResult,
+    LivePolarity,
+    StopEarly,
+    ToolCall,
+)
 from .paths import SandboxPath
 from .registry import criterion
 
@@ -92,6 +100,10 @@ class SkillTriggered(ClassificationCriterion):
 
     def engaged(self, calls: list[ToolCall]) -> bool:
         return any(self.skill_name in engaged_skills(call) for call in calls)
+
+    def live_polarities(self) -> frozenset[LivePolarity]:
+        """A positive row can only live-pass, a distractor row only live-fail."""
+        return frozenset({"pass" if self.expected_skill == self.skill_name else "fail"})
 
     def live_verdict(self, calls: list[ToolCall]) -> bool | None:
         """Undecided until the skill is engaged; then a pass on a positive row, a fail on a distractor."""

@@ -9,7 +9,7 @@ import shlex
 
 from pydantic import Field, model_validator
 
-from .base import Criterion, CriterionContext, CriterionResult, StopEarly, ToolCall
+from .base import Criterion, CriterionContext, CriterionResult, LivePolarity, StopEarly, ToolCall
 from .registry import criterion
 
 # Patterns are searched over at most this much text, against catastrophic backtracking.
@@ -107,6 +107,16 @@ class CommandExecuted(Criterion):
                 continue
             found.append(texts[0] if call.name == "Bash" else f"{call.name}({texts[0][:80]})")
         return found
+
+    def live_polarities(self) -> frozenset[LivePolarity]:
+        """A pass is final only without a maximum (and with a minimum to reach); a fail only
+        with one (the ``max_count: 0`` must-not-run form included)."""
+        polarities: set[LivePolarity] = set()
+        if self.max_count is None and self.min_count > 0:
+            polarities.add("pass")
+        if self.max_count is not None:
+            polarities.add("fail")
+        return frozenset(polarities)
 
     def live_verdict(self, calls: list[ToolCall]) -> bool | None:
         """From a trajectory still growing: False once over ``max_count``; True once

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from ..compiler import compile_paths, discover
+from ..compiler import compile_location
 from ..config import AgentEnvConfig, load_config
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
@@ -25,6 +25,7 @@ from .resources import agentenv_resources
 from .rows import ROWS
 from .schedules import task_schedules
 from .review_tags import review_tag_sensor
+from .retries import span_tags
 from .sensors import task_sensors
 from .suites import suite_asset
 from .translator import TAG_STEP_ASSETS, TaskTranslator
@@ -50,6 +51,7 @@ def build_job(
             tags={
                 **translator.get_op_tags(step), TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
                 **({POOL_TAG: pool} if (pool := translator.get_pool(plan, step)) else {}),
+                **span_tags(plan, step, translator),
             },
         )
         upstream = [translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id]]
@@ -116,7 +118,7 @@ def build_definitions(
     project_dir = Path(project_dir).resolve() if project_dir else tasks_dir.parent
     translator = translator or TaskTranslator()
     config = load_config(project_dir)
-    report = compile_paths(discover(tasks_dir), config)
+    report = compile_location(tasks_dir, config)
     if report.errors and strict:
         raise TaskLoadError(report.errors)
     for problem in [*map(str, report.errors), *report.warnings]:
@@ -126,15 +128,16 @@ def build_definitions(
     jobs = [build_job(plan, translator, executor) for plan in report.plans]
     suites = [a for a in (suite_asset(plan, translator) for plan in report.plans) if a is not None]
     jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
-    specs = translator.get_loaded_artifact_specs(report.plans)
-    check_specs = []
+    specs = translator.get_artifact_specs(report.plans)
+    checks = []
     for plan in report.plans:
         specs += translator.get_asset_specs(plan)
-        check_specs += translator.get_check_specs(plan)
+        if check_specs := translator.get_check_specs(plan):
+            checks.append(verification_checks(check_specs, f"{translator.get_job_name(plan)}__checks"))
     return dg.Definitions(
         jobs=jobs,
         assets=[*specs, *suites],
-        asset_checks=[verification_checks(check_specs)] if check_specs else [],
+        asset_checks=checks,
         resources=location_resources(config),
         sensors=[*task_sensors(tasks_dir, config, report.plans, jobs, translator), review_tag_sensor()],
         schedules=task_schedules(report.plans, config, jobs, translator),
@@ -149,11 +152,13 @@ def location_resources(config: AgentEnvConfig) -> dict:
     }
 
 
-def verification_checks(check_specs: list[dg.AssetCheckSpec]) -> dg.AssetChecksDefinition:
-    """Declares every verification's pass/fail check (the jobs report them as they run);
-    run on its own it re-reads the latest materialization's ``passed`` metadata."""
+def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str) -> dg.AssetChecksDefinition:
+    """Declares a task's pass/fail checks (its job reports them as it runs); run on its own
+    it re-reads the latest materialization's ``passed`` metadata. One definition per task:
+    Dagster's asset job wires each check definition's inputs against its own check keys, so
+    one definition for every task costs time quadratic in the number of tasks."""
 
-    @dg.multi_asset_check(specs=check_specs, can_subset=True, name="verification_checks")
+    @dg.multi_asset_check(specs=check_specs, can_subset=True, name=name)
     def _checks(context):
         for check_key in context.selected_asset_check_keys:
             event = context.instance.get_latest_materialization_event(check_key.asset_key)

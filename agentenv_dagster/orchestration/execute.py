@@ -23,6 +23,7 @@ from .definitions import build_job, run_config
 from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
+from .retries import retry_in_process
 from .rows import RANGE_END_TAG, RANGE_START_TAG
 from .translator import TaskTranslator
 
@@ -37,9 +38,11 @@ class RunResult:
     context: TaskStepContext  # the run's one row (empty for a run of several)
     errors: list[str] = field(default_factory=list)
     contexts: dict[str, TaskStepContext] = field(default_factory=dict)  # by partition key
+    retried_runs: list[str] = field(default_factory=list)  # failed runs a retry_config re-executed
 
     def summary(self) -> str:
         lines = [
+            *(f"run {run_id} of job '{self.job_name}': FAILURE (retried)" for run_id in self.retried_runs),
             f"run {self.run_id} of job '{self.job_name}': {'SUCCESS' if self.success else 'FAILURE'}",
             f"  dagster instance: {self.dagster_home}",
             f"  context:          {self.context_path}",
@@ -87,7 +90,7 @@ def execute_plan(
     (``partition_keys``, a single-run backfill: every op runs its step for all of them,
     ``rows_in_flight`` at once)."""
     io_manager = context_io_manager(config)  # the state folder, or S3 ([stores] backend)
-    job = build_job(plan)
+    job = build_job(plan, executor_def=dg.in_process_executor)  # a retry re-executes it here too
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
     config.state_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=config.state_dir, delete=False) as seed:
@@ -105,13 +108,17 @@ def execute_plan(
     )
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
-            result = defs.get_job_def(job.name).execute_in_process(
+            job_def = defs.get_job_def(job.name)
+            result = job_def.execute_in_process(
                 instance=active, raise_on_error=False, **{**launch, "tags": {**(tags or {}), **launch.get("tags", {})}},
             )
+            run_ids = [result.run_id, *retry_in_process(active, job_def, result.run_id, io_manager)]
+            success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
     finally:
         os.unlink(seed.name)
-    resources[RESOURCE_KEY].teardown(result.run_id)  # the safety net: the teardown op did it on success
-    contexts = io_manager.final_contexts(result.run_id)
+    for run_id in run_ids:  # the safety net: the teardown op did it on success
+        resources[RESOURCE_KEY].teardown(run_id)
+    contexts = io_manager.final_contexts(run_ids[-1])
     context = next(iter(contexts.values())) if len(contexts) == 1 else TaskStepContext()
     output_dir = output_dir or config.root / "out" / job.name
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -119,8 +126,8 @@ def execute_plan(
     saved = context.to_safe_dict() if len(contexts) <= 1 else {k: c.to_safe_dict() for k, c in contexts.items()}
     context_path.write_text(json.dumps(saved, indent=2 if len(contexts) <= 1 else None, default=str))
     return RunResult(
-        success=result.success, run_id=result.run_id, job_name=job.name, dagster_home=str(home),
-        context_path=context_path, context=context, contexts=contexts,
+        success=success, run_id=run_ids[-1], job_name=job.name, dagster_home=str(home),
+        context_path=context_path, context=context, contexts=contexts, retried_runs=run_ids[:-1],
     )
 
 

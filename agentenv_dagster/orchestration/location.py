@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 import dagster as dg
 import yaml
 
-from ..compiler import compile_paths, discover
+from ..compiler import compile_paths, task_sources
 from ..config import AgentEnvConfig, load_config
 from ..errors import TaskLoadError
 from ..naming import job_name
@@ -130,7 +130,7 @@ class TaskRepositoryData(dg.RepositoryData):
         if type(self.translator).get_job_name is not TaskTranslator.get_job_name:
             return []  # a custom naming needs every plan: no cheap index
         if self._index is None:
-            self._index = task_file_index(discover(self.tasks_dir))
+            self._index = task_file_index(task_sources(self.tasks_dir, self.config))
         return self._index.get(name, [])
 
     # -- everything else: the whole location -------------------------------------------------

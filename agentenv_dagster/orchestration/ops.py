@@ -15,13 +15,14 @@ import dagster as dg
 
 from ..context import TaskStepContext
 from ..naming import node_name
-from ..steps.base import PRODUCER, VERIFICATION, TaskStep
-from ..steps.execution import StepFailed
+from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
+from ..steps.execution import StepFailed, default_seed
 from ..steps.scoring import verification_passed
 from .io_manager import FINAL_STEP
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
+from .retries import carry_retries, self_retry_pending
 from .rows import ROWS, batch, merge_upstream, row_seed, run_keys
-from .translator import TAG_CONTENT_HASH, TAG_STEP_ASSETS, TAG_TASK_ID
+from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ASSETS, TAG_TASK_ID
 from .usage import usage_metadata
 
 IO_MANAGER_KEY = "task_context_io_manager"
@@ -70,9 +71,17 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     else:
         seeds = context.op_config.get(ROWS) or {}
         contexts = {
-            key: resource.initial_context(run_id, task_id, key, row_seed(context, seeds, key))
+            # a re-execution (a retry) is the same task instance as its root run
+            key: resource.initial_context(context.run.root_run_id or run_id, task_id, key, row_seed(context, seeds, key))
             for key in run_keys(context, seeds)
         }
+        defaults = _seed_defaults(context)
+        for ctx in contexts.values():
+            default_seed(ctx, defaults)
+    io_manager = getattr(context.resources, IO_MANAGER_KEY)
+    carry_retries(context, step, contexts, io_manager)
+    if len(contexts) == 1 and self_retry_pending(context, step):  # the budget comes before fail_task_on_error
+        step = step.model_copy(update={"fail_task_on_error": True})
     try:
         outcomes = resource.execute_rows(
             step, contexts, run_id, task_id, context.log,
@@ -83,12 +92,12 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
         resource.teardown(run_id)
         raise
     failed = {key: o for key, o in outcomes.items() if isinstance(o, StepFailed)}
-    if failed:
+    if failed or context.retry_number:  # (a retry that succeeded clears what its attempt left)
         # Keep the failed rows' contexts (their failed_steps record, a partial PromptResponse).
-        getattr(context.resources, IO_MANAGER_KEY).write(
+        io_manager.write(
             run_id, f"{context.op_handle}.failed", batch({key: contexts[key].to_dict() for key in failed}))
     if failed and len(failed) == len(outcomes):
-        torn_down = resource.teardown(run_id)
+        torn_down = [] if self_retry_pending(context, step) else resource.teardown(run_id)
         first = next(iter(failed.values()))
         raise dg.Failure(
             description=str(first) if len(failed) == 1 else f"{len(failed)} rows failed; the first: {first}",
@@ -115,6 +124,18 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     if len(outcomes) > 1:
         metadata.update({"rows": len(outcomes), "failed_rows": sorted(failed)})
     yield dg.Output(batch(done), metadata=metadata)
+
+
+def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
+    """The task's default token values, from the run's tag (the launchpad can edit it)."""
+    raw = context.run.tags.get(TAG_SEED)
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        value = raw
+    if value is not None and not isinstance(value, dict):
+        raise dg.Failure(description=f"run tag '{TAG_SEED}' must be a JSON object of token values, got {raw!r}")
+    return value
 
 
 def _row(key: str) -> str:
@@ -157,7 +178,8 @@ def asset_events(
     *, checks: bool = True, prices: dict[str, dict[str, float]] | None = None,
 ) -> Iterator[Any]:
     """Materializations (and, with ``checks``, check evaluations) for what the step wrote,
-    observations of what it read, under the keys the translator gave the step's node."""
+    observations of what it read (the version loaded), under the keys the translator gave
+    the step's node."""
     for artifact_id, path in assets["loaded"].items():
         loaded = _loaded_version(ctx, step.id, artifact_id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
@@ -167,7 +189,8 @@ def asset_events(
         if kind == VERIFICATION:
             entry = (ctx.metadata.get("verifications") or {}).get(name)
             if entry is not None:
-                metadata = {**verification_metadata(entry), **usage_metadata(ctx, entry, prices or {})}
+                metadata = {**verification_metadata(entry),
+                            **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None))}
                 yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition)
                 if checks:
                     yield from _check_evaluations(key, entry, step, partition)
@@ -175,6 +198,13 @@ def asset_events(
             entry = _produced(ctx, name)
             if entry is not None:
                 yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition)
+        elif kind == ARTIFACT:  # a new version of a stored artifact the step names (shared by tasks: no partition)
+            universe = (_produced(ctx, step.id) or {}).get("file_artifact_universe") or {}
+            if universe.get("id") == name:
+                yield dg.AssetMaterialization(asset_key=key, metadata={
+                    "version": universe["version"], "written_by_step": step.id,
+                    **({"row": partition} if partition else {}),
+                })
 
 
 def _produced(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:

@@ -4,8 +4,10 @@
   default): when a run that ran in this project fails or is cancelled, end everything its
   ledger still has running — what a run worker killed hard, or a step process interrupted
   mid-deploy, could not end itself — and say what was ended in the run's own event log.
+- ``agentenv_retry_failed_runs`` (running by default): a run that failed at a step whose
+  ``retry_config`` names an ancestor gets a child run re-executing that span (``retries.py``).
 - ``agentenv_task_files`` (stopped by default): launches a task's job once per new or changed
-  task document, run key = task id + version + content hash; the cursor remembers what was
+  task document or new stored version (``task create``), run key = task id + version + content hash; the cursor remembers what was
   launched, so a daemon restart launches nothing twice.
 """
 
@@ -17,15 +19,18 @@ from pathlib import Path
 
 import dagster as dg
 
-from ..compiler import compile_paths, discover
+from ..compiler import compile_location
 from ..config import AgentEnvConfig
 from ..plan import TaskPlan
+from .io_manager import context_io_manager
 from .resources import RESOURCE_KEY, AgentEnvResource
+from .retries import launch_retry
 from .schedules import task_run_request
 from .translator import TAG_CONTENT_HASH, TAG_TASK_ID, TAG_TASK_VERSION, TaskTranslator
 
 FAILED_RUNS_SENSOR = "agentenv_teardown_failed_runs"
 CANCELED_RUNS_SENSOR = "agentenv_teardown_canceled_runs"
+RETRY_SENSOR = "agentenv_retry_failed_runs"
 TASK_FILES_SENSOR = "agentenv_task_files"
 TAG_TORN_DOWN = "agentenv/torn_down"
 
@@ -92,6 +97,27 @@ def teardown_sensors() -> list[dg.RunStatusSensorDefinition]:
     ]
 
 
+# -- retry_config spans ---------------------------------------------------------------------
+
+def retry_sensor() -> dg.RunFailureSensorDefinition:
+    """Watches this location's jobs only: a retry re-executes the failed run's own job, and
+    only a run launched from a code location can be queued again (``agentenv-dagster run``
+    retries in its own process)."""
+
+    @dg.run_failure_sensor(
+        name=RETRY_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=15,
+        description="Re-executes the retry_config span of a failed run in a child run (at most max_retries).",
+    )
+    def _sensor(context: dg.RunFailureSensorContext, agentenv: AgentEnvResource):
+        run = context.dagster_run
+        if context.repository_def is None or not context.repository_def.has_job(run.job_name):
+            return
+        io = context_io_manager(resource_of_run(agentenv, run).load_config())
+        launch_retry(context.instance, context.repository_def.get_job(run.job_name), run, io, RETRY_SENSOR, context.log)
+
+    return _sensor
+
+
 # -- new or changed task files -------------------------------------------------------------
 
 def task_run_key(plan: TaskPlan, translator: TaskTranslator) -> str:
@@ -103,13 +129,20 @@ def task_file_sensor(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
     translator: TaskTranslator | None = None, *, minimum_interval_seconds: int = 30,
 ) -> dg.SensorDefinition:
-    """Each tick compiles the task folder afresh and launches every task whose run key is
-    not in the cursor. A changed task runs its current content (the step fields are op
+    """Each tick compiles the task folder and the task store afresh and launches every task
+    whose run key is not in the cursor (a new stored version has a new key). A changed task runs its current content (the step fields are op
     config) when its job here still fits it — same steps, types, edges, assets and rows;
     otherwise (a new task, or a changed shape) it waits, unlaunched, until the code location
     is reloaded."""
     translator = translator or TaskTranslator()
     loaded = {translator.get_job_name(p): p for p in plans}
+    store = (config.state_dir / "tasks").resolve()
+
+    def origin(plan: TaskPlan) -> Path:
+        """Where a task comes from: its file, or its folder of the task store (every stored
+        version of a task is the same task, launched through the same job)."""
+        source = Path(plan.document.source).resolve()
+        return source.parent if source.parent.parent == store else source
     task_jobs = [job for job in jobs if job.name in loaded]
     shapes: dict[str, object] = {}
 
@@ -121,13 +154,14 @@ def task_file_sensor(
     @dg.sensor(
         name=TASK_FILES_SENSOR, jobs=task_jobs or None, default_status=dg.DefaultSensorStatus.STOPPED,
         minimum_interval_seconds=minimum_interval_seconds,
-        description=f"Launches a task's job once per new or changed task document in `{tasks_dir}`.",
+        description=f"Launches a task's job once per new or changed task document in `{tasks_dir}` "
+                    "and per new version in the task store.",
     )
     def _sensor(context: dg.SensorEvaluationContext):
         from .definitions import build_job  # definitions imports this module
 
         launched: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
-        report = compile_paths(discover(tasks_dir), config)
+        report = compile_location(tasks_dir, config)
         by_job = {job.name: job for job in task_jobs}
         requests, waiting = [], []
         for plan in report.plans:
@@ -135,7 +169,7 @@ def task_file_sensor(
             if launched.get(name) == key:
                 continue
             job = by_job.get(name)
-            if job is None or loaded[name].document.source != plan.document.source:
+            if job is None or origin(loaded[name]) != origin(plan):
                 waiting.append(f"{plan.document.source}: task '{plan.task_id}' has no job here yet: "
                                "reload the code location to launch it")
             elif job_shape(build_job(plan, translator), plan) != loaded_shape(name, job):
@@ -175,5 +209,5 @@ def task_sensors(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
     translator: TaskTranslator | None = None,
 ) -> list[dg.SensorDefinition]:
-    """The code location's sensors: the teardown pair, and the task-file sensor."""
-    return [*teardown_sensors(), task_file_sensor(tasks_dir, config, plans, jobs, translator)]
+    """The code location's sensors: the teardown pair, span retries, and the task-file sensor."""
+    return [*teardown_sensors(), retry_sensor(), task_file_sensor(tasks_dir, config, plans, jobs, translator)]

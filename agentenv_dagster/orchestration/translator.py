@@ -7,6 +7,7 @@ instead of forking the compiler.
 from __future__ import annotations
 
 import json
+import logging
 
 import dagster as dg
 
@@ -19,6 +20,9 @@ TAG_TASK_VERSION = "agentenv/task_version"
 TAG_CONTENT_HASH = "agentenv/content_hash"
 TAG_FORMAT = "agentenv/format"
 TAG_STEP_ASSETS = "agentenv/assets"
+TAG_SEED = "agentenv/seed"  # the task's default token values (JSON); edit it in the launchpad to retarget a run
+
+log = logging.getLogger("agentenv_dagster")
 
 
 class TaskTranslator:
@@ -34,6 +38,7 @@ class TaskTranslator:
             TAG_TASK_VERSION: str(plan.document.version or "unversioned"),
             TAG_CONTENT_HASH: plan.document.content_hash,
             TAG_FORMAT: plan.document.format,
+            **({TAG_SEED: json.dumps(plan.document.seed, sort_keys=True)} if plan.document.seed else {}),
         }
 
     def get_job_description(self, plan: TaskPlan) -> str:
@@ -58,7 +63,8 @@ class TaskTranslator:
         return node_name("_".join(parts))
 
     def get_retry_policy(self, step: TaskStep) -> dg.RetryPolicy | None:
-        """``retry_config`` naming the step itself retries the op in place."""
+        """``retry_config`` naming the step itself retries the op in place; one naming an
+        ancestor is a re-execution of the span in a child run (``retries.py``)."""
         config = step.retry_config
         if config and config.retry_from_step_id == step.id and config.max_retries > 0:
             return dg.RetryPolicy(max_retries=config.max_retries)
@@ -83,15 +89,22 @@ class TaskTranslator:
         return dg.AssetKey(["suites", task_id])
 
     def get_loaded_artifact_asset_key(self, artifact_id: str) -> dg.AssetKey:
+        """A stored artifact: what steps load, and what a step writing it by name materializes."""
         return dg.AssetKey(["artifacts", artifact_id])
 
     def produced_asset_keys(self, task_id: str, step: TaskStep) -> list[tuple[str, str, dg.AssetKey]]:
-        """(kind, name, key) of the assets a step materializes, from its declared writes."""
+        """(kind, name, key) of the assets a step materializes, from its declared writes. A
+        stored artifact the step names (a snapshot's universe) is that artifact's own asset,
+        the one ``load_artifact`` reads, in place of a task-scoped one."""
+        written = list(step.names_written())
+        named = any(n.kind == ARTIFACT for n in written)
         keys = []
-        for name in step.names_written():
+        for name in written:
             if name.kind == VERIFICATION:
                 keys.append((VERIFICATION, name.name, self.get_verification_asset_key(task_id, name.name)))
-            elif name.kind == PRODUCER and name.field == SELF:
+            elif name.kind == ARTIFACT:
+                keys.append((ARTIFACT, name.name, self.get_loaded_artifact_asset_key(name.name)))
+            elif name.kind == PRODUCER and name.field == SELF and not named:
                 keys.append((PRODUCER, step.id, self.get_collection_asset_key(task_id, step.id)))
         return keys
 
@@ -114,6 +127,8 @@ class TaskTranslator:
             deps += [self.get_verification_asset_key(plan.task_id, n.name) for n in step.names_read()
                      if n.kind == VERIFICATION]
             for kind, _, key in self.produced_asset_keys(plan.task_id, step):
+                if kind == ARTIFACT:  # shared by every task that loads or writes it: get_artifact_specs
+                    continue
                 what = "verification" if kind == VERIFICATION else "artifacts produced"
                 specs.append(dg.AssetSpec(
                     key=key, deps=deps, group_name=self.get_group_name(plan),
@@ -124,13 +139,30 @@ class TaskTranslator:
                 ))
         return specs
 
-    def get_loaded_artifact_specs(self, plans: list[TaskPlan]) -> list[dg.AssetSpec]:
-        artifact_ids = sorted({a for p in plans for s in p.steps for a in p.artifact_lineage(s.id)})
-        return [
-            dg.AssetSpec(key=self.get_loaded_artifact_asset_key(a), group_name="artifacts",
-                         description=f"Stored artifact `{a}` (versioned in the artifact store).")
-            for a in artifact_ids
-        ]
+    def get_artifact_specs(self, plans: list[TaskPlan]) -> list[dg.AssetSpec]:
+        """One spec per stored artifact any task loads or writes, so a universe one task
+        snapshots and another loads is one asset: downstream of what the writing step had
+        loaded, upstream of what the loading task produces."""
+        upstream: dict[str, set[str]] = {}
+        writers: dict[str, list[str]] = {}
+        for plan in plans:
+            for step in plan.steps:
+                lineage = plan.artifact_lineage(step.id)
+                for artifact_id in lineage:
+                    upstream.setdefault(artifact_id, set())
+                for kind, artifact_id, _ in self.produced_asset_keys(plan.task_id, step):
+                    if kind == ARTIFACT:
+                        upstream.setdefault(artifact_id, set()).update(lineage)
+                        writers.setdefault(artifact_id, []).append(f"`{plan.task_id}`/`{step.id}`")
+        specs = []
+        for artifact_id, deps in _acyclic(upstream).items():
+            written = f" Written by {', '.join(writers[artifact_id])}." if artifact_id in writers else ""
+            specs.append(dg.AssetSpec(
+                key=self.get_loaded_artifact_asset_key(artifact_id), group_name="artifacts",
+                deps=[self.get_loaded_artifact_asset_key(d) for d in deps],
+                description=f"Stored artifact `{artifact_id}` (versioned in the artifact store).{written}",
+            ))
+        return specs
 
     def get_check_specs(self, plan: TaskPlan) -> list[dg.AssetCheckSpec]:
         """The checks each verifier declares (``passed``; Coder Eval adds one per gating
@@ -142,3 +174,30 @@ class TaskTranslator:
             if kind == VERIFICATION
             for name, description in step.verification_checks()
         ]
+
+
+def _acyclic(upstream: dict[str, set[str]]) -> dict[str, list[str]]:
+    """The artifact lineage without cycles, which Dagster refuses: a snapshot written back to
+    the universe it loaded adds a version, not an edge; an edge closing a longer loop (task A
+    turns X into Y, task B Y into X) is left out, with a warning."""
+    kept: dict[str, list[str]] = {a: [] for a in sorted(upstream)}
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo.extend(kept.get(node, ()))
+        return False
+
+    for artifact_id in kept:
+        for dep in sorted(upstream[artifact_id] - {artifact_id}):
+            if reaches(dep, artifact_id):
+                log.warning("asset lineage: left out artifact '%s' -> '%s', which would close a cycle",
+                            dep, artifact_id)
+            else:
+                kept[artifact_id].append(dep)
+    return kept

@@ -13,9 +13,15 @@ from ..reports.evaluation import priced_usage
 from ..reports.telemetry import TokenUsage
 
 
-def usage_metadata(ctx: TaskStepContext, entry: dict[str, Any], prices: dict[str, dict[str, float]]) -> dict[str, Any]:
+def usage_metadata(
+    ctx: TaskStepContext, entry: dict[str, Any], prices: dict[str, dict[str, float]], prompt_id: str | None = None,
+) -> dict[str, Any]:
+    """The buckets of one verification: the agent and user turns of the prompt it grades
+    (``prompt_id``; every prompt of the run for a verifier of an env's end state) and its judge."""
     buckets = {"agent": TokenUsage(), "user": TokenUsage(), "judge": TokenUsage()}
     for response in ctx.prompt_responses:
+        if prompt_id is not None and response.prompt_id != prompt_id:
+            continue
         extra = response.model_extra or {}
         buckets["agent"] += priced_usage(extra.get("usage"), prices.get(response.model or "")) or TokenUsage()
         buckets["user"] += priced_usage(extra.get("user_usage"), None) or TokenUsage()

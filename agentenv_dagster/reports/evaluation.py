@@ -63,6 +63,7 @@ def evaluation_result(
         command_stats=command_stats(trajectory or []),
         task_config={"resolved": resolved_task or {}, "source_file": source_file} if resolved_task else None,
         simulation=_simulation(response, resolved_task or {}, replicate_index, prices or {}),
+        early_stop=(response.model_extra or {}).get("early_stop") if response is not None else None,
     )
 
 
@@ -178,7 +179,8 @@ def _command(event: dict[str, Any]) -> CommandTelemetry:
     result = event.get("result")
     return CommandTelemetry(
         tool_name=event["name"], parameters=event.get("arguments") or {},
-        timestamp=event.get("started_at"), result_status="error" if event.get("is_error") else "success",
+        timestamp=event.get("started_at"),
+        result_status=event.get("status") or ("error" if event.get("is_error") else "success"),
         result_summary=result if isinstance(result, str) and len(result) <= 500 else json.dumps(result)[:500],
     )
 

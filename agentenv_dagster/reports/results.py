@@ -94,6 +94,8 @@ class CriterionResultRow(BaseModel):
     findings: list[str] | None = None
     token_usage: TokenUsage | None = None
     transcript_path: str | None = None
+    # ours: on a run the stop_early watcher cut, an unarmed criterion is shown but does not gate
+    advisory: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -109,6 +111,8 @@ class CriterionResultRow(BaseModel):
         """Basic rows look like upstream's; a judge transcript lives beside task.json, not in it."""
         data = handler(self)
         data.pop("transcript", None)
+        if not data.get("advisory"):
+            data.pop("advisory", None)
         return {k: v for k, v in data.items() if not (k in _KIND_FIELDS and v is None)}
 
     @property

@@ -22,13 +22,16 @@ MCP_CONFIG_URI = "urn:agentenv:mcp-config/v1"
 AGENT_CONFIG_URI = "urn:agentenv:agent-config/v1"
 SKILL_CONFIG_URI = "urn:agentenv:skill-config/v1"
 TRAJECTORY_URI = "urn:agentenv:trajectory/v1"
+TRIGGERS_URI = "urn:agentenv:triggers/v1"
 
 DEFAULT_ENDPOINTS = {
     MCP_CONFIG_URI: "/ext/mcp-config",
     AGENT_CONFIG_URI: "/ext/agent-config",
     SKILL_CONFIG_URI: "/ext/skill-config",
     TRAJECTORY_URI: "/ext/trajectory",
+    TRIGGERS_URI: "/ext/triggers",
 }
+TRIGGERS_DECIDE_ENDPOINT = "/ext/triggers/decide"  # the triggers extension's second endpoint
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected"})

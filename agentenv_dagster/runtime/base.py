@@ -78,8 +78,8 @@ class StepRuntime:
             while not views.empty():
                 await views.get_nowait().http.aclose()
 
-    def judge(self, model: str | None = None) -> LLMJudge:
-        return llm_judge(self.config, model)
+    def judge(self, model: str | None = None, base_url: str | None = None) -> LLMJudge:
+        return llm_judge(self.config, model, base_url)
 
 
 @functools.cache

@@ -1,11 +1,13 @@
-"""Container sandboxes: one Docker container per task, its workspace bind-mounted inside.
+"""Container sandboxes: one Docker container per sandbox, its workspace (if any) bind-mounted.
 
-Backs Coder Eval's ``sandbox.driver: docker``: the task's resource limits become the
-container's, the host workspace folder is the container's working dir (files written on
-either side are seen on the other), and commands run there through ``sh -c``. The engine is
-the one ``DOCKER_HOST`` names (``scripts/docker_engine.sh start`` prints it). No image
-registry is reachable on these machines, so images are never pulled: they must be present
-locally (``scripts/docker_engine.sh image``).
+Backs Coder Eval's ``sandbox.driver: docker`` (the task's resource limits become the
+container's, the host workspace folder is the container's working dir, so files written on
+either side are seen on the other) and agent-env's container-mode ``deploy_sandbox`` (the
+image's own filesystem and command, its ``port`` published on 127.0.0.1). Commands run in the
+container through ``sh -c``. The engine is the one ``DOCKER_HOST`` names
+(``scripts/docker_engine.sh start`` prints it). No image registry is reachable on these
+machines, so images are never pulled: they must be present locally
+(``scripts/docker_engine.sh image``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import docker.errors
 
 NETWORKS = ("bridge", "none")
 
-# PID 1 must outlive every exec; trapping TERM lets `docker stop` end it at once.
-_KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+# PID 1 must outlive every exec; trapping TERM lets `docker stop` end it at once. Arguments
+# after it, if any, are the image's own command, started in the background (what serves a port).
+_KEEP_ALIVE = "trap 'exit 0' TERM; [ $# -gt 0 ] && \"$@\" & while :; do sleep 3600 & wait $!; done"
 
 # Every process an exec starts inherits this variable, so a timed-out command's whole tree
 # (children it put in the background included) is found through /proc/*/environ. The killer
@@ -55,6 +58,10 @@ class ContainerSandboxError(RuntimeError):
     """The engine, the image or the container could not do what a sandbox needs."""
 
 
+class NoEngineError(ContainerSandboxError):
+    """No Docker engine answers at ``DOCKER_HOST``."""
+
+
 class MissingImageError(ContainerSandboxError):
     """The image is not in the local engine, and pulling is impossible here."""
 
@@ -77,7 +84,7 @@ def _client(timeout: float = 60.0) -> docker.DockerClient:
         client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as exc:
-        raise ContainerSandboxError(f"no Docker engine at {_docker_host()}: {exc}") from exc
+        raise NoEngineError(f"no Docker engine at {_docker_host()}: {exc}") from exc
     return client
 
 
@@ -94,13 +101,24 @@ def _name_part(value: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", value)
 
 
+def published_urls(attrs: dict, ports: list[int]) -> dict[str, str]:
+    """``{container port: http://127.0.0.1:<host port>}`` of a started container's ``attrs``."""
+    bound = (attrs.get("NetworkSettings") or {}).get("Ports") or {}
+    return {
+        str(port): f"http://127.0.0.1:{bindings[0]['HostPort']}"
+        for port in ports if (bindings := bound.get(f"{port}/tcp"))
+    }
+
+
 class ContainerSandbox:
-    """A running container with a host workspace mounted at ``working_dir``."""
+    """A running container; commands run in ``working_dir`` (where a host workspace, if the
+    sandbox has one, is mounted). ``port_urls`` are the published ports of ``start``."""
 
     def __init__(self, client: docker.DockerClient, container_id: str, working_dir: str):
         self._client = client
         self.container_id = container_id
         self.working_dir = working_dir
+        self.port_urls: dict[str, str] = {}
         self._stopped = False
 
     @classmethod
@@ -112,38 +130,48 @@ class ContainerSandbox:
     def start(
         cls,
         image: str,
-        workspace: Path,
-        working_dir: str = "/work",
+        workspace: Path | None,
+        working_dir: str | None = "/work",
         *,
         memory_mb: int | None = None,
         cpus: float | None = None,
         pids: int | None = None,
         network: str = "bridge",
         env: dict[str, str] | None = None,
+        ports: list[int] | None = None,
+        run_image_command: bool = False,
         name_prefix: str = "agentenv",
         run_id: str | None = None,
         instance_id: str | None = None,
     ) -> ContainerSandbox:
         """Create and start the container; it idles until ``exec`` calls or ``stop``.
 
+        ``workspace`` (a host folder) is mounted at ``working_dir``; without one the image's
+        WORKDIR is used when ``working_dir`` is None. ``ports`` are published on 127.0.0.1 at
+        ports the engine picks; ``run_image_command`` also starts the image's ENTRYPOINT+CMD.
         Labels ``agentenv.run_id`` / ``agentenv.instance_id`` let leftovers of a run be found.
         """
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, not {network!r}")
-        if not working_dir.startswith("/"):
+        if working_dir is not None and not working_dir.startswith("/"):
             raise ValueError(f"working_dir must be an absolute path, not {working_dir!r}")
-        workspace = Path(workspace).resolve()
-        if not workspace.is_dir():
-            raise ContainerSandboxError(f"workspace {workspace} is not a directory")
+        volumes = {}
+        if workspace is not None:
+            workspace = Path(workspace).resolve()
+            if not workspace.is_dir():
+                raise ContainerSandboxError(f"workspace {workspace} is not a directory")
+            working_dir = working_dir or "/work"
+            volumes[str(workspace)] = {"bind": working_dir, "mode": "rw"}
         client = _client()
         try:
-            client.images.get(image)
+            config = client.api.inspect_image(image)["Config"] or {}
         except docker.errors.ImageNotFound:
             client.close()
             raise MissingImageError(
                 f"image '{image}' is not present locally and no registry is reachable: "
                 "build it (scripts/docker_engine.sh image)"
             ) from None
+        own_command = list(config.get("Entrypoint") or []) + list(config.get("Cmd") or [])
         labels = {
             key: value
             for key, value in (("agentenv.run_id", run_id), ("agentenv.instance_id", instance_id))
@@ -163,11 +191,12 @@ class ContainerSandbox:
         try:
             container = client.containers.create(
                 image,
-                entrypoint=["/bin/sh", "-c", _KEEP_ALIVE],
+                entrypoint=["/bin/sh", "-c", _KEEP_ALIVE, "sh", *(own_command if run_image_command else [])],
                 command=[],
                 name=name,
                 working_dir=working_dir,
-                volumes={str(workspace): {"bind": working_dir, "mode": "rw"}},
+                volumes=volumes,
+                ports={f"{port}/tcp": ("127.0.0.1", None) for port in ports or []},
                 network_mode=network,
                 environment=env or {},
                 labels=labels,
@@ -176,20 +205,23 @@ class ContainerSandbox:
         except docker.errors.APIError as exc:
             client.close()
             raise ContainerSandboxError(f"could not create a container from '{image}': {exc}") from exc
-        sandbox = cls(client, container.id, working_dir)
+        sandbox = cls(client, container.id, working_dir or config.get("WorkingDir") or "/")
         try:
             container.start()
+            container.reload()
         except docker.errors.APIError as exc:
             sandbox.stop()
             raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from exc
+        sandbox.port_urls = published_urls(container.attrs, ports or [])
         return sandbox
 
     async def exec(
         self, command: str, timeout: float, env: dict[str, str] | None = None, user: str | None = None,
+        workdir: str | None = None,
     ) -> ExecResult:
-        """Run ``sh -c command`` in the working dir (as ``user``, else the image's user); past
-        ``timeout`` kill it and everything it started, and return what it had printed with
-        ``timed_out=True``."""
+        """Run ``sh -c command`` in ``workdir`` (else the working dir) as ``user`` (else the
+        image's user); past ``timeout`` kill it and everything it started, and return what it
+        had printed with ``timed_out=True``."""
         api = self._client.api
         token = secrets.token_hex(8)
         exec_id = (
@@ -198,7 +230,7 @@ class ContainerSandbox:
                 self.container_id,
                 ["/bin/sh", "-c", command],
                 environment={**(env or {}), _MARKER_VAR: token},
-                workdir=self.working_dir,
+                workdir=workdir or self.working_dir,
                 user=user or "",
             )
         )["Id"]

@@ -24,6 +24,7 @@ from .containers import (
     MissingImageError,
     _client,
     _name_part,
+    published_urls,
 )
 
 # PID 1 of a container kept alive for execs; trapping TERM lets `docker stop` end it at once.
@@ -113,15 +114,10 @@ def run_container(
         except docker.errors.APIError as exc:
             _remove(client, container.id)
             raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from None
-        bound = (container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
-        urls = {}
-        for port in ports or []:
-            for binding in bound.get(f"{port}/tcp") or []:
-                urls[str(port)] = f"http://127.0.0.1:{binding['HostPort']}"
-                break
         return StartedContainer(
             container_id=container.id, name=container.name,
-            working_dir=container.attrs["Config"].get("WorkingDir") or "/", port_urls=urls,
+            working_dir=container.attrs["Config"].get("WorkingDir") or "/",
+            port_urls=published_urls(container.attrs, ports or []),
         )
     finally:
         client.close()

@@ -31,6 +31,13 @@ class JudgeAPIError(JudgeError):
     """The Messages API refused or failed the call after the SDK's own retries: a fault of the
     judge's infrastructure or configuration, never of the graded agent."""
 
+    def __init__(self, message: str, *, retryable: bool = False):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+RETRYABLE_STATUS = frozenset({408, 409, 429})  # with every 5xx: what the SDK itself retries
+
 
 @dataclass
 class JudgeUsage:
@@ -65,7 +72,8 @@ class LLMJudge:
 
     async def create(self, client: Any, **request: Any) -> Any:
         """One ``messages.create`` with this judge's model; usage is counted. What the SDK's
-        retries leave (a 4xx, exhausted 429/529/5xx, no connection) is a ``JudgeAPIError``."""
+        retries leave (a 4xx, exhausted 429/529/5xx, no connection) is a ``JudgeAPIError``
+        (``retryable`` when another attempt may help)."""
         import anthropic
 
         try:
@@ -75,34 +83,38 @@ class LLMJudge:
             error = body.get("error") if isinstance(body.get("error"), dict) else {}
             kind = error.get("type") or type(exc).__name__
             detail = error.get("message") or str(exc)
-            raise JudgeAPIError(f"judge API error {exc.status_code} ({kind}) for model '{self.model}': {detail}") from exc
+            raise JudgeAPIError(
+                f"judge API error {exc.status_code} ({kind}) for model '{self.model}': {detail}",
+                retryable=exc.status_code in RETRYABLE_STATUS or exc.status_code >= 500,
+            ) from exc
         except anthropic.APIConnectionError as exc:
-            raise JudgeAPIError(f"judge API unreachable at {self.base_url or 'api.anthropic.com'}: {exc}") from exc
+            raise JudgeAPIError(f"judge API unreachable at {self.base_url or 'api.anthropic.com'}: {exc}",
+                                retryable=True) from exc
         self.usage.add(message.usage)
         return message
 
     async def verdict(self, prompt: str, input_schema: dict[str, Any], *, max_tokens: int = 4096) -> dict[str, Any]:
         """Ask for the verdict as the forced ``submit_verdict`` tool call; its input is returned.
 
-        The SDK retries 429/5xx itself; transport failures are tried ``attempts`` times.
+        The SDK retries 429/5xx itself; what it gives up on (and a lost connection) is tried
+        ``attempts`` times in all. A request the API refuses (another 4xx) fails at once:
+        asking again would be refused again.
         """
-        import anthropic  # ~1 s to import: only when a judge really runs
-
-        client = anthropic.AsyncAnthropic(api_key=self.api_key, base_url=self.base_url, max_retries=2)
+        client = self.client()
         tool = {"name": VERDICT_TOOL, "description": "Submit the grading verdict.", "input_schema": input_schema}
-        last_error: Exception | None = None
+        last_error: JudgeAPIError | None = None
         try:
             for _ in range(self.attempts):
                 try:
-                    message = await client.messages.create(
-                        model=self.model, max_tokens=max_tokens,
-                        messages=[{"role": "user", "content": prompt}],
+                    message = await self.create(
+                        client, max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}],
                         tools=[tool], tool_choice={"type": "tool", "name": VERDICT_TOOL},
                     )
-                except (anthropic.APIConnectionError, anthropic.APIStatusError) as exc:
+                except JudgeAPIError as exc:
+                    if not exc.retryable:
+                        raise JudgeError(f"LLM judge failed: {exc}") from None
                     last_error = exc
                     continue
-                self.usage.add(message.usage)
                 for block in message.content:
                     if getattr(block, "type", None) == "tool_use" and block.name == VERDICT_TOOL:
                         return dict(block.input)
@@ -112,7 +124,9 @@ class LLMJudge:
         raise JudgeError(f"LLM judge failed after {self.attempts} attempts: {last_error}")
 
 
-def llm_judge(config: AgentEnvConfig, model: str | None = None) -> LLMJudge:
+def llm_judge(config: AgentEnvConfig, model: str | None = None, base_url: str | None = None) -> LLMJudge:
+    """The configured judge; ``base_url`` (a step's ``default_model_api_base``) wins over
+    ``[model] base_url``."""
     api_key = config.model.resolved_api_key()
     if not api_key:
         raise JudgeUnavailable(
@@ -120,5 +134,5 @@ def llm_judge(config: AgentEnvConfig, model: str | None = None) -> LLMJudge:
         )
     return LLMJudge(
         model=model or config.model.for_role("judge"), api_key=api_key,
-        base_url=config.model.resolved_base_url(),
+        base_url=base_url or config.model.resolved_base_url(),
     )

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import secrets
+import shutil
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -21,7 +23,7 @@ from typing import Any
 import httpx
 from filelock import FileLock
 
-from ..config import AgentEntry, AgentEnvConfig
+from ..config import BUILTIN_AGENTS, CODING_CLI_KINDS, AgentEntry, AgentEnvConfig
 from ..context import DeployedAgent, DeployedEnv, DeployedSandbox
 from .processes import is_running, spawn_server, terminate
 from .sandbox import LocalSandbox
@@ -118,7 +120,7 @@ class LocalProvider:
         inside the sandbox's ``container`` when it has one)."""
         entry = self.config.agent_entry(agent_id)
         if entry is None:
-            known = sorted({*self.config.agents.registry, "replay", "anthropic", "a2a-default"})
+            known = sorted({*self.config.agents.registry, *BUILTIN_AGENTS})
             raise DeploymentError(f"A2A agent '{agent_id}' is not registered (known agents: {known})")
         if overrides:
             entry = AgentEntry.model_validate({**entry.model_dump(exclude_unset=True), **overrides})
@@ -131,6 +133,8 @@ class LocalProvider:
                     "set [model] api_key in .agentenv/config.toml or ANTHROPIC_API_KEY"
                 )
             process_env["ANTHROPIC_API_KEY"] = api_key
+        if entry.kind in CODING_CLI_KINDS:
+            process_env.update(self._coding_cli_ready(agent_id, entry, container))
         instance_id = f"{agent_id}-{secrets.token_hex(4)}"
         sandbox = workspace or self.run_dir / "sandboxes" / instance_id
         settings = self._agent_config(entry)
@@ -169,39 +173,75 @@ class LocalProvider:
             return host_id, server.url
 
     def deploy_sandbox(
-        self, sandbox_name: str, *, sandbox_mode: str, ttl_seconds: int,
+        self, sandbox_name: str, *, step_id: str, sandbox_mode: str, ttl_seconds: int,
         network_policy: dict[str, Any] | None = None, container: dict[str, Any] | None = None,
+        image: str | None = None, ports: list[int] | None = None, cpu: float | None = None,
+        memory_mb: int | None = None, env_vars: dict[str, str] | None = None,
     ) -> DeployedSandbox:
-        """A fresh folder of the run; with ``container`` settings (``image``, ``working_dir``,
-        limits, ``network``) also a Docker container with the folder mounted, ended with the run."""
+        """``container`` mode: a container of ``image`` running the image's own command with
+        ``env_vars`` and the cpu/memory limits, its ``ports`` published on 127.0.0.1
+        (``tunnel_urls``), no host folder. ``vm`` mode: a fresh folder of the run; with
+        ``container`` settings (``image``, ``working_dir``, limits, ``network``) also a
+        container with the folder mounted. Containers end with the run."""
         if self.ledger.closed:
             raise DeploymentError(f"run is tearing down; sandbox '{sandbox_name}' was not created")
         instance_id = f"sandbox-{secrets.token_hex(4)}"
-        root = self.run_dir / "sandboxes" / instance_id
-        root.mkdir(parents=True)
         created = _now()
         extra: dict[str, Any] = {}
-        if container:
-            from .containers import ContainerSandbox
-
-            started = ContainerSandbox.start(
-                container["image"], root, container.get("working_dir") or "/work",
-                memory_mb=container.get("memory_mb"), cpus=container.get("cpus"), pids=container.get("pids"),
-                network=container.get("network") or "bridge", run_id=self.run_dir.name, instance_id=instance_id,
+        started = None
+        if sandbox_mode == "container":
+            started = self._start_container(
+                step_id, sandbox_name, instance_id, ("sandbox_mode", "image"), image, None, None,
+                memory_mb=memory_mb, cpus=cpu, env=env_vars, ports=ports, run_image_command=True,
             )
-            started.close()
-            self.ledger.record(instance_id, "container", container_id=started.container_id)
-            if self.ledger.closed:
-                _end({"container_id": started.container_id})
-                raise DeploymentError(f"run is tearing down; sandbox '{sandbox_name}' was not kept")
+            extra["tunnel_urls"] = started.port_urls
+        else:
+            root = self.run_dir / "sandboxes" / instance_id
+            root.mkdir(parents=True)
+            extra["sandbox_root"] = str(root)
+            if container:
+                image = container["image"]
+                started = self._start_container(
+                    step_id, sandbox_name, instance_id, ("container", "container.image"), image, root,
+                    container.get("working_dir") or "/work", memory_mb=container.get("memory_mb"),
+                    cpus=container.get("cpus"), pids=container.get("pids"), network=container.get("network") or "bridge",
+                )
+        if started:
             extra["container"] = {"container_id": started.container_id, "working_dir": started.working_dir,
-                                  "image": container["image"]}
+                                  "image": image}
         return DeployedSandbox(
             sandbox_name=sandbox_name, sandbox_mode=sandbox_mode, sandbox_id=instance_id,
-            sandbox_type="docker" if container else "local", instance_id=instance_id,
+            sandbox_type="docker" if started else "local", instance_id=instance_id,
             created_at_utc=created.isoformat(), expires_at_utc=(created + timedelta(seconds=ttl_seconds)).isoformat(),
-            network_policy=network_policy, sandbox_root=str(root), **extra,
+            network_policy=network_policy, **extra,
         )
+
+    def _start_container(self, step_id: str, sandbox_name: str, instance_id: str, fields: tuple[str, str],
+                         image: str, workspace: Path | None, working_dir: str | None, **settings: Any):
+        """Start a sandbox's container and record it in the ledger, or say which step and
+        field could not be served: ``fields`` = (what asks for a container, the image field)."""
+        from .containers import ContainerSandbox, ContainerSandboxError, MissingImageError, NoEngineError
+
+        asked_by, image_field = fields
+        try:
+            started = ContainerSandbox.start(
+                image, workspace, working_dir, run_id=self.run_dir.name, instance_id=instance_id, **settings,
+            )
+        except NoEngineError as exc:
+            raise DeploymentError(
+                f"deploy_sandbox '{step_id}': field '{asked_by}': sandbox '{sandbox_name}' is a container "
+                f"and needs a Docker engine: {exc}"
+            ) from None
+        except MissingImageError as exc:
+            raise DeploymentError(f"deploy_sandbox '{step_id}': field '{image_field}': {exc}") from None
+        except ContainerSandboxError as exc:
+            raise DeploymentError(f"deploy_sandbox '{step_id}': sandbox '{sandbox_name}': {exc}") from None
+        started.close()
+        self.ledger.record(instance_id, "container", container_id=started.container_id)
+        if self.ledger.closed:
+            _end({"container_id": started.container_id})
+            raise DeploymentError(f"run is tearing down; sandbox '{sandbox_name}' was not kept")
+        return started
 
     def sandbox_of(self, agent: DeployedAgent) -> LocalSandbox:
         root = getattr(agent, "sandbox_root", None) or (agent.model_extra or {}).get("sandbox_root")
@@ -215,15 +255,52 @@ class LocalProvider:
     def teardown(self) -> list[str]:
         return self.ledger.close()
 
+    def _coding_cli_ready(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, str]:
+        """Fail the deploy, with how to fix it, when a claude-code or codex agent cannot run
+        here: its package or CLI is missing, there is no key, or the sandbox is a container
+        (the CLI runs on this machine, in the sandbox folder). The key its host needs."""
+        where = f"A2A agent '{agent_id}' (kind {entry.kind})"
+        if container:
+            raise DeploymentError(f"{where} runs its CLI on this machine in the sandbox folder, not inside the "
+                                  "sandbox's container: use sandbox driver tempdir, or the anthropic agent")
+        if entry.kind == "codex":
+            if not shutil.which(entry.cli_path or "codex"):
+                raise DeploymentError(f"{where} needs the Codex CLI ('{entry.cli_path or 'codex'}' is not on PATH): "
+                                      "npm install -g @openai/codex")
+            codex_home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+            if not (os.environ.get("OPENAI_API_KEY") or os.environ.get("CODEX_API_KEY") or (codex_home / "auth.json").is_file()):
+                raise DeploymentError(f"{where} needs an API key: set OPENAI_API_KEY (or CODEX_API_KEY), or run 'codex login'")
+            return {}
+        spec = importlib.util.find_spec("claude_agent_sdk")
+        if spec is None:
+            raise DeploymentError(f"{where} needs the claude-agent-sdk package: pip install 'agentenv-dagster[agents]'")
+        bundled = [Path(folder) / "_bundled" / "claude" for folder in spec.submodule_search_locations or []]
+        if not (shutil.which(entry.cli_path or "claude") or any(p.is_file() for p in bundled)):
+            raise DeploymentError(f"{where} needs the Claude Code CLI ('{entry.cli_path or 'claude'}' is not on PATH "
+                                  "and claude-agent-sdk bundles none): npm install -g @anthropic-ai/claude-code")
+        api_key = self.config.model.resolved_api_key()
+        if not api_key:
+            raise DeploymentError(f"{where} needs an API key: set [model] api_key in .agentenv/config.toml or ANTHROPIC_API_KEY")
+        return {"ANTHROPIC_API_KEY": api_key}
+
     def _agent_config(self, entry) -> dict[str, Any]:
         episodes = entry.episodes
         if entry.script:
             episodes = json.loads(self.config.path(entry.script).read_text())["episodes"]
-        return {
+        settings = {
             "kind": entry.kind, "episodes": episodes or [], "delay_seconds": entry.delay_seconds,
             "model": entry.model or self.config.model.for_role("agent"), "max_turns": entry.max_turns,
             "base_url": self.config.model.resolved_base_url(), "description": entry.description,
         }
+        if entry.kind in CODING_CLI_KINDS:
+            # their own defaults unless set: the CLI's turn cap; codex's model (ours are Anthropic's)
+            settings["max_turns"] = entry.max_turns if "max_turns" in entry.model_fields_set else None
+            if entry.kind == "codex":
+                settings["model"] = entry.model
+            settings.update(entry.model_dump(include={
+                "permission_mode", "allowed_tools", "disallowed_tools", "sdk_options", "system_prompt_mode",
+                "setting_sources", "settings", "plugins", "cli_path"}))
+        return settings
 
     def _spawn(self, module, args, instance_id, kind, ttl_seconds, env=None):
         server = spawn_server(

@@ -36,6 +36,9 @@ class TaskDocument:
     format: str = "agent-env"  # or "coder-eval": a Coder Eval YAML lowered to steps
     # A dataset task's rows: partition key (row id) -> the metadata.seed that fills its steps.
     partitions: dict[str, dict[str, Any]] | None = None
+    # The stored form's ``seed``: what its ``<key>`` tokens become when the run's metadata.seed
+    # does not set them, so a task aimed with ``-D metadata.seed.key=...`` also runs as it is.
+    seed: dict[str, Any] | None = None
 
     def step_documents(self) -> list[dict[str, Any]]:
         return [step.to_document() for step in self.steps]
@@ -44,7 +47,8 @@ class TaskDocument:
     def content_hash(self) -> str:
         """Hash of what runs (id + steps), so a re-execution can refuse a changed task."""
         canonical = json.dumps(
-            {"id": self.task_id, "steps": self.step_documents(), "partitions": self.partitions},
+            {"id": self.task_id, "steps": self.step_documents(), "partitions": self.partitions,
+             **({"seed": self.seed} if self.seed else {})},
             sort_keys=True, default=str,
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
@@ -70,14 +74,20 @@ def load_task_file(path: str | Path, registry: "StepRegistry") -> TaskDocument:
 def parse_task_document(
     data: Any, *, source: str, default_id: str, registry: "StepRegistry", format: str = "agent-env"
 ) -> TaskDocument:
-    """Both stored forms: a bare list of steps, or ``{id, type: "task", version, steps}``."""
-    task_id, version, raw_steps = default_id, None, data
+    """Both stored forms: a bare list of steps, or ``{id, type: "task", version, steps}``
+    (plus an optional ``seed`` of default token values)."""
+    task_id, version, raw_steps, seed = default_id, None, data, None
     if isinstance(data, dict):
         if data.get("type") != "task" or "steps" not in data:
             raise TaskLoadError([SpecError(NOT_A_STEP_LIST, file=source)])
         task_id = str(data.get("id") or default_id)
         version = data.get("version")
         raw_steps = data["steps"]
+        seed = data.get("seed")
+        if seed is not None and not (isinstance(seed, dict) and all(
+                isinstance(v, (str, int, float, bool)) for v in seed.values())):
+            raise TaskLoadError([SpecError(
+                f"'seed' must map token names to strings or numbers, got {seed!r}"[:300], file=source, field="seed")])
     if not isinstance(raw_steps, list):
         raise TaskLoadError([SpecError(NOT_A_STEP_LIST, file=source)])
 
@@ -102,7 +112,8 @@ def parse_task_document(
         errors.extend(e.located(source) for e in check_retry_targets(retry_targets))
     if errors:
         raise TaskLoadError(errors)
-    return TaskDocument(task_id=task_id, version=version, steps=tuple(steps), source=source, format=format)
+    return TaskDocument(task_id=task_id, version=version, steps=tuple(steps), source=source, format=format,
+                        seed=seed or None)
 
 
 def _depends_on_or_none(raw: dict[str, Any]) -> list[Any] | None:

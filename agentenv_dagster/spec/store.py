@@ -25,13 +25,25 @@ class TaskStore:
             return []
         return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
 
+    def latest_paths(self) -> list[Path]:
+        """The newest version's file of every stored task, by task id."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            versions = self.versions(folder.name)
+            if versions:
+                found.append(folder / f"{max(versions)}.json")
+        return found
+
     def put(self, task_id: str, document: TaskDocument) -> int:
         """Store the document's steps as the next version of ``task_id``."""
         folder = self.root / task_id
         folder.mkdir(parents=True, exist_ok=True)
         with FileLock(str(folder / ".lock")):
             version = max(self.versions(task_id), default=0) + 1
-            stored = {"id": task_id, "type": "task", "version": version, "steps": document.step_documents()}
+            stored = {"id": task_id, "type": "task", "version": version, "steps": document.step_documents(),
+                      **({"seed": document.seed} if document.seed else {})}
             path = folder / f"{version}.json"
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(stored, indent=2))

@@ -178,6 +178,7 @@ class SuccessCriteriaStep(TaskStep):
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         from ..criteria import evaluate_all, parse_criterion, task_passed, weighted_score
+        from ..criteria.early_stop import mark_advisory
 
         response = ctx.find_prompt_response(self.prompt_id) if self.prompt_id else None
         criterion_ctx = criterion_context(
@@ -186,8 +187,11 @@ class SuccessCriteriaStep(TaskStep):
         )
         models = [parse_criterion(c) for c in self.criteria]
         results = await evaluate_all(models, criterion_ctx)
+        # fired-only gating: a run the stop_early watcher cut gates on its armed criteria
+        stop = (response.model_extra or {}).get("early_stop") if response else None
+        armed = mark_advisory(results, models) if stop else None
+        passed = task_passed(results, armed=armed, gate_threshold=stop["gate_threshold"] if stop else 1.0)
         rows = [r.to_dict() for r in results]
-        passed = task_passed(results)
         checks = {"passed": passed}
         for i, (criterion, result) in enumerate(zip(self.criteria, results)):
             if result.gating:
@@ -259,7 +263,7 @@ def criterion_context(
         reference_dir=Path(info["reference_dir"]) if info.get("reference_dir") else None,
         tool_calls=[
             ToolCall(name=e["name"], parameters=e.get("arguments") or {},
-                     status="error" if e.get("is_error") else "success",
+                     status=e.get("status") or ("error" if e.get("is_error") else "success"),
                      duration_seconds=e.get("duration_seconds"), result=e.get("result"),
                      skill=(e.get("arguments") or {}).get("skill") if e["name"] == "Skill" else None)
             for e in events if e.get("type") == "tool_call"

@@ -64,16 +64,22 @@ class UserTurn:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def user_endpoint(ctx: TaskStepContext, user_a2a_url: str | None, user_agent_name: str) -> UserEndpoint:
+def user_endpoint(ctx: TaskStepContext, user_a2a_url: str | None, user_agent_name: str,
+                  default_human_url: str | None = None) -> UserEndpoint:
+    """Who answers the agent: ``user_a2a_url``, else the deployed user agent, else the
+    configured human (``[conversations] default_human_a2a_url``, ``AGENT_ENV_HUMAN_A2A_URL``)."""
     if user_a2a_url:
         return UserEndpoint(user_a2a_url, None)
     agent = ctx.find_agent(user_agent_name)
-    if agent is None:
-        raise RuntimeError(
-            f"No human-A2A URL configured: set user_a2a_url, or deploy the user agent "
-            f"'{user_agent_name}' (Agent with name '{user_agent_name}' not found in context.deployed_agents)"
-        )
-    return UserEndpoint(agent.a2a_url or agent.api_url, agent.agent_name, agent.a2a_card)
+    if agent is not None:
+        return UserEndpoint(agent.a2a_url or agent.api_url, agent.agent_name, agent.a2a_card)
+    if default_human_url:
+        return UserEndpoint(default_human_url, None)
+    raise RuntimeError(
+        f"No human-A2A URL configured: set user_a2a_url, deploy the user agent '{user_agent_name}' "
+        f"(Agent with name '{user_agent_name}' not found in context.deployed_agents), or set "
+        "[conversations] default_human_a2a_url / AGENT_ENV_HUMAN_A2A_URL"
+    )
 
 
 async def configure_user(rt, endpoint: UserEndpoint, *, model: str | None, output_format: Any,

@@ -39,6 +39,13 @@ def apply_seed(step: TaskStep, seed: Any) -> TaskStep:
     return type(step).model_validate(data)
 
 
+def default_seed(ctx: TaskStepContext, defaults: dict[str, Any] | None) -> None:
+    """Put a task's default token values under the run's own ``metadata.seed`` (which wins)."""
+    if defaults:
+        given = ctx.metadata.get("seed")
+        ctx.metadata["seed"] = {**defaults, **(given if isinstance(given, dict) else {})}
+
+
 def _substitute(value: Any, seed: dict[str, Any]) -> Any:
     if isinstance(value, str):
         for key, replacement in seed.items():
@@ -77,6 +84,45 @@ async def run_step(step: TaskStep, ctx: TaskStepContext, rt: StepRuntime) -> Ste
         return StepOutcome(step, record["duration_seconds"], failure=record)
     timing["duration_seconds"] = round(time.perf_counter() - started, 3)
     return StepOutcome(step, time.perf_counter() - started)
+
+
+def record_retries(ctx: TaskStepContext, resets: list[dict[str, Any]], failed_records: list[dict[str, Any]]) -> None:
+    """A retried attempt's context: ``metadata.retry_resets`` holds every reset so far and
+    ``failed_steps`` keeps the failed attempts' fatal records, flagged ``retried`` (as
+    agent-env's rollback leaves them). Idempotent, so every op of a retry may apply it."""
+    markers = ctx.metadata_list("retry_resets")
+    markers.extend(r for r in resets if r not in markers)
+    failures = ctx.metadata_list("failed_steps")
+    for record in failed_records:
+        if record.get("is_fatal"):
+            flagged = {**record, "retried": True}
+            if flagged not in failures:
+                failures.append(flagged)
+
+
+def rolled_back_sandboxes(failed: list[TaskStepContext], kept: list[TaskStepContext]) -> dict[str, list[dict]]:
+    """What the failed attempt deployed that the retry does not keep, in the shape of
+    agent-env's ``retry_resets[].rolled_back_sandboxes`` (a local deployment's id is its
+    ``instance_id``)."""
+    fields = {"deployed_envs": ("sandbox_id", "sandbox_type", "sandbox_ids"),
+              "deployed_agents": ("sandbox_id", "sandbox_type"),
+              "deployed_sandboxes": ("sandbox_id", "sandbox_type", "sandbox_name")}
+    result: dict[str, list[dict]] = {}
+    for kind, keys in fields.items():
+        kept_ids = {_deployment_id(r) for ctx in kept for r in getattr(ctx, kind)}
+        entries: list[dict] = []
+        for record in (r for ctx in failed for r in getattr(ctx, kind)):
+            data = record.model_dump(mode="json")
+            entry = {k: data.get(k) for k in keys}
+            entry["sandbox_id"] = entry["sandbox_id"] or record.instance_id
+            if _deployment_id(record) not in kept_ids and entry not in entries:
+                entries.append(entry)
+        result[kind] = entries
+    return result
+
+
+def _deployment_id(record: Any) -> str:
+    return record.instance_id or json.dumps(record.model_dump(mode="json"), sort_keys=True, default=str)
 
 
 def user_override(ctx: TaskStepContext, key: str) -> Any:

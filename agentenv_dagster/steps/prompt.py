@@ -34,6 +34,7 @@ from .conversation import (
 )
 from .execution import parse_structured_output, user_override
 from .registry import step
+from .triggers import AgentTriggerSession, capture_env_trigger_state
 from .turn_criteria import grade_turn
 
 RESERVED_MODEL_PARAMS = {
@@ -77,6 +78,9 @@ class PromptAgentStep(TaskStep):
     user_stop_token: str | None = None
     max_total_tokens: int | None = None
     turn_criteria: dict[str, Any] | None = None
+    # ours: the armed criteria ({criteria, gate_threshold}) the agent's stop_early watcher
+    # observes; the reply then carries ``early_stop`` when the watcher ended the turn.
+    stop_early: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "PromptAgentStep":
@@ -118,8 +122,9 @@ class PromptAgentStep(TaskStep):
             v is not None for v in (self.user_stop_token, self.max_total_tokens, self.turn_criteria))
 
     def names_read(self) -> Iterator[ContextName]:
-        """The user agent is read only by a conversation without ``user_a2a_url``."""
-        reads_user = self.is_conversation and not self.user_a2a_url
+        """The user agent is read only by a conversation without ``user_a2a_url`` that names
+        one (left at its default, the configured human answers when no agent is deployed)."""
+        reads_user = self.is_conversation and not self.user_a2a_url and "user_agent_name" in self.model_fields_set
         return (n for n in super().names_read() if n.field != "user_agent_name" or reads_user)
 
     @property
@@ -135,7 +140,8 @@ class PromptAgentStep(TaskStep):
         agent = ctx.find_agent(self.agent_name)
         if agent is None:
             raise RuntimeError(f"Agent with name '{self.agent_name}' not found in context.deployed_agents")
-        user = user_endpoint(ctx, self.user_a2a_url, self.user_agent_name) if self.is_conversation else None
+        user = user_endpoint(ctx, self.user_a2a_url, self.user_agent_name,
+                             rt.config.conversations.human_a2a_url()) if self.is_conversation else None
         url = agent.a2a_url or agent.api_url
         card = agent.a2a_card or await rt.a2a.get_card(url)
         model = ctx.agent_model or self.model or ctx.default_agent_model
@@ -146,6 +152,7 @@ class PromptAgentStep(TaskStep):
             await configure_user(rt, user, model=self.user_model, output_format=self.user_output_format,
                                  timeout_seconds=self.user_agent_timeout_seconds)
             await self._conversation(ctx, rt, agent, url, card, model, user)
+        await capture_env_trigger_state(ctx, rt, self.id)
 
     async def _single_turn(self, ctx, rt, agent, url, card, model) -> None:
         reply = await rt.a2a.send_and_wait(
@@ -156,6 +163,8 @@ class PromptAgentStep(TaskStep):
         data = reply.data or {}
         usage = data.get("usage") or {}
         response = self._response(reply, model, trajectory_url, usage)
+        if data.get("early_stop"):
+            response.early_stop = data["early_stop"]
         ctx.prompt_responses.append(response)
         ctx.metadata_map("a2a_conversations")[self.id] = reply.context_id
         self._raise_if_failed(response, reply, agent)
@@ -170,6 +179,7 @@ class PromptAgentStep(TaskStep):
         usage: dict[str, int] = {}
         user_usage: dict[str, int] = {}
         outputs = ctx.metadata_map("usersim_turn_outputs")
+        triggers = AgentTriggerSession.of(ctx, self.id, user, self.user_agent_timeout_seconds)
         stop_reason, stop_detail, closing, reply = None, None, None, None
         said = None
         if self.user_opens_conversation:
@@ -224,9 +234,10 @@ class PromptAgentStep(TaskStep):
             elif self.max_total_tokens is not None and (
                     total_tokens(usage) + total_tokens(user_usage) >= self.max_total_tokens):
                 stop_reason = BUDGET
-            else:
-                said = await ask_user(rt, user, reply.text or "", timeout_seconds=self.user_agent_timeout_seconds,
-                                      stop_token=self.user_stop_token)
+            else:  # a stakeholder's triggers answer first; the user agent when none fired
+                said = await triggers.decide(ctx, rt, index, reply.text or "", context_id) if triggers else None
+                said = said or await ask_user(rt, user, reply.text or "", stop_token=self.user_stop_token,
+                                              timeout_seconds=self.user_agent_timeout_seconds)
                 add_usage(user_usage, said.record.get("usage"))
                 message = said.message
                 if said.stop_reason is not None:
@@ -234,6 +245,8 @@ class PromptAgentStep(TaskStep):
                     closing = {**said.record, "message": said.message} if said.message is not None else said.record
                     if said.extra:
                         outputs.setdefault(self.id, []).append({"turn": index + 1, **said.extra})
+        if triggers:
+            await triggers.record_state(ctx, rt)
         response = self._record_conversation(ctx, rt, turns, events, usage, user_usage, stop_reason, stop_detail,
                                              closing, model, context_id, user, reply)
         if reply is not None:
@@ -344,7 +357,10 @@ class PromptAgentStep(TaskStep):
             "effort": user_override(ctx, "agent_effort") or self.effort,
             "harness": ctx.agent_harness or self.harness,
             "output_format": self.output_format,
+            "stop_early": self.stop_early,
         }
+        if self.stop_early is not None and "stop_early" not in request.supported:
+            rt.log.warning("agent at %s cannot stop early (no stop_early agent-config): the run goes in full", url)
         body = {k: v for k, v in wanted.items() if v is not None and k in request.supported}
         if body:
             await rt.a2a.post_extension(url, card, AGENT_CONFIG, body)

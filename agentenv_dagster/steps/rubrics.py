@@ -260,7 +260,7 @@ class RubricsVerifierStep(TaskStep):
 
             return self._agent_asker(rt, agent.a2a_url), {"a2a_agent_id": agent_id, "model": model}, stop
         try:
-            judge = rt.judge(model)
+            judge = rt.judge(model, self.default_model_api_base)
         except JudgeUnavailable as exc:
             raise NotGraded(str(exc)) from None
 
@@ -292,8 +292,16 @@ class RubricsVerifierStep(TaskStep):
                 for i, criterion in enumerate(self.criteria, start=1)]
 
     def _trajectory(self, rt: StepRuntime, response: PromptResponse) -> str | None:
+        """The agent's trajectory; of a conversation (two or more turns recorded), every
+        turn's, each under a ``===== Turn i =====`` header (a turn with none is said so)."""
         if not self.use_trajectory:
             return None
+        turns = getattr(response, "target_agent_per_turn_trajectory_object_urls", None) or []
+        if len(turns) >= 2 and any(turns):
+            return "\n\n".join(
+                f"===== Turn {i} =====\n" + (rt.objects.read(url).decode(errors="replace") if url else "(no trajectory)")
+                for i, url in enumerate(turns, start=1)
+            )
         url = response.agent_trajectory_object_url
         if not url:
             raise RuntimeError(f"No trajectory available for prompt_id='{self.prompt_id}'")

@@ -1,26 +1,27 @@
 """deploy_sandbox and verify_sandbox: a bare sandbox for a task, and probes of its files.
 
-Locally a sandbox is a folder of the run (see ``LocalProvider.deploy_sandbox``); steps name
-its files by their in-sandbox path (``/app/greeting/hello.txt``) and ``LocalSandbox`` maps
-them under the folder. Shell criteria run ``bash`` on the host with the mapped folder as
-working directory: the folder stands in for the sandbox filesystem, it does not isolate.
+A ``vm``-mode sandbox is a folder of the run (see ``LocalProvider.deploy_sandbox``); steps
+name its files by their in-sandbox path (``/app/greeting/hello.txt``) and ``LocalSandbox``
+maps them under the folder, where shell criteria run ``bash`` on the host: the folder stands
+in for the sandbox filesystem, it does not isolate. A ``container``-mode sandbox is a Docker
+container of its ``image`` (and a vm-mode one with our ``container`` settings a container with
+the folder mounted): its probes run inside the container, through execs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from pydantic import model_validator
 
-from ..context import TaskStepContext
+from ..context import DeployedSandbox, TaskStepContext
 from ..runtime.base import StepRuntime
-from ..runtime.sandbox import LocalSandbox
-from ..runtime.shell import HostShell
+from ..runtime.sandbox import ContainerFiles, FolderFiles, LocalSandbox, SandboxFiles
 from .base import AGENT, DEFAULT_AGENT_NAME, DEFAULT_TTL_SECONDS, SANDBOX, TaskStep
+from .containers import _check_env_keys
 from .execution import user_override
 from .registry import step
 from .verifiers import _Verifier
@@ -28,15 +29,25 @@ from .verifiers import _Verifier
 OUTPUT_TAIL = 200
 
 
-def deployed_sandbox(ctx: TaskStepContext, rt: StepRuntime, sandbox_name: str) -> LocalSandbox:
-    """The folder behind the sandbox ``deploy_sandbox`` recorded as ``sandbox_name``."""
+def _record(ctx: TaskStepContext, sandbox_name: str) -> DeployedSandbox:
     record = ctx.find_sandbox(sandbox_name)
     if record is None:
         raise RuntimeError(
             f"Sandbox '{sandbox_name}' not found in context.deployed_sandboxes "
             f"(deployed: {[s.sandbox_name for s in ctx.deployed_sandboxes]})"
         )
+    return record
+
+
+def deployed_sandbox(ctx: TaskStepContext, rt: StepRuntime, sandbox_name: str) -> LocalSandbox:
+    """The folder behind the sandbox ``deploy_sandbox`` recorded as ``sandbox_name``."""
+    record = _record(ctx, sandbox_name)
     if not getattr(record, "sandbox_root", None):
+        if record.sandbox_mode == "container":
+            raise RuntimeError(
+                f"Sandbox '{sandbox_name}' is a container-mode sandbox: its files live in its "
+                "container, with no local folder (use a vm-mode sandbox for this step)"
+            )
         raise RuntimeError(
             f"Sandbox '{sandbox_name}' ({record.sandbox_type or 'unknown'} provider) has no local folder"
         )
@@ -63,27 +74,37 @@ class DeploySandboxStep(TaskStep):
     sandbox_type: str | None = None
     network_policy: dict[str, Any] | None = None
     metadata: dict[str, Any] = {}
-    # ours: run the folder as a local Docker container (Coder Eval's docker driver):
-    # {image, working_dir, memory_mb, cpus, pids, network}
+    # ours, vm mode: the folder mounted in a local Docker container (Coder Eval's docker
+    # driver): {image, working_dir, memory_mb, cpus, pids, network}
     container: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "DeploySandboxStep":
-        if self.sandbox_mode == "container" and (self.image is None or self.port is None):
-            raise ValueError("container-mode sandbox requires `image` and `port`")
+        if self.sandbox_mode == "container":
+            if self.image is None or self.port is None:
+                raise ValueError("container-mode sandbox requires `image` and `port`")
+            if self.container is not None:
+                raise ValueError("`container` settings are for a vm-mode sandbox; container mode takes `image`")
+        _check_env_keys(self.env_vars)
         return self
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         if ctx.find_sandbox(self.sandbox_name):
             raise RuntimeError(f"Sandbox '{self.sandbox_name}' is already deployed")
         requested = user_override(ctx, "sandbox") or self.sandbox_type
-        if requested not in (None, "local") and not self.container:
-            rt.log.warning("sandbox_type '%s' is served as a local folder by this runtime", requested)
+        served = "local" if self.sandbox_mode == "vm" and not self.container else "docker"
+        if requested not in (None, served):
+            rt.log.warning("sandbox_type '%s' is served as a %s sandbox by this runtime", requested, served)
+        if self.sandbox_mode == "vm" and (self.image or self.env_vars):
+            rt.log.warning("deploy_sandbox '%s': a vm-mode sandbox is a local folder here; its image and "
+                           "env_vars are not used", self.id)
         policy = user_override(ctx, "network_policy")
         sandbox = await asyncio.to_thread(
-            rt.provider.deploy_sandbox, self.sandbox_name, sandbox_mode=self.sandbox_mode,
+            rt.provider.deploy_sandbox, self.sandbox_name, step_id=self.id, sandbox_mode=self.sandbox_mode,
             ttl_seconds=user_override(ctx, "ttl_seconds") or self.ttl_seconds,
             network_policy=self.network_policy if policy is None else policy, container=self.container,
+            image=self.image, ports=sorted({self.port, *(self.exposed_ports or [])} - {None}),
+            cpu=self.cpu, memory_mb=self.memory_mb, env_vars=self.env_vars,
         )
         ctx.deployed_sandboxes.append(sandbox)
 
@@ -113,42 +134,54 @@ class VerifySandboxStep(_Verifier):
         return self
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        files = await asyncio.to_thread(self._files, ctx, rt)
+        try:
+            rows = [await self._row(files, index, criterion) for index, criterion in enumerate(self.criteria)]
+        finally:
+            files.close()
+        self.record(ctx, rows)
+
+    def _files(self, ctx: TaskStepContext, rt: StepRuntime) -> SandboxFiles:
+        """Where the probes run: the target's container when it has one, else its folder."""
         if self.sandbox_name:
-            sandbox = deployed_sandbox(ctx, rt, self.sandbox_name)
+            record = _record(ctx, self.sandbox_name)
+            root = getattr(record, "sandbox_root", None)
         else:
             agent = ctx.find_agent(self.agent_name)
             if agent is None:
                 raise RuntimeError(f"Agent '{self.agent_name}' not found in context.deployed_agents")
-            sandbox = rt.provider.sandbox_of(agent)
-        rows = []
-        for index, criterion in enumerate(self.criteria):
-            row = {**criterion, "criterion_index": index}
-            kind = criterion.get("type")
-            if kind not in HANDLED_TYPES:
-                why = f"type {kind!r} not handled by verify_sandbox"
-                rows.append({**row, "skipped": True, "justification": why})
-                continue
-            try:
-                passed, why = await self._evaluate(sandbox, criterion)
-            except Exception as exc:  # a probe that cannot run fails its criterion, not the step
-                passed, why = False, f"evaluator error: {exc}"[:300]
-            rows.append({
-                **row, "score": 1.0 if passed else 0.0, "result": passed,
-                "justification": why, "skipped": False,
-            })
-        self.record(ctx, rows)
+            root = str(rt.provider.sandbox_of(agent).root)
+            record = next((s for s in ctx.deployed_sandboxes if getattr(s, "sandbox_root", None) == root), None)
+        container = (record.model_extra or {}).get("container") if record else None
+        if container:  # a host folder, when there is one, is mounted at the working dir
+            return ContainerFiles.attach(
+                container["container_id"], (container.get("working_dir") or "/work") if root else None,
+                timeout=self.shell_timeout_seconds,
+            )
+        return FolderFiles(LocalSandbox(Path(root)) if root else deployed_sandbox(ctx, rt, self.sandbox_name))
 
-    async def _evaluate(self, sandbox: LocalSandbox, criterion: dict[str, Any]) -> tuple[bool, str]:
+    async def _row(self, files: SandboxFiles, index: int, criterion: dict[str, Any]) -> dict[str, Any]:
+        row = {**criterion, "criterion_index": index}
+        kind = criterion.get("type")
+        if kind not in HANDLED_TYPES:
+            return {**row, "skipped": True, "justification": f"type {kind!r} not handled by verify_sandbox"}
+        try:
+            passed, why = await self._evaluate(files, criterion)
+        except Exception as exc:  # a probe that cannot run fails its criterion, not the step
+            passed, why = False, f"evaluator error: {exc}"[:300]
+        return {**row, "score": 1.0 if passed else 0.0, "result": passed, "justification": why, "skipped": False}
+
+    async def _evaluate(self, files: SandboxFiles, criterion: dict[str, Any]) -> tuple[bool, str]:
         """(passed, justification) of one handled criterion."""
         kind, paths = criterion["type"], criterion.get("paths") or []
         if kind == "bash_cmd_succeeds":
-            return await self._shell(sandbox, criterion.get("bash_cmd") or "")
+            return await self._shell(files, criterion.get("bash_cmd") or "")
         if not paths:
             return False, "no paths specified"
         if kind == "probe_file_contains":
             pattern = criterion.get("expected") or criterion.get("value") or ""
             try:
-                text = self._host(sandbox, paths[0]).read_text(errors="replace")
+                text = await files.read_text(self._path(paths[0]))
             except OSError as exc:
                 return False, f"could not read {paths[0]}: {exc.strerror}"
             try:
@@ -156,23 +189,22 @@ class VerifySandboxStep(_Verifier):
             except re.error as exc:
                 return False, f"invalid regex pattern {pattern!r}: {exc}"
             return found, f"{'contains' if found else 'does not contain'} {pattern!r}"
-        test = os.path.isdir if kind == "probe_dir_exists" else os.path.exists
-        missing = [p for p in paths if not test(self._host(sandbox, p))]
+        test = files.is_dir if kind == "probe_dir_exists" else files.exists
+        missing = [p for p in paths if not await test(self._path(p))]
         return not missing, f"Missing: {missing}" if missing else "All paths exist"
 
-    def _host(self, sandbox: LocalSandbox, path: str) -> Path:
-        """Host path of ``path``, taken relative to base_dir unless absolute."""
-        return sandbox.resolve(str(PurePosixPath(self.base_dir) / path))
+    def _path(self, path: str) -> str:
+        """In-sandbox path of ``path``, taken relative to base_dir unless absolute."""
+        return str(PurePosixPath(self.base_dir) / path)
 
-    async def _shell(self, sandbox: LocalSandbox, command: str) -> tuple[bool, str]:
-        """``bash -c`` in base_dir. Its whole process group ends with it (or at the timeout,
-        or when the step is cancelled), so nothing it started outlives the step."""
+    async def _shell(self, files: SandboxFiles, command: str) -> tuple[bool, str]:
+        """``bash -c`` in base_dir. Whatever it started ends with it (or at the timeout, or
+        when the step is cancelled), so nothing outlives the step."""
         if not command:
             return False, "no bash_cmd"
-        cwd = self._host(sandbox, ".")
-        if not cwd.is_dir():
+        if not await files.is_dir(self.base_dir):
             return False, f"base_dir {self.base_dir} does not exist in the sandbox"
-        result = await HostShell(cwd).run(command, self.shell_timeout_seconds)
+        result = await files.run(command, self.base_dir, self.shell_timeout_seconds)
         if result.timed_out:
             return False, f"timed out after {self.shell_timeout_seconds}s"
         tail = (result.stdout + result.stderr)[-OUTPUT_TAIL:]

@@ -1,8 +1,8 @@
 """snapshot_env: save a deployed env's live state as a new environment_universe version.
 
 The state is read through the env's data plane (``data/get``) and stored as files an env can
-load back (``load_artifact`` with ``artifact_from_step_id`` naming this step): a DataPart
-becomes a JSON file, a FilePart its bytes.
+load back (``load_artifact`` with ``artifact_from_step_id`` naming this step, or with the
+``snapshot_id`` as its artifact id): a DataPart becomes a JSON file, a FilePart its bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import Field
 from ..context import DeployedEnv, TaskStepContext
 from ..runtime.base import StepRuntime
 from ..runtime.dataplane import env_base_url
-from .base import ENV, PRODUCER, SELF, TaskStep
+from .base import ARTIFACT, ENV, PRODUCER, SELF, TaskStep
 from .registry import step
 
 UNIVERSE_TYPE = "environment_universe"
@@ -32,8 +32,10 @@ class SnapshotEnvStep(TaskStep):
     """Picks the env by env_instance_id, else env_id (narrowed by env_step_id), else the only
     one deployed; ``gateway_url`` overrides where its state is read from."""
 
-    reads = {"env_id": ENV}
-    writes = {SELF: PRODUCER}
+    # A named universe is a stored artifact this step writes (its lineage: what it was loaded
+    # from -> the snapshot); an unnamed one is derived per run, so only this step names it.
+    reads = {"env_id": ENV, "original_universe_artifact_id": ARTIFACT}
+    writes = {SELF: PRODUCER, "snapshot_id": ARTIFACT}
 
     env_id: str | None = None
     env_instance_id: str | None = None

@@ -1,27 +1,41 @@
-"""register_env_triggers and register_agent_triggers (``urn:agentenv:triggers/v1``).
+"""register_env_triggers and register_agent_triggers (``urn:agentenv:triggers/v1``), and
+what a conversation does with them.
 
 Env triggers live in the env: it watches its own tool calls, state and clock and runs the
 actions, an ``nl`` action by prompting the *executor* agent over A2A, which then acts through
 the env's MCP tools. Agent triggers live in an agent that advertises the extension (a
-stakeholder or user simulator), and may wait on env triggers by ``env_id`` + ``trigger_id``.
+stakeholder or user simulator), and may wait on env triggers by ``env_id`` + ``trigger_id``:
+between the turns of a multi-turn prompt_agent whose user is that agent, the run reads the
+envs' trigger states and asks the agent to *decide* (:class:`AgentTriggerSession`) before
+asking its brain.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Iterator
 
+import httpx
 from pydantic import field_validator
 
 from ..context import DeployedAgent, DeployedEnv, TaskStepContext
+from ..runtime.a2a_client import TRIGGERS_DECIDE_ENDPOINT, TRIGGERS_URI, A2AClient
 from ..runtime.base import StepRuntime
 from .agent_card import MCP_CONFIG, extension_request
 from .base import AGENT, ENV, TaskStep
 from .clock import gateway_url
+from .conversation import DONE, UserEndpoint, UserTurn
 from .registry import step
 
-TRIGGERS_URI = "urn:agentenv:triggers/v1"
-DEFAULT_TRIGGERS_ENDPOINT = "/ext/triggers"
 ROLE_HEADER = "AgentEnv-Role"
+IN_FLIGHT = ("firing", "queued")  # env trigger statuses with fire work outstanding
+SETTLE_SECONDS = 60  # how long a capture waits for in-flight env triggers
+STATE_ATTEMPTS = 3
 
 
 def _objects(value: Any) -> Any:
@@ -121,7 +135,7 @@ class RegisterAgentTriggersStep(TaskStep):
         agent = ctx.find_agent(self.agent_name)
         if agent is None:
             raise RuntimeError(f"Agent '{self.agent_name}' not found in context.deployed_agents")
-        endpoint = _triggers_endpoint(agent.a2a_card or {})
+        endpoint = A2AClient.extension_endpoint(agent.a2a_card or {}, TRIGGERS_URI)
         if endpoint is None:
             raise RuntimeError(f"Agent '{self.agent_name}' does not advertise {TRIGGERS_URI}")
         deployed = {env.env_id for env in ctx.deployed_envs}
@@ -139,8 +153,7 @@ class RegisterAgentTriggersStep(TaskStep):
                         f"on env '{env_id}' by a register_env_triggers step (registered there: "
                         f"{sorted(registered.get(env_id, set()))})"
                     )
-        base = (agent.a2a_url or agent.api_url).rstrip("/")
-        url = endpoint if endpoint.startswith(("http://", "https://")) else f"{base}{endpoint}"
+        url = _join(agent.a2a_url or agent.api_url, endpoint)
         response = await rt.http.post(url, json={"triggers": self.triggers}, timeout=30)
         if response.status_code >= 400:
             raise RuntimeError(f"agent trigger registration failed (HTTP {response.status_code}): {response.text}")
@@ -149,14 +162,6 @@ class RegisterAgentTriggersStep(TaskStep):
         ctx.metadata_list("agent_trigger_registrations").append({
             "step_id": self.id, "agent_name": self.agent_name, "added": result.get("added", []),
         })
-
-
-def _triggers_endpoint(card: dict[str, Any]) -> str | None:
-    for ext in (card.get("capabilities") or {}).get("extensions") or []:
-        if ext.get("uri") == TRIGGERS_URI:
-            params = ext.get("params") or ext.get("config") or {}
-            return params.get("endpoint") or DEFAULT_TRIGGERS_ENDPOINT
-    return None
 
 
 def _env_trigger_refs(when: Any) -> Iterator[tuple[str, str]]:
@@ -169,3 +174,176 @@ def _env_trigger_refs(when: Any) -> Iterator[tuple[str, str]]:
             yield env_id, trigger_id
     for sub in when.get("of") or []:
         yield from _env_trigger_refs(sub)
+
+
+@dataclass(frozen=True)
+class AgentTriggerSession:
+    """One conversation's stakeholder triggers: consulted before the user agent's brain."""
+
+    step_id: str
+    agent_name: str
+    decide_url: str
+    state_url: str
+    timeout_seconds: float
+
+    @classmethod
+    def of(cls, ctx: TaskStepContext, step_id: str, user: UserEndpoint,
+           timeout_seconds: float) -> "AgentTriggerSession | None":
+        """Only a deployed user agent (not ``user_a2a_url``) that advertises the extension and
+        was given triggers by a register_agent_triggers step is asked, as upstream."""
+        card = user.card or {}
+        endpoint = A2AClient.extension_endpoint(card, TRIGGERS_URI)
+        registered = any(r.get("agent_name") == user.agent_name
+                         for r in ctx.metadata.get("agent_trigger_registrations", []))
+        if user.agent_name is None or endpoint is None or not registered:
+            return None
+        decide = _method_endpoint(card, "decide") or TRIGGERS_DECIDE_ENDPOINT
+        return cls(step_id, user.agent_name, _join(user.url, decide), _join(user.url, endpoint), timeout_seconds)
+
+    async def decide(self, ctx: TaskStepContext, rt: StepRuntime, turn: int, solver_message: str,
+                     context_id: str) -> UserTurn | None:
+        """The user's next turn when a trigger fired (or ended the conversation); None to
+        fall through to the user agent's brain. Both what the envs reported and what fired
+        are recorded per turn (``env_trigger_snapshots``, ``agent_trigger_firings``)."""
+        envs = await read_env_triggers(ctx, rt)
+        ctx.metadata_map("env_trigger_snapshots").setdefault(self.step_id, []).append({"turn": turn, "envs": envs})
+        body = {"turn": turn, "solver_message": solver_message, "context_id": context_id, "env_triggers": envs}
+        response = await rt.http.post(self.decide_url, json=body, timeout=self.timeout_seconds)
+        if response.status_code >= 400:
+            raise RuntimeError(f"agent-trigger /decide failed (HTTP {response.status_code}): {response.text}")
+        decision = response.json()
+        fired = list(decision.get("fired") or [])
+        ctx.metadata_map("agent_trigger_firings").setdefault(self.step_id, []).append({"turn": turn, "fired": fired})
+        rt.log.info("turn %d agent-trigger decide on %s: fired=%s done=%s", turn, self.agent_name, fired,
+                    decision.get("done"))
+        text = "\n".join(p["text"] for p in decision.get("parts") or [] if isinstance(p.get("text"), str))
+        record = {"agent_triggers_fired": fired}
+        if decision.get("done"):
+            return UserTurn(text or None, record, stop_reason=DONE)
+        return UserTurn(text, record) if fired and text else None
+
+    async def record_state(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
+        """The agent's firing log into ``agent_trigger_state`` — provenance only, never fatal."""
+        try:
+            response = await rt.http.get(self.state_url, timeout=15)
+            response.raise_for_status()
+            ctx.metadata_map("agent_trigger_state")[self.step_id] = response.json().get("firing_log", [])
+        except Exception as exc:
+            rt.log.warning("agent-trigger state readback from %s failed (continuing): %s", self.agent_name, exc)
+
+
+async def read_env_triggers(ctx: TaskStepContext, rt: StepRuntime) -> dict[str, dict[str, Any]]:
+    """``{env_id: {trigger_id: status}}`` for every deployed env; ``{}`` for an env no
+    register_env_triggers step registered on. Fail-closed: an unreadable state raises, since
+    deciding on a guess would fire (or withhold) a stakeholder's reaction wrongly."""
+    registered = _registered_env_ids(ctx)
+    envs: dict[str, dict[str, Any]] = {}
+    for env in ctx.deployed_envs:
+        if env.env_id not in registered:
+            envs[env.env_id] = {}
+            continue
+        try:
+            state = await _trigger_state(rt, env)
+        except (httpx.HTTPError, ValueError) as exc:
+            raise RuntimeError(f"fail-closed: could not read /triggers/state for env '{env.env_id}': {exc}") from exc
+        envs[env.env_id] = {t["id"]: t.get("status") for t in state.get("triggers", [])}
+    return envs
+
+
+async def capture_env_trigger_state(ctx: TaskStepContext, rt: StepRuntime, step_id: str) -> None:
+    """After a prompt, each trigger-registered env's settled trigger state: the whole state
+    (and clock) to the object store, a summary to ``env_trigger_state[env_id]``. Never raises."""
+    registered = _registered_env_ids(ctx)
+    for env in ctx.deployed_envs:
+        if env.env_id not in registered:
+            continue
+        entry: dict[str, Any] = {"captured_at_utc": _now(), "capture_step_id": step_id}
+        try:
+            state = await _settled_trigger_state(rt, env)
+            clock = await _clock_state(rt, env)
+            triggers = state.get("triggers", [])
+            dropped = state.get("events_dropped") or 0
+            entry.update(
+                statuses={t["id"]: t.get("status") for t in triggers},
+                triggers={t["id"]: {k: t.get(k) for k in ("type", "status", "fire_count", "next_mark", "failure_count",
+                                                          "last_failure_at")} for t in triggers},
+                event_count=len(state.get("events", [])) + dropped, events_dropped=dropped,
+                capture_is_final=not any(_in_flight(t) or (t.get("type") == "time" and t.get("status") == "armed")
+                                         for t in triggers),
+            )
+            payload = {"instance_id": ctx.instance_id, "env_id": env.env_id, "gateway_url": gateway_url(env),
+                       "capture_source": "prompt_agent", "captured_at_utc": entry["captured_at_utc"],
+                       "clock": clock, "capture_is_final": entry["capture_is_final"], "state": state}
+            key = (f"env_trigger_state/instance_id={ctx.instance_id or 'adhoc-' + uuid.uuid4().hex[:12]}/"
+                   f"{env.env_id}-{uuid.uuid4().hex[:8]}.json")
+            entry["object_url"] = rt.objects.put(key, json.dumps(payload, indent=2, default=str).encode())
+        except Exception as exc:
+            rt.log.warning("env trigger state capture failed for env '%s' (continuing): %s", env.env_id, exc)
+            entry["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        ctx.metadata_map("env_trigger_state")[env.env_id] = entry
+
+
+def _registered_env_ids(ctx: TaskStepContext) -> set[str]:
+    return {r["env_id"] for r in ctx.metadata.get("env_trigger_registrations") or []
+            if isinstance(r, dict) and r.get("env_id")}
+
+
+async def _trigger_state(rt: StepRuntime, env: DeployedEnv) -> dict[str, Any]:
+    """``GET /triggers/state``, tried a few times (an env busy firing may be slow to answer)."""
+    error: Exception = RuntimeError("no attempt made")
+    for attempt in range(STATE_ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(0.5 * attempt)
+        try:
+            response = await rt.http.get(f"{gateway_url(env)}/triggers/state", timeout=15)
+            response.raise_for_status()
+            return response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            error = exc
+    raise error
+
+
+def _in_flight(trigger: dict[str, Any]) -> bool:
+    return trigger.get("status") in IN_FLIGHT or bool(trigger.get("pending"))
+
+
+async def _settled_trigger_state(rt: StepRuntime, env: DeployedEnv) -> dict[str, Any]:
+    """The trigger state, re-read while a trigger is still firing — except a time trigger
+    recurring without end, which never settles."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        state = await _trigger_state(rt, env)
+        settling = any(_in_flight(t) and not _recurs_forever(t.get("when") or {}) for t in state.get("triggers", []))
+        if not settling or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.25)
+
+
+def _recurs_forever(when: dict[str, Any]) -> bool:
+    return when.get("type") == "time" and "every" in when and "count" not in when and "until" not in when
+
+
+async def _clock_state(rt: StepRuntime, env: DeployedEnv) -> dict[str, Any] | None:
+    try:
+        response = await rt.http.get(f"{gateway_url(env)}/clock/state", timeout=5)
+        response.raise_for_status()
+        return response.json()
+    except Exception as exc:
+        rt.log.warning("clock state capture failed for env '%s' (continuing): %s", env.env_id, exc)
+        return None
+
+
+def _method_endpoint(card: dict[str, Any], method: str) -> str | None:
+    for ext in (card.get("capabilities") or {}).get("extensions") or []:
+        if ext.get("uri") == TRIGGERS_URI:
+            params = ext.get("params") or ext.get("config") or {}
+            return ((params.get("methods") or {}).get(method) or {}).get("endpoint")
+    return None
+
+
+def _join(base: str, endpoint: str) -> str:
+    return endpoint if endpoint.startswith(("http://", "https://")) else f"{base.rstrip('/')}{endpoint}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()

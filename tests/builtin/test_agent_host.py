@@ -82,3 +82,15 @@ async def test_bad_requests_say_what_is_wrong(host, tmp_path):
         again = await http.post(f"{host}/agents", json={"id": "z", "sandbox": str(tmp_path), "config": replay("hi")})
         assert ok.status_code == 201 and again.status_code == 409
         assert (await http.delete(f"{host}/agents/missing")).status_code == 404
+
+
+async def test_each_hosted_agent_keeps_its_own_triggers(host, tmp_path):
+    trigger = {"id": "hello", "when": {"type": "step", "turn": 1}, "actions": [{"type": "say", "text": "hi"}]}
+    async with httpx.AsyncClient(timeout=30) as http:
+        urls = [(await http.post(f"{host}/agents", json={"id": n, "sandbox": str(tmp_path / n), "config": replay("ok")}))
+                .json()["url"] for n in ("a", "b")]
+        assert (await http.post(urls[0] + "/ext/triggers", json={"triggers": [trigger]})).json()["added"] == ["hello"]
+        decided = [(await http.post(url + "/ext/triggers/decide", json={"turn": 1})).json() for url in urls]
+        assert decided == [{"parts": [{"kind": "text", "text": "hi"}], "done": False, "fired": ["hello"]},
+                           {"parts": [], "done": False, "fired": []}]
+        assert (await http.get(urls[1] + "/ext/triggers")).json() == {"triggers": [], "firing_log": []}

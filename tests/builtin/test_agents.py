@@ -112,9 +112,19 @@ async def test_card_declares_the_agentenv_extensions(start_agent, a2a):
     assert "name" in params[MCP_CONFIG_URI]["methods"]["add"]["request"]["optional"]
     assert set(params[AGENT_CONFIG_URI]["methods"]["set"]["request"]["supported"]) == {
         "model", "system_prompt", "max_turns", "timeout_seconds", "task_id", "model_params",
-        "name", "description", "role"}
+        "name", "description", "role", "stop_early"}
     assert params[SKILL_CONFIG_URI]["endpoint"] == "/ext/skill-config"
     assert params[TRAJECTORY_URI]["endpoint"] == "/ext/trajectory"
+
+
+def test_a_stop_early_config_is_checked_when_it_is_set(start_agent):
+    url, _ = start_agent("replay", {"episodes": []})
+    unarmed = {"criteria": [{"type": "file_exists", "path": "a", "description": "d"}]}
+    refused = httpx.post(url + "/ext/agent-config", json={"stop_early": unarmed})
+    assert refused.status_code == 400
+    assert refused.json()["error"].startswith("stop_early: a watcher needs criteria that each carry a stop_early block")
+    armed = {"criteria": [{"type": "command_executed", "description": "d", "stop_early": {}}], "gate_threshold": 0.5}
+    assert httpx.post(url + "/ext/agent-config", json={"stop_early": armed}).json()["config"]["stop_early"] == armed
 
 
 async def test_config_extensions_store_and_list(start_agent, a2a, notes_env):
@@ -241,6 +251,31 @@ async def test_anthropic_agent_retries_rate_limits(start_agent, a2a, fake_messag
     reply = await a2a.send_and_wait(url, "hi", timeout_seconds=20)
     assert (reply.state, reply.text) == ("completed", "ok")
     assert len(fake_messages_api.requests) == 2
+
+
+@pytest.mark.parametrize("status, requests, message", [
+    (529, 3, "Messages API error 529 (overloaded_error): scripted error"),  # 1 call + the SDK's 2 retries
+    (400, 1, "Messages API error 400 (invalid_request_error): scripted error"),  # refused: never retried
+])
+async def test_anthropic_agent_fails_clearly_on_what_the_sdk_gives_up(
+    start_agent, a2a, fake_messages_api, status, requests, message
+):
+    fake_messages_api.enqueue(*[error_reply(status, retry_after_seconds=0.01)] * 3)
+    url, _ = start_agent("anthropic", anthropic_config(fake_messages_api), env={"ANTHROPIC_API_KEY": "sk-test"})
+    reply = await a2a.send_and_wait(url, "hi", timeout_seconds=30)
+    assert reply.state == "failed"
+    assert (reply.data["error_type"], reply.data["error_message"]) == ("ModelAPIError", message)
+    assert len(fake_messages_api.requests) == requests
+
+
+async def test_anthropic_agent_past_its_turn_timeout_fails_as_a_timeout(start_agent, a2a, fake_messages_api):
+    fake_messages_api.enqueue(text_reply("too late", delay_seconds=5))
+    url, _ = start_agent("anthropic", anthropic_config(fake_messages_api), env={"ANTHROPIC_API_KEY": "sk-test"})
+    card = await a2a.get_card(url)
+    await a2a.post_extension(url, card, AGENT_CONFIG_URI, {"timeout_seconds": 1})
+    reply = await a2a.send_and_wait(url, "hi", timeout_seconds=30)
+    assert reply.state == "failed"
+    assert (reply.data["error_type"], reply.data["error_message"]) == ("AgentTimeout", "no reply within timeout_seconds=1")
 
 
 async def test_anthropic_agent_without_a_key_fails_clearly(

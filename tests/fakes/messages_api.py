@@ -3,6 +3,7 @@
 It serves ``POST /v1/messages`` on 127.0.0.1 from a scripted queue (tool_use turns, text,
 HTTP errors with the API's error bodies, delays) and records every request, so a test can
 point a real ``anthropic`` client — in-process or in an agent subprocess — at ``base_url``.
+A request with ``"stream": true`` (Claude Code's) gets the same reply as server-sent events.
 ``ThreadedServer`` (any ASGI app on port 0 in a background thread) is reused by tests that
 need another small local server.
 """
@@ -10,6 +11,7 @@ need another small local server.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 ERROR_TYPES = {
@@ -125,7 +127,7 @@ class FakeMessagesAPI:
     def __exit__(self, *exc_info) -> None:
         self._server.__exit__(*exc_info)
 
-    async def _messages(self, request: Request) -> JSONResponse:
+    async def _messages(self, request: Request) -> Response:
         body = await request.json()
         with self._lock:
             self.requests.append(RecordedRequest(dict(request.headers), body))
@@ -136,4 +138,26 @@ class FakeMessagesAPI:
         payload = dict(scripted.body)
         if scripted.status == 200:
             payload.update(id=f"msg_{uuid.uuid4().hex[:12]}", model=body.get("model", ""))
+            if body.get("stream"):
+                return Response(_event_stream(payload), media_type="text/event-stream")
         return JSONResponse(payload, status_code=scripted.status, headers=scripted.headers)
+
+
+def _event_stream(message: dict) -> str:
+    """A message as the Messages API streams it: start, one start/delta/stop per content
+    block, the stop reason and output tokens, stop."""
+    usage = message["usage"]
+    events = [("message_start", {"message": {**message, "content": [], "stop_reason": None,
+                                             "usage": {**usage, "output_tokens": 0}}})]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "tool_use":
+            start, delta = {**block, "input": {}}, {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        else:
+            start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        events += [("content_block_start", {"index": index, "content_block": start}),
+                   ("content_block_delta", {"index": index, "delta": delta}),
+                   ("content_block_stop", {"index": index})]
+    events += [("message_delta", {"delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                                  "usage": {"output_tokens": usage["output_tokens"]}}),
+               ("message_stop", {})]
+    return "".join(f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n" for name, data in events)

@@ -10,7 +10,7 @@ import dagster as dg
 from dagster._core.definitions.reconstruct import ReconstructableJob
 import pytest
 
-from projects import make_project
+from projects import leaked_servers, make_project
 
 GATE_STEP = textwrap.dedent('''
     from pathlib import Path
@@ -74,3 +74,46 @@ def test_reexecution_from_failure_resumes_and_refuses_a_changed_task(tmp_path):
             assert not refused.success
             failures = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"]
             assert "re-execution refused: the task changed since run" in failures[0].step_failure_data.error.message
+
+
+@pytest.mark.slow
+def test_regrading_reruns_only_the_rubric_of_a_finished_run(tmp_path, fake_messages_api, monkeypatch):
+    """Offline, reply_to_dana's rubric is not graded; once a judge is configured, a re-execution
+    of only that step (and the teardown) grades the parent run's saved reply: nothing else is
+    redeployed or re-run, and the verification asset gets its score."""
+    from fakes.messages_api import text_reply
+
+    monkeypatch.setenv("AGENTENV_DAGSTER_EXECUTOR", "in_process")
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    project = make_project(tmp_path / "p")
+    (project / "jobs.py").write_text(
+        "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
+        "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).get_job_def('reply_to_dana')\n"
+    )
+    recon = ReconstructableJob.for_file(str(project / "jobs.py"), "job")
+    tone = dg.AssetKey(["verifications", "reply_to_dana", "tone"])
+    with dg.instance_for_test() as instance:
+        with dg.execute_job(recon, instance=instance) as first:
+            assert first.success
+        before = instance.get_latest_materialization_event(tone).asset_materialization.metadata
+        assert before["graded"].value is False and "score" not in before
+
+        monkeypatch.setenv("FAKE_JUDGE_KEY", "sk-judge")
+        fake_messages_api.enqueue(text_reply(json.dumps({"results": [
+            {"id": "c1", "score": 1.0, "justification": "polite and signed"},
+            {"id": "c2", "score": 0.0, "justification": "says nothing of what was done"}]})))
+        options = dg.ReexecutionOptions(parent_run_id=first.run_id, step_selection=["tone", "teardown_run"])
+        judge = {"config": {"model": "claude-test", "base_url": fake_messages_api.base_url, "api_key_env": "FAKE_JUDGE_KEY"}}
+        with dg.execute_job(recon, instance=instance, reexecution_options=options,
+                            run_config={"resources": {"agentenv_judge": judge}}) as regraded:
+            assert regraded.success
+            ran = {e.step_key for e in regraded.all_events if e.event_type_value == "STEP_SUCCESS"}
+        assert ran == {"tone", "teardown_run"}
+        after = instance.get_latest_materialization_event(tone)
+        assert after.run_id == regraded.run_id
+        assert after.asset_materialization.metadata["score"].value == 0.0  # all_pass: one criterion failed
+        assert after.asset_materialization.metadata["graded"].value is True
+        saved = json.loads((project / ".agentenv/state/runs" / first.run_id / "context" / "reply.json").read_text())
+        reply = saved["rows"][""]["prompt_responses"][0]["response"]
+        assert f"<agent_response>\n{reply}\n</agent_response>" in fake_messages_api.requests[-1].body["messages"][-1]["content"]
+    assert leaked_servers(project / ".agentenv" / "state") == []

@@ -131,3 +131,50 @@ def test_a_dataset_task_launches_all_its_rows_in_one_run(tmp_path):
     assert request.job_name == "words"
     assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == ("r1", "r3")
     assert set(request.run_config["ops"]["sandbox"]["config"]["rows"]) == {"r1", "r2", "r3"}
+
+
+def store(project, task_id: str, *texts: str) -> int:
+    """``agentenv-dagster task create``, in process: a new version of ``task_id``."""
+    from agentenv_dagster.compiler import load_plan
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.spec.store import TaskStore
+
+    draft = project / "drafts" / f"{task_id}.json"
+    draft.parent.mkdir(exist_ok=True)
+    draft.write_text(json.dumps(note_task(*texts)))
+    config = load_config(project)
+    return TaskStore(config.state_dir / "tasks").put(task_id, load_plan(draft, config).document)
+
+
+def test_a_stored_task_is_a_job_and_each_new_version_launches_once(project):
+    from agentenv_dagster.orchestration.translator import TAG_TASK_VERSION
+
+    assert store(project, "stored", "v1") == 1
+    defs = build_definitions(project / "tasks")
+    assert defs.get_job_def("stored").tags[TAG_TASK_VERSION] == "1"
+    with dg.instance_for_test() as instance:
+        first = tick(defs, instance, None)
+        keys = {r.job_name: r.run_key for r in first.run_requests}
+        assert keys["stored"] == f"stored:1:{defs.get_job_def('stored').tags[TAG_CONTENT_HASH]}"
+        assert tick(defs, instance, first.cursor).run_requests == []
+
+        assert store(project, "stored", "v2") == 2  # same shape: it runs through the loaded job
+        second = tick(defs, instance, first.cursor)
+        (request,) = second.run_requests
+        assert request.job_name == "stored" and request.run_key.startswith("stored:2:")
+        assert request.tags[TAG_TASK_VERSION] == "2"
+        result = defs.get_job_def("stored").execute_in_process(instance=instance, run_config=request.run_config,
+                                                               tags=request.tags)
+        assert result.output_for_node("teardown_run")["rows"][""]["metadata"]["notes"] == {"n0": "v2"}
+        # a restart with the cursor launches nothing again; a reload runs the new version as its job
+        reloaded = build_definitions(project / "tasks")
+        assert tick(reloaded, instance, second.cursor).run_requests == []
+        assert reloaded.get_job_def("stored").tags[TAG_TASK_VERSION] == "2"
+
+
+def test_a_file_shadows_the_stored_versions_of_its_task(project, caplog):
+    store(project, "alpha", "stored alpha")
+    defs = build_definitions(project / "tasks")
+    assert defs.get_job_def("alpha").tags.get("agentenv/task_version") == "unversioned"  # the file's
+    assert "stored task 'alpha' is shadowed by" in caplog.text and "alpha.json" in caplog.text
+    assert not [j.name for j in defs.resolve_all_job_defs() if j.name.endswith("__invalid")]

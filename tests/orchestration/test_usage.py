@@ -33,6 +33,15 @@ def test_each_bucket_is_summed_and_priced_where_the_model_has_a_price():
     assert got["judge_cost_usd"] == pytest.approx(0.001 + (400 * 1 + 40 * 5) / 1e6)
 
 
+def test_a_verifier_of_one_prompt_counts_that_prompt_only():
+    ctx = TaskStepContext(prompt_responses=[
+        PromptResponse(prompt_id="p", response="a", model="claude-agent", usage={"input_tokens": 1000, "output_tokens": 0}),
+        PromptResponse(prompt_id="q", response="b", model="claude-agent", usage={"input_tokens": 7, "output_tokens": 0}),
+    ])
+    assert values(usage_metadata(ctx, {}, PRICES, prompt_id="q"))["agent_input_tokens"] == 7
+    assert values(usage_metadata(ctx, {}, PRICES))["agent_input_tokens"] == 1007  # an env's end state: every prompt
+
+
 def test_nothing_spent_says_nothing():
     ctx = TaskStepContext(prompt_responses=[PromptResponse(prompt_id="p", response="a", model="replay",
                                                            usage={"input_tokens": 0, "output_tokens": 0})])

@@ -21,13 +21,16 @@ from starlette.routing import Route
 from agentenv_dagster.config import load_config
 from agentenv_dagster.context import TaskStepContext
 from agentenv_dagster.errors import TaskLoadError
+from agentenv_dagster.runtime.artifacts import ObjectStore
 from agentenv_dagster.runtime.base import RunInfo, StepRuntime
 from agentenv_dagster.steps import BUILTIN_STEPS
 from agentenv_dagster.steps.execution import StepFailed
+from agentenv_dagster.steps.triggers import read_env_triggers
 
 MONDAY = json.loads((REPO / "tasks" / "monday_dana.json").read_text())
 STEPS = {s["id"]: s for s in MONDAY}
 EMAIL, CLOCK, ASSISTANT, ON_DANA = STEPS["email"], STEPS["monday"], STEPS["assistant"], STEPS["on_dana"]
+DANA, DANA_REACTS, DANA_CHAT = STEPS["dana"], STEPS["dana_reacts"], STEPS["dana_chat"]
 TIME_URL = re.compile(r"^http://127\.0\.0\.1:\d+/clock/time$")
 
 # A verifier script that reports the env's trigger state and mail once the Dana trigger settled.
@@ -70,16 +73,23 @@ def probed(context: TaskStepContext) -> dict:
     return context.metadata["verifications"]["probe"]["results"][0]
 
 
-def run_direct(root: Path, step: dict, context: TaskStepContext) -> TaskStepContext:
-    """One step's ``execute`` under a plain runtime, for records no deploy step makes (an
-    agent served by the test itself)."""
+def in_runtime(root: Path, use):
+    """``await use(rt)`` under a plain runtime, for records no deploy step makes."""
     async def go():
         run = RunInfo(run_id="direct", task_id="direct", run_dir=root / ".agentenv" / "direct")
         async with StepRuntime(load_config(root), run) as rt:
-            await BUILTIN_STEPS.get(step["type"]).model_validate(step).execute(context, rt)
-        return context
+            return await use(rt)
 
     return asyncio.run(go())
+
+
+def run_direct(root: Path, step: dict, context: TaskStepContext) -> TaskStepContext:
+    """One step's ``execute`` on a context of the test's making."""
+    async def use(rt):
+        await BUILTIN_STEPS.get(step["type"]).model_validate(step).execute(context, rt)
+        return context
+
+    return in_runtime(root, use)
 
 
 # -- the Monday task ---------------------------------------------------------------------------------
@@ -237,56 +247,93 @@ def test_register_env_triggers_refusals(project):
 
 
 # -- register_agent_triggers ------------------------------------------------------------------------------
-def test_an_agent_without_the_triggers_extension_is_refused(project):
-    with pytest.raises(StepFailed, match=re.escape(
-            "step 'agent' (register_agent_triggers) failed: Agent 'assistant' does not advertise "
-            "urn:agentenv:triggers/v1")):
-        run_steps(project, [EMAIL, ASSISTANT, {"id": "agent", "type": "register_agent_triggers",
-                                               "agent_name": "assistant", "triggers": [{"id": "t"}]}])
-
-
-def _stakeholder(received: list[dict]) -> Starlette:
-    """An agent advertising urn:agentenv:triggers/v1 at a custom endpoint."""
-
-    async def register(request: Request) -> JSONResponse:
-        body = await request.json()
-        received.append(body)
-        return JSONResponse({"ok": True, "added": [t["id"] for t in body["triggers"]]})
-
-    return Starlette(routes=[Route("/custom/triggers", register, methods=["POST"])])
-
-
-def test_agent_triggers_go_to_the_agent_and_must_name_registered_env_triggers(tmp_path):
+def test_an_agent_without_the_triggers_extension_is_refused(tmp_path):
     root = make_project(tmp_path / "p", tasks={})
-    received: list[dict] = []
-    card = {"name": "stakeholder", "capabilities": {"extensions": [
-        {"uri": "urn:agentenv:triggers/v1", "params": {"endpoint": "/custom/triggers"}}]}}
-    follow_up = {"id": "follow-up", "when": {"type": "all", "of": [
-        {"type": "env_trigger", "env_id": "email", "trigger_id": "dana-email"}]},
-        "do": {"parts": [{"text": "Did you get my email?"}]}}
-    step = {"id": "agent", "type": "register_agent_triggers", "agent_name": "stakeholder", "triggers": [follow_up]}
+    context = TaskStepContext.from_dict({"deployed_agents": [
+        {"agent_name": "plain", "api_url": "http://127.0.0.1:9", "a2a_card": {"capabilities": {"extensions": []}}}]})
+    with pytest.raises(RuntimeError, match=re.escape("Agent 'plain' does not advertise urn:agentenv:triggers/v1")):
+        run_direct(root, {**DANA_REACTS, "agent_name": "plain"}, context)
 
-    def context(url: str, added: list[str]) -> TaskStepContext:
-        return TaskStepContext.from_dict({
-            "deployed_envs": [{"env_id": "email", "mcp_url": "http://127.0.0.1:9/mcp"}],
-            "deployed_agents": [{"agent_name": "stakeholder", "api_url": url, "a2a_url": url, "a2a_card": card}],
-            "metadata": {"env_trigger_registrations": [
-                {"step_id": "on_dana", "env_id": "email", "added": added, "executor_agent_name": "assistant"}]},
-        })
 
-    with ThreadedServer(_stakeholder(received)) as server:
-        done = run_direct(root, step, context(server.url, ["dana-email"]))
-        with pytest.raises(RuntimeError, match=re.escape(
-                "trigger 'follow-up' references env_trigger 'dana-email' not registered on env 'email' by a "
-                "register_env_triggers step (registered there: ['other'])")):
-            run_direct(root, step, context(server.url, ["other"]))
-        elsewhere = {**follow_up, "when": {"type": "env_trigger", "env_id": "crm", "trigger_id": "t"}}
-        with pytest.raises(RuntimeError, match=re.escape(
-                "trigger 'follow-up' references env_trigger env_id 'crm' not in context.deployed_envs ['email']")):
-            run_direct(root, {**step, "triggers": [elsewhere]}, context(server.url, ["dana-email"]))
-        with pytest.raises(RuntimeError, match=re.escape("Agent 'nobody' not found in context.deployed_agents")):
-            run_direct(root, {**step, "agent_name": "nobody"}, context(server.url, []))
+def _reacts(**when) -> dict:
+    """Dana's triggers with the first one's env_trigger condition changed."""
+    [first, rest] = DANA_REACTS["triggers"]
+    condition = {**first["when"]["of"][0], **when}
+    return {**DANA_REACTS, "depends_on": ["dana"],
+            "triggers": [{**first, "when": {**first["when"], "of": [condition, *first["when"]["of"][1:]]}}, rest]}
 
-    assert received == [{"triggers": [follow_up]}]  # only the valid registration reached the agent
-    assert done.metadata["agent_trigger_registrations"] == [
-        {"step_id": "agent", "agent_name": "stakeholder", "added": ["follow-up"]}]
+
+def test_agent_triggers_register_on_the_embedded_agent_and_must_name_registered_env_triggers(project):
+    context = run_steps(project, [EMAIL, CLOCK, ASSISTANT, ON_DANA, DANA, DANA_REACTS])
+    assert context.metadata["agent_trigger_registrations"] == [
+        {"step_id": "dana_reacts", "agent_name": "dana", "added": ["ask-about-noon", "wrap-up"]}]
+
+    with pytest.raises(StepFailed, match=re.escape(
+            "step 'dana_reacts' (register_agent_triggers) failed: trigger 'ask-about-noon' references env_trigger "
+            "'dana-email' not registered on env 'email' by a register_env_triggers step (registered there: [])")):
+        run_steps(project, [EMAIL, DANA, _reacts()])
+    with pytest.raises(StepFailed, match=re.escape(
+            "step 'dana_reacts' (register_agent_triggers) failed: trigger 'ask-about-noon' references env_trigger "
+            "env_id 'crm' not in context.deployed_envs ['email']")):
+        run_steps(project, [EMAIL, DANA, _reacts(env_id="crm")])
+    bogus = {"id": "x", "when": {"type": "bogus"}, "actions": [{"type": "end"}]}
+    with pytest.raises(StepFailed, match=re.escape(  # the agent's own refusal, word for word
+            "step 'dana_reacts' (register_agent_triggers) failed: agent trigger registration failed (HTTP 400): "
+            '{"error":"trigger \'x\': unknown when.type \'bogus\' (known: step, env_trigger, conversational, all, any)"}')):
+        run_steps(project, [{**DANA, "depends_on": []}, {**DANA_REACTS, "triggers": [bogus], "depends_on": ["dana"]}])
+    with pytest.raises(TaskLoadError, match=re.escape("field 'agent_name': no step it depends on deploys agent 'nobody'")):
+        run_steps(project, [EMAIL, DANA, {**DANA_REACTS, "agent_name": "nobody", "depends_on": ["dana"]}])
+
+
+def test_dana_chats_and_her_agent_triggers_answer_once_the_env_trigger_fired(project):
+    # a second chat in which no trigger holds: Dana's own (scripted) brain answers instead
+    again = {**DANA_CHAT, "id": "dana_again", "prompt_id": "dana_again", "depends_on": ["dana_chat"],
+             "prompt": "Will the board deck go out at noon as planned?"}
+    context = run_steps(project, [*MONDAY, again])
+    assert {v: context.metadata["verifications"][v]["score"] for v in ("answered", "chat_checked")} == {
+        "answered": 1.0, "chat_checked": 1.0}
+
+    chat = context.find_prompt_response("dana_chat")
+    assert [(t["user_message"], t["response"]) for t in chat.turns] == [
+        ("Hi, it's Dana. Did you see my email about the board deck?",
+         "Yes, I answered it first thing this morning: the Q3 numbers are final and reconciled against the ledger."),
+        ("Great, thanks! And will the board deck go out at noon as planned?",
+         "Yes: nothing blocks it, so the board deck goes out at noon as planned."),
+    ]
+    assert chat.turns[1]["user"] == {"agent_triggers_fired": ["ask-about-noon"]}  # not Dana's brain
+    assert (chat.stop_reason, chat.closing_user_message) == (
+        "done", {"agent_triggers_fired": ["wrap-up"], "message": "Perfect, that's all I needed. Thanks!"})
+    metadata = context.metadata
+    assert metadata["env_trigger_snapshots"]["dana_chat"] == [
+        {"turn": 1, "envs": {"email": {"dana-email": "fired"}}}, {"turn": 2, "envs": {"email": {"dana-email": "fired"}}}]
+    assert metadata["agent_trigger_firings"] == {
+        "dana_chat": [{"turn": 1, "fired": ["ask-about-noon"]}, {"turn": 2, "fired": ["wrap-up"]}],
+        "dana_again": [{"turn": 1, "fired": []}]}
+    log = metadata["agent_trigger_state"]["dana_chat"]
+    assert [(e["kind"], e.get("trigger_id"), e.get("turn")) for e in log] == [
+        ("registered", None, None), ("fired", "ask-about-noon", 1), ("fired", "wrap-up", 2)]
+    assert {e.get("context_id") for e in log[1:]} == {chat.a2a_context_id}
+
+    fallback = context.find_prompt_response("dana_again")
+    assert (len(fallback.turns), fallback.stop_reason, fallback.closing_user_message["message"]) == (
+        1, "done", "Sorry, I have to jump into a meeting. Let's talk later.")
+    assert fallback.closing_user_message["state"] == "completed"  # an A2A task of Dana's brain
+
+    captured = metadata["env_trigger_state"]["email"]
+    assert (captured["capture_step_id"], captured["statuses"], captured["capture_is_final"]) == (
+        "dana_again", {"dana-email": "fired"}, True)
+    assert captured["triggers"]["dana-email"]["fire_count"] == 1
+    stored = json.loads(ObjectStore.read(captured["object_url"]))
+    assert stored["capture_source"] == "prompt_agent" and stored["clock"]["armed"] is True
+    assert [t["id"] for t in stored["state"]["triggers"]] == ["dana-email"]
+
+
+def test_env_trigger_states_are_read_fail_closed(tmp_path):
+    root = make_project(tmp_path / "p", tasks={})
+    context = TaskStepContext.from_dict({"deployed_envs": [
+        {"env_id": "email", "mcp_url": "http://127.0.0.1:9/mcp"}, {"env_id": "crm", "mcp_url": "http://127.0.0.1:9/mcp"}]})
+    assert in_runtime(root, lambda rt: read_env_triggers(context, rt)) == {"email": {}, "crm": {}}  # nothing registered
+
+    context.metadata["env_trigger_registrations"] = [{"step_id": "on_dana", "env_id": "email", "added": ["dana-email"]}]
+    with pytest.raises(RuntimeError, match=re.escape("fail-closed: could not read /triggers/state for env 'email': ")):
+        in_runtime(root, lambda rt: read_env_triggers(context, rt))

@@ -245,6 +245,33 @@ def test_exit_code_reward_and_timeout_modes_in_a_container_sandbox(docker_engine
     assert containers_of(ctx.metadata["run_group_id"]) == []
 
 
+def test_a_container_mode_sandbox_is_tested_in_its_own_container_and_hosts_none(docker_engine, tmp_path):
+    config = project(tmp_path)
+    steps = [
+        {"id": "box", "type": "deploy_sandbox", "sandbox_name": "box", "sandbox_mode": "container",
+         "image": BUSYBOX, "port": 8000, "env_vars": {"SUITE": "app"}},
+        {"id": "tests", "type": "run_container_unit_tests_verifier", "sandbox_name": "box", "verifier_id": "unit",
+         "command": 'test "$SUITE" = app && pwd'},
+        {"id": "web", "type": "run_docker_container", "sandbox_name": "box", "image": BUSYBOX,
+         "fail_task_on_error": False},
+        {"id": "load", "type": "load_artifact", "sandbox_name": "box", "artifact_id": "web",
+         "fail_task_on_error": False},
+    ]
+    ctx = run(tmp_path, config, steps)
+
+    unit = entry(ctx, "unit")
+    # the sandbox's env_vars reach the exec; it runs in the image's WORKDIR (none: /)
+    assert (unit["score"], unit["stdout_head"]) == (1.0, "/\n")
+    failures = {f["step_id"]: f["error"] for f in ctx.metadata["failed_steps"]}
+    assert failures == {
+        "web": "Cannot run docker container on sandbox 'box' (mode='container'); only VM-mode sandboxes "
+               "support docker build/run",
+        "load": "Sandbox 'box' is a container-mode sandbox: its files live in its container, with no local "
+                "folder (use a vm-mode sandbox for this step)",
+    }
+    assert containers_of(ctx.metadata["run_group_id"]) == []
+
+
 @pytest.mark.slow
 def test_wait_for_exit_records_the_outcome_and_fails_on_a_bad_exit(docker_engine, tmp_path):
     config = project(tmp_path)

@@ -11,6 +11,7 @@ from agentenv_dagster.context import TaskStepContext
 from agentenv_dagster.errors import TaskLoadError
 from agentenv_dagster.runtime.artifacts import ObjectStore
 from agentenv_dagster.steps.conversation import user_endpoint
+from agentenv_dagster.steps.execution import StepFailed
 from projects import leaked_servers, make_project, run_steps
 
 AGENTS = """
@@ -194,16 +195,48 @@ def test_a_failing_agent_turn_fails_the_step_with_every_turn_recorded(project):
     assert failure["error"].startswith("A2A task failed (error_type=NoScriptedReply, task_id=")
 
 
-def test_a_conversation_needs_its_user_agent(project):
+def test_a_conversation_needs_its_user_agent(project, monkeypatch):
+    monkeypatch.delenv("AGENT_ENV_HUMAN_A2A_URL", raising=False)
     with pytest.raises(TaskLoadError, match=r"step 'talk': field 'user_agent_name': no step it depends on deploys "
-                                            r"agent 'human_agent'"):
+                                            r"agent 'someone'"):
+        run_steps(project, [deploy("coder", "coder"), {**prompt(prompt="hi", max_conversation_turns=2,
+                                                                user_agent_name="someone"), "depends_on": ["deploy-coder"]}])
+    # left at its default, the user may be the configured human: no human configured says so at run time
+    with pytest.raises(StepFailed, match=r"step 'talk' \(prompt_agent\) failed: No human-A2A URL configured: set "
+                                         r"user_a2a_url, deploy the user agent 'human_agent' \(Agent with name "
+                                         r"'human_agent' not found .*AGENT_ENV_HUMAN_A2A_URL$"):
         run_steps(project, [deploy("coder", "coder"),
-                            {**prompt(prompt="hi", max_conversation_turns=2), "depends_on": ["deploy-coder"]}])
-    # past the static check (a sliced plan, a hand-made context) the step says the same at run time
-    with pytest.raises(RuntimeError, match=r"^No human-A2A URL configured: set user_a2a_url, or deploy the user "
-                                           r"agent 'nobody' \(Agent with name 'nobody' not found"):
-        user_endpoint(TaskStepContext(), None, "nobody")
+                            {**prompt(prompt="Write a file", max_conversation_turns=2), "depends_on": ["deploy-coder"]}])
     assert user_endpoint(TaskStepContext(), "http://127.0.0.1:9/", "nobody").url == "http://127.0.0.1:9/"
+
+
+@pytest.fixture
+def human(tmp_path):
+    """An A2A user outside the task (a person's chat client, say): a replay agent server the
+    test starts and ends itself."""
+    from agentenv_dagster.runtime.processes import is_running, spawn_server, terminate
+
+    config = tmp_path / "human.json"
+    config.write_text(json.dumps({"episodes": [{"match": "wrote a", "reply": "Now b please"},
+                                               {"match": "wrote b", "reply": "Now c please"}]}))
+    server = spawn_server("agentenv_dagster.builtin.agents",
+                          ["replay", "--sandbox", str(tmp_path / "human-box"), "--config-file", str(config)],
+                          workdir=tmp_path / "human", ttl_seconds=120)
+    yield server.url
+    terminate(server.pid)
+    assert not is_running(server.pid)
+
+
+@pytest.mark.parametrize("how", ["user_a2a_url", "AGENT_ENV_HUMAN_A2A_URL"])
+def test_an_external_user_answers_from_its_url(project, human, monkeypatch, how):
+    fields = {"user_a2a_url": human} if how == "user_a2a_url" else {}
+    if how == "AGENT_ENV_HUMAN_A2A_URL":
+        monkeypatch.setenv("AGENT_ENV_HUMAN_A2A_URL", human)
+    context = run_steps(project, [deploy("coder", "coder"), {
+        **prompt(prompt="Write a file", max_conversation_turns=3, **fields), "depends_on": ["deploy-coder"]}])
+    response = context.find_prompt_response("p")
+    assert [t["user_message"] for t in response.model_extra["turns"]] == ["Write a file", "Now b please", "Now c please"]
+    assert response.response == "wrote c"
 
 
 @pytest.mark.parametrize("fields, message", [

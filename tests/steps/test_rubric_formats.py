@@ -235,12 +235,63 @@ def test_a_429_is_retried_by_the_sdk(judged):
     assert len(api.requests) == 2  # one SDK retry, not a correction
 
 
-def test_a_400_fails_the_step_after_three_attempts(judged):
+def test_a_400_fails_the_step_at_once(judged):
+    """A request the API refuses is refused again: neither the SDK nor the judge asks twice."""
     root, api = judged
     api.enqueue(*[error_reply(400, "bad request")] * 3)
-    with pytest.raises(StepFailed, match=r"LLM judge failed after 3 attempts"):
+    with pytest.raises(StepFailed, match=r"LLM judge failed: judge API error 400 \(invalid_request_error\) "
+                                         r"for model 'claude-test': bad request"):
         run_steps(root, steps(output_format="rubric_partial"))
-    assert len(api.requests) == 3  # 4xx is not retried by the SDK
+    assert len(api.requests) == 1
+
+
+def test_default_model_api_base_points_the_judge_elsewhere(judged, tmp_path):
+    """The step's own endpoint wins over ``[model] base_url`` (which points at nothing here)."""
+    from fakes.messages_api import FakeMessagesAPI
+
+    root, api = judged
+    config = root / ".agentenv" / "config.toml"
+    config.write_text(config.read_text().replace(api.base_url, "http://127.0.0.1:9"))
+    with FakeMessagesAPI() as own:
+        own.enqueue(verdict(1.0, 1.0))
+        entry = entry_of(run_steps(root, steps(default_model_api_base=own.base_url)))
+        assert entry["score"] == 1.0 and len(own.requests) == 1
+    assert api.requests == []
+
+
+MULTI_TURN_AGENTS = """
+[agents.registry.talker]
+kind = "replay"
+episodes = [
+  {match = "^Write to Dana", reply = "Draft one", actions = [{write_file = "one.txt", content = "1"}]},
+  {match = "^Sign it", reply = "Dear Dana, done. Best, Al", actions = [{write_file = "two.txt", content = "2"}]},
+]
+[agents.registry.asker]
+kind = "replay"
+episodes = [
+  {match = "Draft one", reply = '{"message": "Sign it please", "done": false}'},
+  {match = "Best, Al", reply = '{"message": "Thanks", "done": true}'},
+]
+"""
+
+
+def test_a_conversation_is_judged_turn_by_turn(tmp_path, fake_messages_api):
+    root = make_project(tmp_path / "p", extra_config=MULTI_TURN_AGENTS, model={
+        "api_key": "sk-test-judge", "base_url": fake_messages_api.base_url, "default": "claude-test"})
+    fake_messages_api.enqueue(verdict(1.0, 1.0))
+    context = run_steps(root, [
+        {"id": "agent", "type": "deploy_agent", "a2a_agent_id": "talker", "agent_name": "w", "depends_on": []},
+        {"id": "user", "type": "deploy_agent", "a2a_agent_id": "asker", "agent_name": "u", "depends_on": []},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "w", "prompt_id": "p", "prompt": "Write to Dana.",
+         "max_conversation_turns": 3, "user_agent_name": "u", "depends_on": ["agent", "user"]},
+        {"id": "grade", "type": "rubrics_verifier", "prompt_id": "p", "verifier_id": "tone",
+         "use_agent_judge": False, "criteria": CRITERIA},
+    ])
+    assert entry_of(context)["score"] == 1.0
+    prompt = prompt_of(fake_messages_api)
+    trajectory = prompt[prompt.index("<agent_trajectory>"):prompt.index("</agent_trajectory>")]
+    assert trajectory.index("===== Turn 1 =====") < trajectory.index("one.txt") \
+        < trajectory.index("===== Turn 2 =====") < trajectory.index("two.txt")
 
 
 # -- no judge, unsupported formats ------------------------------------------------------------

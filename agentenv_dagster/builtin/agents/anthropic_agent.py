@@ -50,7 +50,8 @@ class AnthropicBrain:
         client = anthropic.AsyncAnthropic(api_key=api_key, base_url=self.base_url, max_retries=2)
         async with client:
             for _ in range(max_turns):
-                response = await client.messages.create(messages=messages, **params)
+                session.turn_started()
+                response = await _create(client, messages, params)
                 session.usage["input_tokens"] += response.usage.input_tokens
                 session.usage["output_tokens"] += response.usage.output_tokens
                 text = "".join(b.text for b in response.content if b.type == "text")
@@ -94,6 +95,22 @@ class AnthropicBrain:
             params["tools"] = [{"name": t.name, "description": t.description,
                                 "input_schema": t.input_schema} for t in session.tools]
         return params
+
+
+async def _create(client, messages: list[dict], params: dict):
+    """One request; what the SDK's own retries (429, 5xx, connection) leave, and a request
+    the API refuses (4xx), fail the task as ``ModelAPIError`` with the API's own words."""
+    import anthropic
+
+    try:
+        return await client.messages.create(messages=messages, **params)
+    except anthropic.APIStatusError as exc:
+        body = exc.body if isinstance(exc.body, dict) else {}
+        error = body.get("error") if isinstance(body.get("error"), dict) else {}
+        raise AgentFailure("ModelAPIError", f"Messages API error {exc.status_code} "
+                           f"({error.get('type') or type(exc).__name__}): {error.get('message') or exc}") from exc
+    except anthropic.APIConnectionError as exc:
+        raise AgentFailure("ModelAPIError", f"Messages API unreachable: {exc}") from exc
 
 
 def _system_prompt(base: str, skills: list[dict]) -> str:

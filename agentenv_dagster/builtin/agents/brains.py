@@ -1,5 +1,6 @@
 """The brains an embedded agent can have, each imported only when chosen (so the replay
-agent starts without loading the Anthropic SDK)."""
+agent starts without loading the Anthropic SDK, and claude-code or codex without their CLIs
+being installed until one is deployed)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 BRAINS = {
     "replay": ("agentenv_dagster.builtin.agents.replay", "ReplayBrain"),
     "anthropic": ("agentenv_dagster.builtin.agents.anthropic_agent", "AnthropicBrain"),
+    "claude-code": ("agentenv_dagster.builtin.agents.claude_code", "ClaudeCodeBrain"),
+    "codex": ("agentenv_dagster.builtin.agents.codex", "CodexBrain"),
 }
 
 

@@ -61,6 +61,12 @@ class HostedAgent(AgentExecutor):
     async def trajectory(self, request: Request) -> JSONResponse:
         return await _current.get().agent.trajectory(request)
 
+    async def triggers(self, request: Request) -> JSONResponse:
+        return await _current.get().agent.triggers(request)
+
+    async def triggers_decide(self, request: Request) -> JSONResponse:
+        return await _current.get().agent.triggers_decide(request)
+
 
 async def _tenant_card(_: AgentCard) -> AgentCard:
     return _current.get().card

@@ -53,7 +53,8 @@ class ReplayBrain:
                 "NoScriptedReply", f"no replay episode matches the prompt {prompt[:200]!r}"
             )
         for action in episode.actions:
-            if "tool" in action:
+            if "tool" in action:  # each scripted call stands for one model turn
+                session.turn_started()
                 await session.call_tool(action["tool"], action.get("arguments", {}))
             elif "write_file" in action:
                 path = session.sandbox.resolve(action["write_file"])

@@ -1,7 +1,7 @@
 """The A2A server every embedded agent shares; only its ``Brain`` differs.
 
 The server owns everything around the model loop: the agent card and the agentenv
-extensions (MCP registration, agent config, skills, trajectories), one MCP connection per
+extensions (MCP registration, agent config, skills, trajectories, triggers), one MCP connection per
 registered env for the length of a task, the trajectory of each task, and turning the
 brain's outcome into a completed or failed A2A task whose status message carries the reply
 text and a data part (tool_call_count, usage, model, error_type/error_message).
@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from agentenv_dagster.builtin.agents.triggers import AgentTriggers, TriggerError
 from agentenv_dagster.builtin.serving import serve
 from agentenv_dagster.runtime.a2a_client import (
     AGENT_CONFIG_URI,
@@ -38,6 +39,8 @@ from agentenv_dagster.runtime.a2a_client import (
     MCP_CONFIG_URI,
     SKILL_CONFIG_URI,
     TRAJECTORY_URI,
+    TRIGGERS_DECIDE_ENDPOINT,
+    TRIGGERS_URI,
 )
 from agentenv_dagster.runtime.sandbox import LocalSandbox
 
@@ -45,6 +48,7 @@ from agentenv_dagster.runtime.sandbox import LocalSandbox
 CONFIG_FIELDS: dict[str, type | tuple[type, ...]] = {
     "model": str, "system_prompt": str, "max_turns": int, "timeout_seconds": (int, float),
     "task_id": str, "model_params": dict, "name": str, "description": str, "role": str,
+    "stop_early": dict,
 }
 PLACEHOLDER_URL = "http://127.0.0.1/"
 
@@ -55,6 +59,10 @@ class AgentFailure(Exception):
     def __init__(self, error_type: str, message: str) -> None:
         super().__init__(message)
         self.error_type = error_type
+
+
+class EarlyStop(Exception):
+    """The stop_early watcher settled the run: the turn ends at this tool-call boundary."""
 
 
 @dataclass(frozen=True)
@@ -102,9 +110,17 @@ class TaskSession:
         self.model = ""
         self.usage = {"input_tokens": 0, "output_tokens": 0}
         self._routes: dict[str, tuple[Any, str]] = {}
+        self.mcp_servers: list[dict] = []  # name, url, headers: what an external CLI agent connects to itself
+        self.watcher: Any = None  # an EarlyStopWatcher when the task arms stop_early
+
+    def turn_started(self) -> None:
+        """A brain begins a model turn (an assistant message); the watcher counts them."""
+        if self.watcher is not None:
+            self.watcher.turn_started()
 
     async def connect(self, stack: AsyncExitStack, servers: list[dict]) -> None:
         """Open every registered MCP server for the task's lifetime and list its tools."""
+        self.mcp_servers = list(servers)
         if not servers:
             return
         # Imported on first use, so agents start fast; httpx2 is the HTTP client mcp uses.
@@ -144,6 +160,14 @@ class TaskSession:
             matches = [n for n in self._routes if n.endswith(f"__{name}")]
             full = matches[0] if len(matches) == 1 else None
         started, clock = datetime.now(timezone.utc), time.monotonic()
+        call_id = f"call-{self.tool_call_count + 1}"
+        if self.tool_started(call_id, full or name, arguments):
+            # settled before it ran: recorded as dispatched but never resolved, then the turn ends
+            self.tool_call_count += 1
+            self.record({"type": "tool_call", "name": full or name, "arguments": arguments,
+                         "started_at": started.isoformat(), "duration_seconds": 0.0, "is_error": False,
+                         "status": "unknown", "result": "not run: the stop_early watcher ended the turn"})
+            raise EarlyStop()
         if self._workspace is not None and full is None and name in _workspace_tool_names():
             from agentenv_dagster.builtin.agents.workspace import call_workspace_tool
 
@@ -162,7 +186,19 @@ class TaskSession:
             "started_at": started.isoformat(), "duration_seconds": time.monotonic() - clock,
             "is_error": outcome.is_error, "result": outcome.text,
         })
+        if self.tool_ended(call_id, full or name, arguments, outcome.is_error):
+            raise EarlyStop()
         return outcome
+
+    def tool_started(self, call_id: str, name: str, arguments: dict) -> bool:
+        """A call is dispatched (here, or by a coding CLI that runs its own tools): whether
+        the stop_early watcher ends the turn before it resolves."""
+        return self.watcher is not None and self.watcher.tool_started(call_id, _call(name, arguments, None))
+
+    def tool_ended(self, call_id: str, name: str, arguments: dict, is_error: bool) -> bool:
+        """A call resolved: whether the stop_early watcher ends the turn now."""
+        status = "error" if is_error else "success"
+        return self.watcher is not None and self.watcher.tool_ended(call_id, _call(name, arguments, status))
 
     def record(self, event: dict) -> None:
         self.events.append(event)
@@ -183,6 +219,8 @@ class EmbeddedAgent(AgentExecutor):
         self.skills: list[dict] = []
         self.trajectories: dict[str, list[dict]] = {}
         self.task_contexts: dict[str, str] = {}
+        self.watcher: Any = None  # built from agent-config stop_early; kept across a task's retries
+        self.agent_triggers = AgentTriggers()
         self._running: set[asyncio.Task] = set()
 
     def cancel_running(self) -> int:
@@ -203,6 +241,7 @@ class EmbeddedAgent(AgentExecutor):
         await updater.start_work()
         session = TaskSession(self.config, self.skills, self.sandbox, self.workspace)
         session.context_id = task.context_id
+        session.watcher = self.watcher
         self.trajectories[task.id] = session.events
         self.task_contexts[task.id] = task.context_id
         prompt = context.get_user_input()
@@ -211,7 +250,10 @@ class EmbeddedAgent(AgentExecutor):
         try:
             async with AsyncExitStack() as stack, asyncio.timeout(timeout_seconds):
                 await session.connect(stack, self.mcp_servers)
-                reply = await self.brain.run(prompt, session)
+                try:
+                    reply = await self.brain.run(prompt, session)
+                except EarlyStop:  # the stop is the outcome: no final reply, the trajectory so far
+                    reply = Reply("")
         except Exception as exc:  # any failure becomes a FAILED task the client can read
             error_type, message = _describe(exc, timeout_seconds)
             session.record({"type": "error", "error_type": error_type, "error_message": message})
@@ -219,6 +261,9 @@ class EmbeddedAgent(AgentExecutor):
             parts = [new_text_part(f"{error_type}: {message}"), new_data_part(data)]
             await updater.failed(updater.new_agent_message(parts))
             return
+        finally:
+            if self.watcher is not None:
+                self.watcher.attempt_ended()
         session.record_message("assistant", reply.text)
         parts = [new_text_part(reply.text), new_data_part(_reply_data(session))]
         await updater.complete(updater.new_agent_message(parts))
@@ -251,6 +296,11 @@ class EmbeddedAgent(AgentExecutor):
             if unknown or mistyped:
                 return _bad_request(f"unsupported agent-config fields: {unknown}" if unknown
                                     else f"agent-config fields of the wrong type: {mistyped}")
+            if "stop_early" in body and body["stop_early"] != self.config.get("stop_early"):
+                try:
+                    self.watcher = _build_watcher(body["stop_early"], body.get("max_turns", self.config.get("max_turns")))
+                except ValueError as exc:
+                    return _bad_request(f"stop_early: {exc}")
             self.config = {k: v for k, v in {**self.config, **body}.items() if v is not None}
         return JSONResponse({"config": self.config})
 
@@ -274,6 +324,30 @@ class EmbeddedAgent(AgentExecutor):
         if not tasks:
             return JSONResponse({"error": f"no trajectory for {body}"}, status_code=404)
         return JSONResponse({"trajectory": [e for t in tasks for e in self.trajectories[t]]})
+
+    async def triggers(self, request: Request) -> JSONResponse:
+        """Register triggers (POST) or read them and the firing log (GET)."""
+        if request.method == "GET":
+            return JSONResponse(self.agent_triggers.state())
+        return _triggers_answer(self.agent_triggers.register, await _json_object(request))
+
+    async def triggers_decide(self, request: Request) -> JSONResponse:
+        return _triggers_answer(self.agent_triggers.decide, await _json_object(request))
+
+
+def _call(name: str, arguments: dict, status: str | None):
+    from agentenv_dagster.criteria import ToolCall
+
+    return ToolCall(name, arguments, status, skill=arguments.get("skill") if name == "Skill" else None)
+
+
+def _build_watcher(config: dict | None, max_turns: int | None):
+    """The watcher a task's armed criteria need (None unsets it)."""
+    if config is None:
+        return None
+    from agentenv_dagster.criteria.early_stop import EarlyStopWatcher
+
+    return EarlyStopWatcher.from_config(config, max_turns=max_turns)
 
 
 def _workspace_tool_names() -> frozenset[str]:
@@ -300,8 +374,10 @@ def _describe(exc: Exception, timeout_seconds: float | None) -> tuple[str, str]:
 
 
 def _reply_data(session: TaskSession) -> dict:
-    return {"tool_call_count": session.tool_call_count, "usage": session.usage,
-            "model": session.model}
+    data = {"tool_call_count": session.tool_call_count, "usage": session.usage, "model": session.model}
+    if session.watcher is not None and session.watcher.info is not None:
+        data["early_stop"] = session.watcher.info
+    return data
 
 
 async def _json_object(request: Request) -> dict:
@@ -314,6 +390,13 @@ async def _json_object(request: Request) -> dict:
 
 def _bad_request(message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=400)
+
+
+def _triggers_answer(operation, body: dict) -> JSONResponse:
+    try:
+        return JSONResponse(operation(body))
+    except TriggerError as exc:
+        return _bad_request(str(exc))
 
 
 def _extension(uri: str, description: str, methods: dict) -> AgentExtension:
@@ -338,6 +421,11 @@ def build_card(name: str, description: str) -> AgentCard:
             "list": {"method": "GET"}}),
         _extension(TRAJECTORY_URI, "Read the events of a task", {
             "get": {"method": "POST", "request": {"optional": ["task_id", "context_id"]}}}),
+        _extension(TRIGGERS_URI, "Scripted stakeholder reactions: register triggers, decide which fire on a turn", {
+            "register": {"method": "POST", "request": {"required": ["triggers"]}},
+            "decide": {"method": "POST", "endpoint": TRIGGERS_DECIDE_ENDPOINT,
+                       "request": {"required": ["turn"], "optional": ["solver_message", "context_id", "env_triggers"]}},
+            "state": {"method": "GET"}}),
     ]
     return AgentCard(
         name=name, description=description, version="1.0.0",
@@ -362,6 +450,8 @@ def build_app(agent: EmbeddedAgent, card: AgentCard, card_modifier=None) -> Star
         Route(DEFAULT_ENDPOINTS[AGENT_CONFIG_URI], agent.agent_config, methods=["GET", "POST"]),
         Route(DEFAULT_ENDPOINTS[SKILL_CONFIG_URI], agent.skill_config, methods=["GET", "POST"]),
         Route(DEFAULT_ENDPOINTS[TRAJECTORY_URI], agent.trajectory, methods=["POST"]),
+        Route(DEFAULT_ENDPOINTS[TRIGGERS_URI], agent.triggers, methods=["GET", "POST"]),
+        Route(TRIGGERS_DECIDE_ENDPOINT, agent.triggers_decide, methods=["POST"]),
     ]
     return Starlette(routes=routes)
 

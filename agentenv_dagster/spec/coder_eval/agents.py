@@ -36,6 +36,9 @@ FRAMEWORK_OWNED_SDK_OPTIONS = frozenset({
 class AgentConfig(Strict):
     """What every kind has: its ``type`` (None until some layer sets it)."""
 
+    # The agent honours the stop_early watcher's cooperative stop (a run can arm stop_early).
+    supports_cooperative_stop: ClassVar[bool] = False
+
     type: str | None = None
 
     @model_validator(mode="before")
@@ -101,6 +104,8 @@ class NoneAgentConfig(CodingAgentConfig):
 
 
 class ClaudeCodeAgentConfig(CodingAgentConfig):
+    supports_cooperative_stop = True
+
     type: Literal["claude-code"]
     system_prompt_mode: Literal["append", "replace"] = "append"
     claude_settings: str | dict[str, Any] | None = None
@@ -130,6 +135,8 @@ class ClaudeCodeAgentConfig(CodingAgentConfig):
 
 
 class CodexAgentConfig(CodingAgentConfig):
+    supports_cooperative_stop = True
+
     type: Literal["codex"]
 
 
@@ -202,6 +209,8 @@ class ReplayEpisode(Strict):
 class ReplayAgentConfig(AgentConfig):
     """Our offline agent: a scripted trajectory, from a file beside the task or inline."""
 
+    supports_cooperative_stop = True
+
     type: Literal["replay"]
     script: str | None = None
     episodes: list[ReplayEpisode] | None = None
@@ -216,6 +225,8 @@ class ReplayAgentConfig(AgentConfig):
 
 class AnthropicAgentConfig(AgentConfig):
     """Our Messages API agent."""
+
+    supports_cooperative_stop = True
 
     type: Literal["anthropic"]
     model: str | None = None

@@ -22,7 +22,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ...errors import TaskLoadError
 from .dataset import check_row_ids, load_dataset_rows
+from .early_stop import early_stop_problem, watcher_config
 from .loader import LoadedCoderEvalTask
 from .task import TaskDefinition
 
@@ -33,12 +35,22 @@ PROMPT_ID = "task"
 VERIFIER_ID = "success_criteria"
 DEFAULT_TASK_TIMEOUT = 600
 AUTO_WORKING_DIR = "/workspace"  # upstream reserves /work for its own mounts
+# agent: fields the registry entry takes over (the coding agents' permissions, tools and SDK
+# options, the replay script); the system prompt and run_limits go by agent-config instead
+AGENT_ENTRY_FIELDS = (
+    "script", "episodes", "delay_seconds", "model", "max_turns", "permission_mode", "allowed_tools",
+    "disallowed_tools", "sdk_options", "system_prompt_mode", "setting_sources",
+)
 ROW_TOKEN = re.compile(r"\$\{row\.([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def lower_task(loaded: LoadedCoderEvalTask, *, grade_only_from: Path | None = None) -> list[dict[str, Any]]:
-    """The task's steps. ``grade_only_from`` grades a finished workspace: no agent runs."""
+    """The task's steps. ``grade_only_from`` grades a finished workspace: no agent runs.
+    A resolved task whose stop_early arming cannot run is a :class:`TaskLoadError`."""
     task = loaded.task
+    problem = early_stop_problem(task)
+    if problem is not None:
+        raise TaskLoadError([problem.located(str(loaded.source))])
     task_dir = loaded.source.parent.resolve()
     steps: list[dict[str, Any]] = [
         {"id": "sandbox", "type": "deploy_sandbox", "sandbox_name": WORKSPACE, "sandbox_mode": "vm",
@@ -52,7 +64,7 @@ def lower_task(loaded: LoadedCoderEvalTask, *, grade_only_from: Path | None = No
         steps.append(_commands("pre_run", task.pre_run))
     runs_agent = grade_only_from is None and task.agent is not None and not task.is_none_agent
     if runs_agent:
-        steps += _agent_steps(task)
+        steps += _agent_steps(task, task_dir)
     steps.append({
         "id": "criteria", "type": "success_criteria", "sandbox_name": WORKSPACE, "verifier_id": VERIFIER_ID,
         "criteria": _row_tokens(criteria_documents(task)),
@@ -78,13 +90,17 @@ def _container(task: TaskDefinition) -> dict[str, Any]:
     return {"sandbox_type": "docker", "container": {k: v for k, v in settings.items() if v is not None}}
 
 
-def _agent_steps(task: TaskDefinition) -> list[dict[str, Any]]:
+def _agent_steps(task: TaskDefinition, task_dir: Path) -> list[dict[str, Any]]:
     agent = task.agent
     limits = task.run_limits
     overrides = {
-        k: v for k, v in agent.model_dump(mode="json", exclude_none=True).items()
-        if k in ("script", "episodes", "delay_seconds", "model", "max_turns")
+        k: v for k, v in agent.model_dump(mode="json", exclude_none=True).items() if k in AGENT_ENTRY_FIELDS
     }
+    if getattr(agent, "plugins", None):  # local plugin folders are relative to the task file
+        overrides["plugins"] = [{"type": "local", "path": str(task_dir / p.path)} for p in agent.plugins]
+    settings = getattr(agent, "claude_settings", None)
+    if settings is not None:  # inline settings as JSON text, a file relative to the task file
+        overrides["settings"] = json.dumps(settings) if isinstance(settings, dict) else str(task_dir / settings)
     # the agent's shell finds the recording CLI mocks and mock_path_dirs first
     path_prepend = (["cli_mocks"] if task.sandbox.record_cli else []) + list(task.sandbox.mock_path_dirs or [])
     if path_prepend:
@@ -100,6 +116,9 @@ def _agent_steps(task: TaskDefinition) -> list[dict[str, Any]]:
               "timeout_seconds": min(timeouts, default=DEFAULT_TASK_TIMEOUT)}
     if limits and limits.max_turns:
         prompt["max_turns"] = limits.max_turns
+    armed = watcher_config(task, _row_tokens(criteria_documents(task)))
+    if armed is not None:
+        prompt["stop_early"] = armed
     if getattr(agent, "model", None):
         prompt["model"] = agent.model  # the task's model wins over the run's default agent model
     if not task.in_simulation:

@@ -1,0 +1,268 @@
+"""retry_config at run time: a span retry is a Dagster re-execution, a self-retry an op RetryPolicy.
+
+agent-env rolls a span of its shared context back and runs it again in the same run. Here the
+failed run stays as it ran and a **child run** re-executes the span from the failed run's
+stored outputs (a step-selection re-execution, linked to its parent in the UI): the
+``retry_from`` step, everything downstream of it, and the deployers of what those steps use —
+the failed run ended every env, agent and sandbox it started, so a span that talks to one
+deploys it again (with everything downstream of that). At most ``max_retries`` children per
+step, counted along the parent chain. The run-failure sensor launches them for runs launched
+from a code location; ``agentenv-dagster run`` runs the same loop in its process.
+
+Every retried attempt records ``metadata.retry_resets`` (agent-env's marker) and keeps the
+failed attempt's ``failed_steps`` record, flagged ``retried``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import dagster as dg
+from dagster._core.definitions.job_base import InMemoryJob
+from dagster._core.execution.api import create_execution_plan, execute_run
+from dagster._core.execution.plan.state import KnownExecutionState
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG, TAGS_TO_MAYBE_OMIT_ON_RETRY
+
+from ..context import TaskStepContext
+from ..plan import TaskPlan
+from ..steps.base import AGENT, ENV, SANDBOX, TaskStep
+from ..steps.containers import CONTAINER
+from ..steps.execution import record_retries, rolled_back_sandboxes
+from .io_manager import FINAL_STEP, ContextIOManagerBase
+from .rows import rows_of
+from .translator import TAG_CONTENT_HASH, TaskTranslator
+
+TAG_RETRY_SPAN = "agentenv/retry_span"  # node tag: the span a step's retry_config re-executes
+TAG_RETRY_OF = "agentenv/retry_of"  # the failed run a retry re-executes: one retry per failure
+TAG_RETRY_STEP = "agentenv/retry_step"
+TAG_RETRY_FROM = "agentenv/retry_from"
+TAG_RETRY_ATTEMPT = "agentenv/retry_attempt"
+TAG_RETRY_RESETS = "agentenv/retry_resets"  # every reset of the chain so far (JSON)
+TAG_RETRIED_BY = "agentenv/retried_by"  # on the failed run: its child
+
+LIVE = (ENV, AGENT, SANDBOX, CONTAINER)  # names whose writer starts something a failed run ends
+log = logging.getLogger("agentenv_dagster")
+
+
+# -- compile time ---------------------------------------------------------------------------
+
+def retry_span(plan: TaskPlan, step_id: str) -> list[str]:
+    """The steps a retry of ``step_id`` re-executes, in list order: ``retry_from`` and its
+    dependents, plus every ancestor that deployed something a member uses (and so on)."""
+    selected = {plan.step_by_id[step_id].retry_config.retry_from_step_id}
+    while True:
+        grown = selected | {s.id for s in plan.steps if plan.ancestors(s.id) & selected}
+        for member in list(grown):
+            used = {(n.kind, n.name) for n in plan.step_by_id[member].names_read() if n.kind in LIVE}
+            grown |= {a for a in plan.ancestors(member) if used & plan.written_by(plan.step_by_id[a])}
+        if grown == selected:
+            return [s.id for s in plan.steps if s.id in selected]
+        selected = grown
+
+
+def span_tags(plan: TaskPlan, step: TaskStep, translator: TaskTranslator) -> dict[str, str]:
+    """The node tag of a step whose retry_config names an ancestor (a self-retry is the
+    node's RetryPolicy, see ``TaskTranslator.get_retry_policy``)."""
+    config = step.retry_config
+    if not config or config.retry_from_step_id == step.id or config.max_retries <= 0:
+        return {}
+    replay = [[translator.get_node_name(plan.step_by_id[s]), s] for s in retry_span(plan, step.id)]
+    return {TAG_RETRY_SPAN: json.dumps({
+        "step_id": step.id, "retry_from_step_id": config.retry_from_step_id,
+        "max_retries": config.max_retries, "replay": replay,
+    })}
+
+
+# -- deciding and creating a retry run ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Retry:
+    parent: dg.DagsterRun
+    step_keys: list[str]
+    tags: dict[str, str]
+    reset: dict[str, Any]
+
+
+def plan_retry(
+    instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
+) -> Retry | str | None:
+    """The child run that retries the failed ``run``; else why not (None: no retry_config
+    span failed)."""
+    failed = sorted({e.step_key for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+                     if e.step_key})
+    spans = {key: json.loads(tag) for key in failed
+             if job_def.graph.has_node_named(key) and (tag := job_def.graph.node_named(key).tags.get(TAG_RETRY_SPAN))}
+    if not spans:
+        return None
+    if len(failed) > 1:
+        return f"steps {failed} failed in one run: not retried (only a lone retryable failure is)"
+    (span,) = spans.values()
+    step_id = span["step_id"]
+    if run.tags.get(TAG_CONTENT_HASH) != job_def.tags.get(TAG_CONTENT_HASH):
+        return f"the task changed since run {run.run_id}: not retried"
+    done = instance.get_run_ids(dg.RunsFilter(tags={TAG_RETRY_OF: run.run_id}), limit=1)
+    if done:
+        return f"run {run.run_id} was already retried by run {done[0]}"
+    chain = _chain(instance, run)
+    retries = [r for r in chain if r.parent_run_id and r.tags.get(TAG_RETRY_OF) == r.parent_run_id]
+    used = sum(1 for r in retries if r.tags.get(TAG_RETRY_STEP) == step_id)
+    if used >= span["max_retries"]:
+        return f"step '{step_id}' failed after {used} retr{'y' if used == 1 else 'ies'} (max_retries={span['max_retries']})"
+    nodes = [node for node, _ in span["replay"]]
+    attempt = len(retries) + 2
+    reset = {
+        "attempt": attempt, "step_id": step_id, "retry_from_step_id": span["retry_from_step_id"],
+        "replayed": [s for _, s in span["replay"]], "at_utc": datetime.now(timezone.utc).isoformat(),
+        "rolled_back_sandboxes": _rolled_back(io, chain, job_def, set(nodes)),
+        "parent_run_id": run.run_id,
+    }
+    inherited = {k: v for k, v in run.tags.items() if k not in TAGS_TO_MAYBE_OMIT_ON_RETRY and not k.startswith("agentenv/")}
+    tags = {
+        **inherited, **job_def.tags,
+        TAG_RETRY_OF: run.run_id, TAG_RETRY_STEP: step_id, TAG_RETRY_FROM: span["retry_from_step_id"],
+        TAG_RETRY_ATTEMPT: str(attempt),
+        TAG_RETRY_RESETS: json.dumps([*json.loads(run.tags.get(TAG_RETRY_RESETS) or "[]"), reset]),
+    }
+    return Retry(parent=run, step_keys=[*nodes, FINAL_STEP], tags=tags, reset=reset)
+
+
+def create_retry_run(instance: dg.DagsterInstance, job_def: dg.JobDefinition, retry: Retry) -> dg.DagsterRun:
+    """The child run, as ``ReexecutionOptions(parent, step_selection)`` makes it: the span's
+    steps run, every other step's output comes from the parent chain."""
+    parent = retry.parent
+    known = KnownExecutionState.build_for_reexecution(instance, parent).update_for_step_selection(retry.step_keys)
+    plan = create_execution_plan(job_def, parent.run_config, step_keys_to_execute=retry.step_keys,
+                                 known_state=known, tags=retry.tags)
+    child = instance.create_run_for_job(
+        job_def=job_def, execution_plan=plan, run_config=parent.run_config, tags=retry.tags,
+        root_run_id=parent.root_run_id or parent.run_id, parent_run_id=parent.run_id,
+        remote_job_origin=parent.remote_job_origin, job_code_origin=parent.job_code_origin,
+    )
+    reset = retry.reset
+    instance.report_engine_event(
+        f"agentenv: step '{reset['step_id']}' failed; retrying from '{reset['retry_from_step_id']}' "
+        f"(attempt {reset['attempt']}) in run {child.run_id}: {', '.join(reset['replayed'])}",
+        dagster_run=parent,
+    )
+    instance.add_run_tags(parent.run_id, {TAG_RETRIED_BY: child.run_id})
+    return child
+
+
+def launch_retry(
+    instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
+    sensor_name: str, logger: logging.Logger | None = None,
+) -> dg.DagsterRun | None:
+    """The sensor's part: create the child run and hand it to the run queue, tagged as the
+    sensor's (run key: the failed run) so the UI says who launched it."""
+    logger = logger or log
+    outcome = plan_retry(instance, job_def, run, io)
+    if not isinstance(outcome, Retry):
+        if outcome:
+            logger.info(f"run {run.run_id}: {outcome}")
+        return None
+    if run.remote_job_origin is None:
+        logger.info(f"run {run.run_id} was not launched from a code location: retry it from the UI")
+        return None
+    if not isinstance(instance.run_coordinator, dg.QueuedRunCoordinator):
+        logger.info(f"run {run.run_id}: the instance has no run queue to launch its retry: retry it from the UI")
+        return None
+    outcome = replace(outcome, tags={**outcome.tags, SENSOR_NAME_TAG: sensor_name, RUN_KEY_TAG: run.run_id})
+    child = create_retry_run(instance, job_def, outcome)
+    instance.submit_run(child.run_id, workspace=None)  # the queue's daemon launches it
+    logger.info(f"run {run.run_id}: retrying in run {child.run_id}")
+    return child
+
+
+def retry_in_process(
+    instance: dg.DagsterInstance, job_def: dg.JobDefinition, run_id: str, io: ContextIOManagerBase,
+) -> list[str]:
+    """The CLI's part: while the run failed and may be retried, execute its child here; the
+    ids of the children, in order (the last one is the outcome)."""
+    children = []
+    while True:
+        run = instance.get_run_by_id(run_id)
+        outcome = plan_retry(instance, job_def, run, io) if run.status == dg.DagsterRunStatus.FAILURE else None
+        if not isinstance(outcome, Retry):
+            if outcome:
+                log.info(f"run {run_id}: {outcome}")
+            return children
+        child = create_retry_run(instance, job_def, outcome)
+        execute_run(InMemoryJob(job_def), child, instance)
+        run_id = child.run_id
+        children.append(run_id)
+
+
+def _chain(instance: dg.DagsterInstance, run: dg.DagsterRun) -> list[dg.DagsterRun]:
+    """The run and its parents, up to the root."""
+    chain = [run]
+    while chain[-1].parent_run_id and (parent := instance.get_run_by_id(chain[-1].parent_run_id)):
+        chain.append(parent)
+    return chain
+
+
+def _rolled_back(io: ContextIOManagerBase, chain: list[dg.DagsterRun], job_def: dg.JobDefinition,
+                 replayed: set[str]) -> dict[str, list[dict]]:
+    """Deployments the failed attempt held that the outputs the child reuses do not."""
+    failed = [ctx for _, doc in io.read_all(chain[0].run_id) for ctx in _contexts(doc)]
+    reused = {n.name for n in job_def.nodes} - replayed - {FINAL_STEP}
+    stored: dict[str, dict] = {}
+    for run in chain:  # each reused output from the nearest run that stored it
+        for name, doc in io.read_all(run.run_id):
+            if name in reused:
+                stored.setdefault(name, doc)
+    return rolled_back_sandboxes(failed, [ctx for doc in stored.values() for ctx in _contexts(doc)])
+
+
+def _contexts(doc: dict[str, Any]) -> list[TaskStepContext]:
+    return [TaskStepContext.from_dict(row) for row in rows_of(doc).values()]
+
+
+# -- in the op ------------------------------------------------------------------------------
+
+def self_retry_pending(context: dg.OpExecutionContext, step: TaskStep) -> bool:
+    """The op's RetryPolicy will run this step again: what the run deployed must stay up."""
+    config = step.retry_config
+    return bool(config and config.retry_from_step_id == step.id and context.retry_number < config.max_retries)
+
+
+def carry_retries(context: dg.OpExecutionContext, step: TaskStep, contexts: dict[str, TaskStepContext],
+                  io: ContextIOManagerBase) -> None:
+    """Before the step runs in a retried attempt: the chain's resets (run tag) and the failed
+    attempt's fatal records (the parent's stored failure contexts); for a self-retry, this
+    run's own failed attempt, read from the failure context the op stored."""
+    resets = json.loads(context.run.tags.get(TAG_RETRY_RESETS) or "[]")
+    parent = context.run.parent_run_id
+    inherited = _stored_failures(io, parent, lambda name: name.endswith(".failed")) if resets and parent else {}
+    own_name = f"{context.op_handle}.failed"
+    own = _stored_failures(io, context.run_id, lambda name: name == own_name) if context.retry_number else {}
+    retried = {r["step_id"] for r in resets}
+    for key, ctx in contexts.items():
+        row_resets, records = list(resets), _fatal_records(inherited.get(key, []), retried)
+        for failed in own.get(key, []):
+            row_resets += [*failed.metadata.get("retry_resets", []), {
+                "attempt": context.retry_number + 1, "step_id": step.id, "retry_from_step_id": step.id,
+                "replayed": [step.id], "at_utc": datetime.now(timezone.utc).isoformat(),
+                "rolled_back_sandboxes": rolled_back_sandboxes([failed], [ctx]),
+            }]
+            records += _fatal_records([failed])
+        if row_resets or records:
+            record_retries(ctx, row_resets, records)
+
+
+def _stored_failures(io: ContextIOManagerBase, run_id: str, wanted: Callable[[str], bool]) -> dict[str, list[TaskStepContext]]:
+    """Per row, the run's stored failure contexts whose name is ``wanted``."""
+    found: dict[str, list[TaskStepContext]] = {}
+    for name, doc in io.read_all(run_id):
+        if wanted(name):
+            for key, row in rows_of(doc).items():
+                found.setdefault(key, []).append(TaskStepContext.from_dict(row))
+    return found
+
+
+def _fatal_records(contexts: list[TaskStepContext], step_ids: set[str] | None = None) -> list[dict]:
+    return [r for ctx in contexts for r in ctx.metadata.get("failed_steps", [])
+            if r.get("is_fatal") and (step_ids is None or r.get("step_id") in step_ids)]
