@@ -64,6 +64,23 @@ def test_run_writes_the_redacted_context_and_prints_where_things_are(project, tm
     assert context["metadata"]["user_overrides"] == {}
 
 
+@pytest.mark.slow
+def test_the_monday_example_runs_through_dagster_on_its_virtual_clock(project, tmp_path):
+    """tasks/monday_dana.json end to end, offline: Monday 9:00 on the env's clock, Dana's email
+    sets off the env trigger that prompts the assistant, Dana (a user agent whose lines are
+    agent triggers) chats with it; both verifications are graded by deterministic checks."""
+    out = tmp_path / "out"
+    done = cli(project, "run", "tasks/monday_dana.json", "--output-dir", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    context = json.loads((out / "context.json").read_text())
+    verifications = context["metadata"]["verifications"]
+    assert {k: v["score"] for k, v in verifications.items()} == {"answered": 1.0, "chat_checked": 1.0}
+    (clock,) = context["metadata"]["clock_configurations"]
+    assert clock["virtual_time"] == "2026-11-30T09:00:00Z"
+    assert context["metadata"]["agent_trigger_firings"]
+    assert leaked_servers(project / ".agentenv" / "state") == []
+
+
 def test_run_exit_codes(project):
     missing = cli(project, "run", "tasks/nope.json")
     assert missing.returncode == 2 and "cannot read file" in missing.stderr
