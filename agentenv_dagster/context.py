@@ -167,6 +167,16 @@ def _identity(item: Any) -> str:
     return json.dumps(item, sort_keys=True, default=str)
 
 
+def redacted_json(value: Any) -> str:
+    """``value`` as one line of JSON with every secret key stripped at any depth. Most
+    documents hold no secret key at all: the walk of :func:`redact` runs only for those whose
+    JSON names one (the C encoder and a substring search cost a fraction of the walk)."""
+    text = json.dumps(value, default=str)
+    if any(f'"{key}"' in text for key in SECRET_KEYS):
+        text = json.dumps(redact(value), default=str)
+    return text
+
+
 def redact(value: Any) -> Any:
     """Drop secret keys at any depth (agent-env strips them; so do we)."""
     if isinstance(value, dict):

@@ -25,6 +25,7 @@ from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
 from .retries import retry_in_process
 from .rows import RANGE_END_TAG, RANGE_START_TAG
+from .sqlite_storage import LOCAL_STORAGE_YAML
 from .translator import TaskTranslator
 
 
@@ -60,7 +61,7 @@ class RunResult:
 
 
 # Offline by default: no telemetry, no newsletter prompt in the UI; storage stays the default.
-DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
+DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n" + LOCAL_STORAGE_YAML
 
 
 def project_dagster_home(config: AgentEnvConfig) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 
 from ..config import AgentEnvConfig
-from ..context import TaskStepContext, redact
+from ..context import TaskStepContext, redacted_json
 from .rows import merge_upstream
 
 FINAL_STEP = "teardown_run"  # the op whose output is the run's final context
@@ -99,7 +99,7 @@ def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:
 def write_context(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(redact(data), default=str))  # one line: the C encoder, ~10x faster
+    tmp.write_text(redacted_json(data))  # one line: the C encoder, ~10x faster
     os.replace(tmp, path)
 
 

@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from ..context import redact
+from ..context import redacted_json
 from ..runtime.s3 import S3Location
 from .io_manager import FINAL_STEP, ContextIOManagerBase
 from .rows import merge_upstream
@@ -37,7 +37,7 @@ class S3ContextIOManager(ContextIOManagerBase):
 
     def write(self, run_id: str, name: str, data: dict[str, Any]) -> str:
         key = f"{self._folder(run_id)}/{name}.json"
-        body = json.dumps(redact(data), default=str).encode()  # secrets never reach the bucket
+        body = redacted_json(data).encode()  # secrets never reach the bucket
         self.location.put_bytes(key, body, ContentType="application/json", Metadata={_WRITTEN: str(time.time_ns())})
         return self.location.url(key)
 

@@ -89,6 +89,7 @@ class LocalProvider:
         self.config = config
         self.run_dir = run_dir
         self.ledger = Ledger.of_run(run_dir)
+        self._hosts: dict[str, str] = {}  # agent host id -> its URL, once known
 
     def deploy_env(self, env_id: str, *, step_id: str, ttl_seconds: int) -> DeployedEnv:
         entry = self.config.env_entry(env_id)
@@ -137,7 +138,7 @@ class LocalProvider:
             process_env.update(self._coding_cli_ready(agent_id, entry, container))
         instance_id = f"{agent_id}-{secrets.token_hex(4)}"
         sandbox = workspace or self.run_dir / "sandboxes" / instance_id
-        settings = self._agent_config(entry)
+        settings = {**self._agent_config(entry), "name": agent_name}
         if workspace is not None:
             settings["workspace"] = {"container": container, "path_prepend": entry.path_prepend}
         host_id, host_url = self._agent_host(process_env, ttl_seconds)
@@ -147,7 +148,8 @@ class LocalProvider:
             raise DeploymentError(f"A2A agent '{agent_id}': the run's agent host at {host_url} failed: {exc!r}") from None
         if created.status_code != 201:
             raise DeploymentError(f"A2A agent '{agent_id}' was not deployed: {created.text[:2000]}")
-        url = created.json()["url"]
+        answer = created.json()
+        url = answer["url"]
         self.ledger.record(instance_id, "agent", url=url, host=host_id)
         if self.ledger.closed:
             _end({"url": url})
@@ -155,7 +157,7 @@ class LocalProvider:
         return DeployedAgent(
             agent_name=agent_name, api_url=url, a2a_url=url, sandbox_id=instance_id,
             sandbox_type="local", instance_id=instance_id, sandbox_root=str(sandbox),
-            a2a_agent_id=agent_id,
+            a2a_agent_id=agent_id, a2a_card=answer.get("card"),
         )
 
     def _agent_host(self, env: dict[str, str], ttl_seconds: int) -> tuple[str, str]:
@@ -164,13 +166,17 @@ class LocalProvider:
         other processes of the run from starting a second one."""
         key = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
         host_id = f"agent-host-{key}"
+        if host_id in self._hosts:  # this process found or started it already (a dead host fails the POST)
+            return host_id, self._hosts[host_id]
         self.ledger.folder.mkdir(parents=True, exist_ok=True)
         with FileLock(self.ledger.folder / f"{host_id}.lock"):
             entry = self.ledger.entry(host_id)
             if entry and is_running(entry["pid"]):
-                return host_id, entry["url"]
-            server = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env)
-            return host_id, server.url
+                url = entry["url"]
+            else:
+                url = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env).url
+        self._hosts[host_id] = url
+        return host_id, url
 
     def deploy_sandbox(
         self, sandbox_name: str, *, step_id: str, sandbox_mode: str, ttl_seconds: int,

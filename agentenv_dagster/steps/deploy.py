@@ -93,7 +93,7 @@ class DeployAgentStep(TaskStep):
             env_vars=self.env_vars, workspace=workspace, container=container, overrides=self.agent_config,
         )
         try:
-            card = await rt.a2a.get_card(agent.a2a_url)
+            card = agent.a2a_card or await rt.a2a.get_card(agent.a2a_url)
             await self._configure(rt, agent.a2a_url, card, envs)
         except BaseException:
             rt.provider.terminate(agent.instance_id)
@@ -145,7 +145,7 @@ class DeployAgentStep(TaskStep):
         body = {k: v for k, v in wanted.items() if v is not None and config and k in config.supported}
         if self.system_prompt and "system_prompt" not in body:
             rt.log.warning("agent does not accept system_prompt through agent-config; skipped")
-        if body:
+        if any(card.get(k) != v for k, v in body.items()):  # an identity the card already shows is set
             await rt.a2a.post_extension(url, card, AGENT_CONFIG, body)
 
 

@@ -33,19 +33,21 @@ def host(tmp_path):
 async def test_agents_in_one_host_are_separate(host, tmp_path):
     async with httpx.AsyncClient(timeout=30) as http:
         a2a = A2AClient(http)
-        urls = {}
+        urls, cards = {}, {}
         for name in ("a", "b"):
             created = await http.post(f"{host}/agents", json={
                 "id": name, "sandbox": str(tmp_path / name), "config": replay(f"I am {name}", name=f"agent {name}")})
             assert created.status_code == 201
             urls[name] = created.json()["url"]
+            cards[name] = created.json()["card"]  # the card comes with the answer
         assert urls["a"] == f"{host}/agents/a"
         assert (await http.get(f"{host}/agents")).json() == {"agents": ["a", "b"]}
 
         card = await a2a.get_card(urls["b"])
         assert card["name"] == "agent b" and card["supportedInterfaces"][0]["url"] == urls["b"] + "/"
+        assert cards["b"] == card
         await a2a.post_extension(urls["a"], card, AGENT_CONFIG_URI, {"model": "for-a"})
-        assert (await a2a.get_extension(urls["b"], card, AGENT_CONFIG_URI))["config"] == {}  # b's own config
+        assert (await a2a.get_extension(urls["b"], card, AGENT_CONFIG_URI))["config"] == {"name": "agent b"}  # b's own
         replies = {name: (await a2a.send_and_wait(url, "who?", timeout_seconds=20)).text for name, url in urls.items()}
         assert replies == {"a": "I am a", "b": "I am b"}
         assert (tmp_path / "a").is_dir() and (tmp_path / "b").is_dir()

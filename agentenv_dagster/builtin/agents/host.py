@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from a2a.server.agent_execution import AgentExecutor
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.types import AgentCard
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -120,12 +121,16 @@ class AgentHost:
             return JSONResponse({"error": f"agent config: {exc}"}, status_code=400)
         root = Path(sandbox)
         root.mkdir(parents=True, exist_ok=True)
-        card = build_card(config.get("name", f"{kind}-agent"), config.get("description") or f"Embedded {kind} agent")
+        card = build_card(config.get("name") or f"{kind}-agent", config.get("description") or f"Embedded {kind} agent")
         url = f"{self.url}{PREFIX}{agent_id}"
         for interface in card.supported_interfaces:
             interface.url = url + "/"
-        self.tenants[agent_id] = Tenant(EmbeddedAgent(brain, LocalSandbox(root.resolve()), config.get("workspace")), card)
-        return JSONResponse({"id": agent_id, "url": url}, status_code=201)
+        agent = EmbeddedAgent(brain, LocalSandbox(root.resolve()), config.get("workspace"))
+        if config.get("name"):  # its identity from the start, as an agent-config ``name`` would set it
+            agent.config["name"] = config["name"]
+        self.tenants[agent_id] = Tenant(agent, card)
+        # the card comes with the answer: the deployer need not ask for it again
+        return JSONResponse({"id": agent_id, "url": url, "card": agent_card_to_dict(card)}, status_code=201)
 
     async def listing(self, request: Request) -> JSONResponse:
         return JSONResponse({"agents": sorted(self.tenants)})
