@@ -83,13 +83,13 @@ def run_agentenv(root: Path, n: int, latency: float, in_flight: int, shards: int
 
     from agentenv_dagster.config import load_config
     from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
-    from agentenv_dagster.orchestration.execute import DAGSTER_YAML
+    from agentenv_dagster.orchestration.execute import dagster_yaml
 
     task = project(root, n, latency)
     config = load_config(root)
     home = root / ".dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text(DAGSTER_YAML)  # the project's local instance, as the CLI makes it
+    (home / "dagster.yaml").write_text(dagster_yaml(home))  # the project's local instance, as the CLI makes it
     with dg.DagsterInstance.from_config(str(home)) as instance:
         started = time.perf_counter()
         done = run_coder_eval_task(task, config, instance=instance, rows_in_flight=in_flight, shards=shards,

@@ -9,6 +9,7 @@ run.md / task.html with upstream's exit code.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -29,7 +30,10 @@ from ..spec.coder_eval import apply_overrides, load_coder_eval_experiment, load_
 from ..spec.coder_eval.dataset import select_rows
 from ..spec.coder_eval.variants import resolve_for_variant
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
+from .execute import project_dagster_home
 from .shards import run_rows
+from .suites import suite_asset
+from .translator import TaskTranslator
 
 TAG_VARIANT, TAG_REPLICATE = "agentenv/variant", "agentenv/replicate"
 
@@ -114,10 +118,25 @@ def run_coder_eval_task(
         folder = out / "default" / task.task_id
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str))
+        if experiment is None:  # the rows are partitions of the task's own job: the asset rolls them up too
+            materialize_suite(plan, config, instance)
     reports = write_reports(out, summary, results)
     if experiment is not None:
         _write_experiment(out, load_coder_eval_experiment(experiment).experiment, [v for v, _, _ in variants], results)
     return CoderEvalRun(summary, results, reports, suite)
+
+
+def materialize_suite(plan, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> bool | None:
+    """Materialize the ``suites/<task>`` asset, as the UI would, from the row partitions the
+    run just wrote: the same rollup and blocking threshold checks in the instance. Whether
+    every check passed (None: the task has no suite asset)."""
+    asset = suite_asset(plan, TaskTranslator())
+    if asset is None:
+        return None
+    if instance is None:
+        project_dagster_home(config)
+    with nullcontext(instance) if instance is not None else dg.DagsterInstance.get() as active:
+        return dg.materialize([asset], instance=active, raise_on_error=False).success
 
 
 def _write_experiment(out: Path, experiment, variant_ids: list[str], results: list[EvaluationResult]) -> None:

@@ -25,7 +25,7 @@ from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
 from .retries import retry_in_process
 from .rows import RANGE_END_TAG, RANGE_START_TAG
-from .sqlite_storage import LOCAL_STORAGE_YAML
+from .sqlite_storage import local_storage_yaml
 from .translator import TaskTranslator
 
 
@@ -60,8 +60,14 @@ class RunResult:
         return "\n".join(lines)
 
 
-# Offline by default: no telemetry, no newsletter prompt in the UI; storage stays the default.
-DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n" + LOCAL_STORAGE_YAML
+# Offline by default: no telemetry, no newsletter prompt in the UI; a code location of
+# thousands of tasks needs more than the code server's default 180 s to start.
+DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\ncode_servers:\n  local_startup_timeout: 900\n"
+
+
+def dagster_yaml(home: Path) -> str:
+    """The project instance's settings: no telemetry or UI prompts, the local storage."""
+    return DAGSTER_YAML + local_storage_yaml(home)
 
 
 def project_dagster_home(config: AgentEnvConfig) -> Path:
@@ -69,10 +75,17 @@ def project_dagster_home(config: AgentEnvConfig) -> Path:
     home = Path(os.environ.get("DAGSTER_HOME") or config.root / ".dagster_home")
     home.mkdir(parents=True, exist_ok=True)
     settings = home / "dagster.yaml"
-    if not settings.exists():
-        settings.write_text(DAGSTER_YAML)
+    if not settings.exists() or _moved(settings, home):
+        settings.write_text(dagster_yaml(home))
     os.environ["DAGSTER_HOME"] = str(home)
     return home
+
+
+def _moved(settings: Path, home: Path) -> bool:
+    """A dagster.yaml this project wrote for an instance folder that has moved since (a
+    settings file of the user's own is left alone)."""
+    text = settings.read_text()
+    return local_storage_yaml(home) not in text and "class: LocalSqliteStorage" in text
 
 
 def execute_plan(

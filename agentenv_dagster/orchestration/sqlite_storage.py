@@ -17,15 +17,17 @@ after. Production uses PostgreSQL (``deploy/dagster.yaml``), where none of this 
       custom:
         module: agentenv_dagster.orchestration.sqlite_storage
         class: LocalSqliteStorage
-        config: {base_dir: {env: DAGSTER_HOME}}
+        config: {base_dir: /abs/path/of/.dagster_home}
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import sqlalchemy as db
+import yaml
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
@@ -84,11 +86,8 @@ class LocalSqliteStorage(DagsterSqliteStorage):
         return cls.from_local(inst_data=inst_data, **config_value)
 
 
-LOCAL_STORAGE_YAML = f"""storage:
-  custom:
-    module: {MODULE}
-    class: LocalSqliteStorage
-    config:
-      base_dir:
-        env: DAGSTER_HOME
-"""
+def local_storage_yaml(home: Path) -> str:
+    """The ``storage:`` block of an instance in ``home`` (its absolute path: an instance opened
+    with ``DagsterInstance.from_config(home)`` need not have ``DAGSTER_HOME`` set)."""
+    return yaml.safe_dump({"storage": {"custom": {
+        "module": MODULE, "class": "LocalSqliteStorage", "config": {"base_dir": str(home.resolve())}}}})

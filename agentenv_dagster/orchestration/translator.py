@@ -135,7 +135,7 @@ class TaskTranslator:
                     partitions_def=self.get_partitions_def(plan),
                     description=f"The {what} of step `{step.id}` ({step.type}) of task `{plan.task_id}`.",
                     kinds={"agentenv"}, tags={TAG_TASK_ID.replace("/", "_"): job_name(plan.task_id)},
-                    metadata={"step_id": step.id, "task_source": plan.document.source},
+                    metadata={"step_id": step.id},  # the job says where the task came from
                 ))
         return specs
 

@@ -94,8 +94,7 @@ class TaskStep(BaseModel):
 
     def verification_checks(self) -> list[tuple[str, str]]:
         """(name, description) of the asset checks on the verification this step writes."""
-        return [("passed", "Passes when the verification scored 1.0 (its pass threshold); a "
-                           "verification that was not graded fails with severity WARN.")]
+        return [("passed", "The verification met its pass threshold; not graded fails as WARN.")]
 
     def to_document(self) -> dict[str, Any]:
         """The stored form: object-form depends_on, defaults omitted except the base fields."""

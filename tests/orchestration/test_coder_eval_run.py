@@ -415,6 +415,15 @@ def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(pro
         {"expected": "billing", "observed": "billing", "count": 1}, {"expected": "bug", "observed": "bug", "count": 1},
         {"expected": "other", "observed": "billing", "count": 1}]
     assert suite["passed"] is False and "accuracy = 0.66" in done.stdout
+    # the CLI's run is in the project's instance, and so is the suite asset it materialized
+    with dg.DagsterInstance.from_config(str(project / ".dagster_home")) as instance:
+        key = dg.AssetKey(["suites", "labels"])
+        metadata = instance.get_latest_materialization_event(key).asset_materialization.metadata
+        assert (metadata["rows_run"].value, metadata["passed"].value) == (3, False)
+        checks = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+            [dg.AssetCheckKey(key, "criterion_1_accuracy"), dg.AssetCheckKey(key, "criterion_1_completion_rate")])
+        assert {k.name: c.event.dagster_event.event_specific_data.passed for k, c in checks.items()} == {
+            "criterion_1_accuracy": False, "criterion_1_completion_rate": True}
 
 
 def test_the_suite_asset_rolls_up_the_row_partitions_with_blocking_threshold_checks(project):

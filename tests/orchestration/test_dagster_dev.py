@@ -15,7 +15,7 @@ import pytest
 from dagster_graphql import DagsterGraphQLClient
 
 from agentenv_dagster.runtime.processes import is_running, terminate
-from agentenv_dagster.orchestration.execute import DAGSTER_YAML
+from agentenv_dagster.orchestration.execute import dagster_yaml
 from browser import ARTIFACTS, CHROMIUM, chromium
 from projects import REPO, leaked_servers, make_project
 
@@ -75,7 +75,7 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
     shutil.copy(REPO / "definitions.py", project / "definitions.py")
     shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
     (project / ".dagster_home").mkdir()
-    (project / ".dagster_home" / "dagster.yaml").write_text(DAGSTER_YAML)
+    (project / ".dagster_home" / "dagster.yaml").write_text(dagster_yaml(project / ".dagster_home"))
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home")}
     dev = subprocess.Popen(

@@ -10,7 +10,7 @@ import sys
 import dagster as dg
 import sqlalchemy as db
 
-from agentenv_dagster.orchestration.execute import DAGSTER_YAML
+from agentenv_dagster.orchestration.execute import dagster_yaml
 from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
 
 KEY = dg.AssetKey(["verifications", "t", "v"])
@@ -30,7 +30,7 @@ def graded():
 
 def test_the_local_instance_stores_and_answers_like_dagsters_sqlite(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
-    (tmp_path / "dagster.yaml").write_text(DAGSTER_YAML)
+    (tmp_path / "dagster.yaml").write_text(dagster_yaml(tmp_path))
     with dg.DagsterInstance.get() as instance:
         log = instance.event_log_storage
         assert isinstance(log, LocalSqliteEventLogStorage)
@@ -50,3 +50,18 @@ def test_the_local_instance_stores_and_answers_like_dagsters_sqlite(tmp_path, mo
     assert done.returncode == 0, done.stderr
     count, partitions = done.stdout.strip().split(" ", 1)
     assert int(count) > 3 and partitions == "['r1', 'r2', 'r3']"
+
+
+def test_a_moved_project_instance_follows_its_folder(tmp_path, monkeypatch):
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.execute import project_dagster_home
+
+    old, new = tmp_path / "old" / ".dagster_home", tmp_path / "new" / ".dagster_home"
+    new.mkdir(parents=True)
+    (new / "dagster.yaml").write_text(dagster_yaml(old))  # as written before the project moved
+    monkeypatch.setenv("DAGSTER_HOME", str(new))
+    project_dagster_home(load_config(tmp_path))
+    assert f"base_dir: {new.resolve()}" in (new / "dagster.yaml").read_text()
+    (new / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # the user's own: kept
+    project_dagster_home(load_config(tmp_path))
+    assert (new / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"

@@ -340,7 +340,7 @@ SENSOR_TICKS = """{ sensorOrError(sensorSelector: {repositoryLocationName: "agen
 def test_under_dagster_dev_the_sensor_s_child_run_is_launched_by_the_daemon_and_succeeds(tmp_path):
     from dagster_graphql import DagsterGraphQLClient
 
-    from agentenv_dagster.orchestration.execute import DAGSTER_YAML
+    from agentenv_dagster.orchestration.execute import dagster_yaml
     from agentenv_dagster.runtime.processes import is_running, terminate
     from projects import REPO
     from test_dagster_dev import free_port, wait_until
@@ -350,7 +350,7 @@ def test_under_dagster_dev_the_sensor_s_child_run_is_launched_by_the_daemon_and_
         (project / name).write_text((REPO / name).read_text())
     home = project / ".dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text(DAGSTER_YAML)
+    (home / "dagster.yaml").write_text(dagster_yaml(home))
     port = free_port()
     dev = subprocess.Popen(
         [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)], cwd=project,
