@@ -46,7 +46,7 @@ _RESERVED_ENV_KEYS = frozenset({
 })
 
 
-def _check_env_keys(env: dict[str, str] | None, what: str = "env_vars") -> None:
+def check_env_keys(env: dict[str, str] | None, what: str = "env_vars") -> None:
     for key in env or {}:
         if not _SAFE_ENV_KEY.match(key):
             raise ValueError(f"{what} key {key!r} is not a POSIX name ([A-Za-z_][A-Za-z0-9_]*)")
@@ -126,7 +126,7 @@ class RunDockerContainerStep(TaskStep):
         if self.wait_for_exit and (self.keep_alive_with_base_command or self.ready_command):
             raise ValueError("`wait_for_exit` runs the container to completion: it takes neither "
                              "`keep_alive_with_base_command` nor `ready_command`")
-        _check_env_keys(self.env_vars)
+        check_env_keys(self.env_vars)
         for volume in self.volumes:
             _split_volume(volume)
         return self
@@ -344,7 +344,7 @@ class RunContainerUnitTestsVerifierStep(_Verifier):
     @field_validator("env_vars")
     @classmethod
     def _env(cls, env_vars: dict[str, str]) -> dict[str, str]:
-        _check_env_keys(env_vars)
+        check_env_keys(env_vars)
         return env_vars
 
     @model_validator(mode="after")
@@ -472,7 +472,7 @@ class RunContainerUnitTestsVerifierStep(_Verifier):
             command = tokens.sub(lambda m: shlex.quote(str(seed[m.group(0)[1:-1]])), command)
         extra: dict[str, str] = {}
         overrides = step_param(ctx, self.id, "env_vars") or {}
-        _check_env_keys(overrides, "step_params env_vars")
+        check_env_keys(overrides, "step_params env_vars")
         extra.update({k: str(v) for k, v in overrides.items()})
         for key, value in (seed.items() if isinstance(seed, dict) else ()):
             name = str(key).upper()

@@ -21,7 +21,7 @@ from ..context import DeployedSandbox, TaskStepContext
 from ..runtime.base import StepRuntime
 from ..runtime.sandbox import ContainerFiles, FolderFiles, LocalSandbox, SandboxFiles
 from .base import AGENT, DEFAULT_AGENT_NAME, DEFAULT_TTL_SECONDS, SANDBOX, TaskStep
-from .containers import _check_env_keys
+from .containers import check_env_keys
 from .execution import user_override
 from .registry import step
 from .verifiers import _Verifier
@@ -85,7 +85,7 @@ class DeploySandboxStep(TaskStep):
                 raise ValueError("container-mode sandbox requires `image` and `port`")
             if self.container is not None:
                 raise ValueError("`container` settings are for a vm-mode sandbox; container mode takes `image`")
-        _check_env_keys(self.env_vars)
+        check_env_keys(self.env_vars)
         return self
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
