@@ -95,18 +95,6 @@ def test_a_malformed_cron_is_a_config_error_and_a_bad_value_is_skipped(tmp_path,
     assert "[schedules] reply_to_dana: not scheduled:" in caplog.text and "99 6 * * *" in caplog.text
 
 
-NOTE_STEP = '''
-from agentenv_dagster.steps.base import TaskStep
-
-class NoteStep(TaskStep):
-    type_name = "note"
-    text: str
-
-    async def execute(self, ctx, rt):
-        ctx.metadata_map("notes")[self.id] = self.text
-'''
-
-
 @pytest.mark.slow
 def test_a_cron_schedule_runs_its_task_under_dagster_daemon(tmp_path):
     """The daemon ticks a running ``* * * * *`` schedule and the run it launches succeeds:
@@ -116,6 +104,7 @@ def test_a_cron_schedule_runs_its_task_under_dagster_daemon(tmp_path):
     import sys
 
     from test_dagster_dev import wait_until
+    from test_task_file_sensor import NOTE_STEP
 
     from agentenv_dagster.orchestration.execute import dagster_yaml
     from agentenv_dagster.runtime.processes import is_running, terminate

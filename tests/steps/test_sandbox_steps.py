@@ -16,6 +16,7 @@ import docker
 import httpx
 import psutil
 import pytest
+from test_container_steps import containers_of
 
 from agentenv_dagster.compiler import load_plan
 from agentenv_dagster.config import load_config
@@ -57,14 +58,6 @@ def plan_of(tmp_path: Path, config, steps: list[dict]):
 
 def run(plan, config, ctx: TaskStepContext | None = None, run_id: str | None = None):
     return asyncio.run(run_plan(plan, config, context=ctx, run_id=run_id))
-
-
-def containers_of(run_id: str) -> list:
-    client = docker.from_env()
-    try:
-        return client.containers.list(all=True, filters={"label": f"agentenv.run_id={run_id}"})
-    finally:
-        client.close()
 
 
 @pytest.fixture(scope="module")
