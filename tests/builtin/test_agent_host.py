@@ -46,6 +46,11 @@ async def test_agents_in_one_host_are_separate(host, tmp_path):
         card = await a2a.get_card(urls["b"])
         assert card["name"] == "agent b" and card["supportedInterfaces"][0]["url"] == urls["b"] + "/"
         assert cards["b"] == card
+        twin = (await http.post(f"{host}/agents", json={  # same name: a card of its own, at its own URL
+            "id": "b2", "sandbox": str(tmp_path / "b2"), "config": replay("twin", name="agent b")})).json()
+        assert twin["card"] == await a2a.get_card(twin["url"]) != card
+        assert twin["card"]["supportedInterfaces"][1]["url"] == twin["url"] + "/" == twin["card"]["url"]
+        await http.delete(f"{host}/agents/b2")
         await a2a.post_extension(urls["a"], card, AGENT_CONFIG_URI, {"model": "for-a"})
         assert (await a2a.get_extension(urls["b"], card, AGENT_CONFIG_URI))["config"] == {"name": "agent b"}  # b's own
         replies = {name: (await a2a.send_and_wait(url, "who?", timeout_seconds=20)).text for name, url in urls.items()}

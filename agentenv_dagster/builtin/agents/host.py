@@ -13,6 +13,7 @@ The agents share one set of routes and one A2A request handler: the path picks t
 
 from __future__ import annotations
 
+import json
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from agentenv_dagster.builtin.agents.brains import build_brain
-from agentenv_dagster.builtin.agents.server import EmbeddedAgent, build_app, build_card
+from agentenv_dagster.builtin.agents.server import PLACEHOLDER_URL, EmbeddedAgent, build_app, build_card
 from agentenv_dagster.runtime.sandbox import LocalSandbox
 
 PREFIX = "/agents/"
@@ -77,6 +78,7 @@ class AgentHost:
     def __init__(self) -> None:
         self.url = ""
         self.tenants: dict[str, Tenant] = {}
+        self._card_json: dict[tuple[str, str], str] = {}
 
     def set_url(self, url: str) -> None:
         self.url = url
@@ -121,7 +123,8 @@ class AgentHost:
             return JSONResponse({"error": f"agent config: {exc}"}, status_code=400)
         root = Path(sandbox)
         root.mkdir(parents=True, exist_ok=True)
-        card = build_card(config.get("name") or f"{kind}-agent", config.get("description") or f"Embedded {kind} agent")
+        name, description = config.get("name") or f"{kind}-agent", config.get("description") or f"Embedded {kind} agent"
+        card = build_card(name, description)
         url = f"{self.url}{PREFIX}{agent_id}"
         for interface in card.supported_interfaces:
             interface.url = url + "/"
@@ -130,7 +133,16 @@ class AgentHost:
             agent.config["name"] = config["name"]
         self.tenants[agent_id] = Tenant(agent, card)
         # the card comes with the answer: the deployer need not ask for it again
-        return JSONResponse({"id": agent_id, "url": url, "card": agent_card_to_dict(card)}, status_code=201)
+        return JSONResponse({"id": agent_id, "url": url, "card": self._card_dict(name, description, url)},
+                            status_code=201)
+
+    def _card_dict(self, name: str, description: str, url: str) -> dict:
+        """The card as JSON: a2a's conversion validates every proto field (~5 ms), so it runs
+        once per name and description; an agent's copy differs only in its URL."""
+        key = (name, description)
+        if key not in self._card_json:
+            self._card_json[key] = json.dumps(agent_card_to_dict(build_card(name, description)))
+        return json.loads(self._card_json[key].replace(json.dumps(PLACEHOLDER_URL), json.dumps(url + "/")))
 
     async def listing(self, request: Request) -> JSONResponse:
         return JSONResponse({"agents": sorted(self.tenants)})
