@@ -64,10 +64,10 @@ def _check_name(index: int, metric: str) -> str:
 def _row_results(instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, rows: list[str]) -> list[EvaluationResult]:
     """Each row's latest verification as a task result, in dataset order (rows that never ran
     are left out): two queries for the whole dataset, not one a row."""
-    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
-        key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(rows))
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    wanted = set(rows)
     by_row: dict[str, dict[str, Any]] = {}
-    ids = sorted(latest.values())
+    ids = sorted(storage_id for row, storage_id in latest.items() if row in wanted)
     for start in range(0, len(ids), 500):  # SQLite caps a query's bound parameters
         chunk = ids[start:start + 500]
         records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=chunk),
