@@ -59,8 +59,12 @@ def validate(paths: tuple[Path, ...]) -> None:
               help="Coder Eval dataset: rows whose step runs at the same time")
 @click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True,
               help="Coder Eval dataset: concurrent runs over slices of the rows (sharing --rows-in-flight)")
+@click.option("--failed-only", is_flag=True,
+              help="Coder Eval dataset: only the rows that did not pass last time (failed partitions, "
+              "unreached or failing verifications); Dagster's run tag agentenv/rows=failed does the same")
 def run(path: Path, output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
-        split: str | None, sample: int | None, experiment: Path | None, rows_in_flight: int, shards: int) -> None:
+        split: str | None, sample: int | None, experiment: Path | None, rows_in_flight: int, shards: int,
+        failed_only: bool) -> None:
     """Compile PATH and execute it through Dagster. An agent-env task writes its final
     redacted context.json; a Coder Eval task writes run.json, run.md, task.html."""
     config = _config()
@@ -69,7 +73,8 @@ def run(path: Path, output_dir: Path | None, defines: tuple[str, ...], grade_onl
 
         done = _load_or_exit(lambda: run_coder_eval_task(
             path, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
-            split=split, sample=sample, experiment=experiment, rows_in_flight=rows_in_flight, shards=shards))
+            split=split, sample=sample, experiment=experiment, rows_in_flight=rows_in_flight, shards=shards,
+            failed_only=failed_only))
         click.echo("\n".join(done.lines()))
         sys.exit(done.exit_code)
     plan = _load_or_exit(lambda: load_plan(path, config))

@@ -30,7 +30,9 @@ from ..spec.coder_eval import apply_overrides, load_coder_eval_experiment, load_
 from ..spec.coder_eval.dataset import select_rows
 from ..spec.coder_eval.variants import resolve_for_variant
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
+from .definitions import build_job
 from .execute import project_dagster_home
+from .rows import rows_not_passed
 from .shards import run_rows
 from .suites import suite_asset
 from .translator import TaskTranslator
@@ -73,7 +75,7 @@ def run_coder_eval_task(
     path: Path, config: AgentEnvConfig, *, overrides: Sequence[str] = (), grade_only_from: Path | None = None,
     output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
     split: str | None = None, sample: int | None = None, experiment: Path | None = None,
-    rows_in_flight: int | None = None, shards: int = 1,
+    rows_in_flight: int | None = None, shards: int = 1, failed_only: bool = False,
 ) -> CoderEvalRun:
     """Every variant (or the task as it is) x replicate: one Dagster run over the selected rows
     of a dataset (a partition each, ``rows_in_flight`` at a time), or ``shards`` concurrent runs
@@ -93,6 +95,9 @@ def run_coder_eval_task(
     for variant_id, resolved, repeats in variants:
         plan = checked_plan(coder_eval_document(replace(loaded, task=resolved), registry, grade_only_from=grade_only_from))
         rows = _selected_rows(resolved, path, split, sample)
+        if failed_only and rows:
+            with nullcontext(instance) if instance is not None else _project_instance(config) as active:
+                rows = rows_not_passed(active, build_job(plan), rows)
         for replicate in range(repeats if rows != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant_id, str(replicate) if repeats > 1 else None) if p)
             tags = {TAG_VARIANT: variant_id or "default", TAG_REPLICATE: str(replicate)}
@@ -126,6 +131,11 @@ def run_coder_eval_task(
     return CoderEvalRun(summary, results, reports, suite)
 
 
+def _project_instance(config: AgentEnvConfig) -> dg.DagsterInstance:
+    project_dagster_home(config)
+    return dg.DagsterInstance.get()
+
+
 def materialize_suite(plan, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> None:
     """Materialize the ``suites/<task>`` asset, as the UI would, from the row partitions the
     run just wrote: the same rollup and blocking threshold checks in the instance (the exit
@@ -133,9 +143,7 @@ def materialize_suite(plan, config: AgentEnvConfig, instance: dg.DagsterInstance
     asset = suite_asset(plan, TaskTranslator())
     if asset is None:
         return
-    if instance is None:
-        project_dagster_home(config)
-    with nullcontext(instance) if instance is not None else dg.DagsterInstance.get() as active:
+    with nullcontext(instance) if instance is not None else _project_instance(config) as active:
         dg.materialize([asset], instance=active, raise_on_error=False)
 
 

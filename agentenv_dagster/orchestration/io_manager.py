@@ -10,15 +10,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import dagster as dg
 
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
-from .rows import merge_upstream
+from .rows import merge_upstream, rows_of
 
 FINAL_STEP = "teardown_run"  # the op whose output is the run's final context
+FAILED_SUFFIX = ".failed"  # ``<op>.failed``: the contexts of the rows the op's step stopped
+
+
+def is_failure_name(name: str) -> bool:
+    return name.endswith(FAILED_SUFFIX)
 
 
 def context_folder(base_dir: str | Path, run_id: str) -> Path:
@@ -35,9 +40,14 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
     def read(self, run_id: str, name: str) -> dict[str, Any]:
         raise NotImplementedError
 
-    def read_all(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
-        """Every stored ``(name, document)`` of the run, oldest first."""
+    def read_all(self, run_id: str, wanted: Callable[[str], bool] | None = None) -> list[tuple[str, dict[str, Any]]]:
+        """Every stored ``(name, document)`` of the run whose name is ``wanted``, oldest first."""
         raise NotImplementedError
+
+    def failed_rows(self, run_id: str) -> list[str]:
+        """The rows a fatal step failure stopped in the run (each op stores its own; a retry
+        that succeeded stored none)."""
+        return sorted({key for _, doc in self.read_all(run_id, is_failure_name) for key in rows_of(doc)})
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         run_id, step_key = context.get_identifier()[:2]
@@ -52,10 +62,9 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
         """Each row's final context: the teardown op's (every sink merged) and, for the rows
         that stopped at a failure, what they had then; without a teardown output (the run
         stopped early) every stored step context merged."""
-        stored = self.read_all(run_id)
-        final = [data for name, data in stored if name == FINAL_STEP]
-        if final:
-            stored = [(FINAL_STEP, final[0]), *((n, d) for n, d in stored if n.endswith(".failed"))]
+        stored = self.read_all(run_id, lambda name: name == FINAL_STEP or is_failure_name(name))
+        if not any(name == FINAL_STEP for name, _ in stored):
+            stored = self.read_all(run_id)
         return merge_upstream((data for _, data in stored), every=False)
 
 
@@ -75,10 +84,11 @@ class TaskContextIOManager(ContextIOManagerBase):
     def read(self, run_id: str, name: str) -> dict[str, Any]:
         return json.loads(self._path(run_id, name).read_text())
 
-    def read_all(self, run_id: str) -> list[tuple[str, dict[str, Any]]]:
+    def read_all(self, run_id: str, wanted: Callable[[str], bool] | None = None) -> list[tuple[str, dict[str, Any]]]:
         folder = context_folder(self.base_dir, run_id)
         files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-        return [(p.name[: -len(".json")], json.loads(p.read_text())) for p in files]
+        named = [(p.name[: -len(".json")], p) for p in files]
+        return [(name, json.loads(p.read_text())) for name, p in named if wanted is None or wanted(name)]
 
 
 def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:

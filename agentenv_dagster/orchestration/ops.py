@@ -8,20 +8,22 @@ files, loaded artifacts; a row's under its partition) and hands the contexts on.
 from __future__ import annotations
 
 import json
+import logging
 from functools import lru_cache
 from typing import Any, Iterator
 
 import dagster as dg
+from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
 
 from ..context import TaskStepContext
 from ..naming import node_name
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.execution import StepFailed, default_seed
 from ..steps.scoring import verification_passed
-from .io_manager import FINAL_STEP
+from .io_manager import FAILED_SUFFIX, FINAL_STEP
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
-from .rows import ROWS, batch, merge_upstream, row_seed, run_keys
+from .rows import ROWS, UNPARTITIONED, batch, merge_upstream, row_seed, rows_of, run_keys
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ASSETS, TAG_TASK_ID
 from .usage import usage_metadata
 
@@ -78,6 +80,9 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
         defaults = _seed_defaults(context)
         for ctx in contexts.values():
             default_seed(ctx, defaults)
+    if not contexts:  # a launch of only the rows that did not pass, and every row passed
+        yield dg.Output(batch({}), metadata={"rows": 0})
+        return
     io_manager = getattr(context.resources, IO_MANAGER_KEY)
     carry_retries(context, step, contexts, io_manager)
     if len(contexts) == 1 and self_retry_pending(context, step):  # the budget comes before fail_task_on_error
@@ -95,7 +100,9 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     if failed or context.retry_number:  # (a retry that succeeded clears what its attempt left)
         # Keep the failed rows' contexts (their failed_steps record, a partial PromptResponse).
         io_manager.write(
-            run_id, f"{context.op_handle}.failed", batch({key: contexts[key].to_dict() for key in failed}))
+            run_id, f"{context.op_handle}{FAILED_SUFFIX}", batch({key: contexts[key].to_dict() for key in failed}))
+    if failed and not self_retry_pending(context, step):
+        report_unreached(context, list(failed))
     if failed and len(failed) == len(outcomes):
         torn_down = [] if self_retry_pending(context, step) else resource.teardown(run_id)
         first = next(iter(failed.values()))
@@ -120,10 +127,43 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     if many:
         yield from batch_check_evaluations(assets, step, {key: contexts[key] for key in done})
     durations = [o.duration_seconds for key, o in outcomes.items() if key not in failed]
-    metadata: dict[str, Any] = {"duration_seconds": round(max(durations), 3)}
+    metadata: dict[str, Any] = {"duration_seconds": round(max(durations, default=0.0), 3)}
     if len(outcomes) > 1:
         metadata.update({"rows": len(outcomes), "failed_rows": sorted(failed)})
     yield dg.Output(batch(done), metadata=metadata)
+
+
+def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
+    """Each task asset the stopped rows will not get (from this step on) as a planned
+    materialization: in a failed run, that is what Dagster shows as a failed partition (open
+    source storage keeps no failure events), so a backfill can pick out just those rows."""
+    partitioned = context.job_def.partitions_def is not None
+    rows = [key or None for key in keys if key != UNPARTITIONED or not partitioned]
+    step_key = str(context.op_handle)
+    for asset_key in unreached_assets(context.job_def, context.op_handle.name):
+        for row in rows:
+            context.instance.report_dagster_event(
+                DagsterEvent.build_asset_materialization_planned_event(
+                    context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)),
+                run_id=context.run_id, log_level=logging.DEBUG,
+            )
+
+
+def unreached_assets(job: dg.JobDefinition, node: str) -> list[dg.AssetKey]:
+    """The task-scoped assets (verifications, collections) of ``node`` and every node after it."""
+    structure = job.graph.dependency_structure
+    seen, todo = set(), [node]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += [i.node_name for inputs in structure.output_to_downstream_inputs_for_node(name).values()
+                     for i in inputs]
+    keys = []
+    for name in sorted(seen):
+        tag = job.graph.node_named(name).tags.get(TAG_STEP_ASSETS)
+        keys += [dg.AssetKey(path) for kind, _, path in (json.loads(tag)["produced"] if tag else []) if kind != ARTIFACT]
+    return keys
 
 
 def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
@@ -161,14 +201,25 @@ def refuse_changed_task(context) -> None:
 def teardown_op() -> dg.OpDefinition:
     @dg.op(
         name=TEARDOWN_OP, ins=_ins(), out=dg.Out(io_manager_key=IO_MANAGER_KEY),
-        required_resource_keys={RESOURCE_KEY},
-        description="Ends every env and agent the run deployed; its output is the final context.",
+        required_resource_keys={RESOURCE_KEY, IO_MANAGER_KEY},
+        description="Ends every env and agent the run deployed; its output is the final context. "
+        "Fails the run when a row stopped at a failing step.",
     )
     def _teardown(context, upstream):
         resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
         torn_down = resource.teardown(context.run_id)
-        final = merge_upstream(upstream, every=False)
-        return dg.Output(batch({k: c.to_dict() for k, c in final.items()}), metadata={"torn_down": torn_down})
+        final = batch({k: c.to_dict() for k, c in merge_upstream(upstream, every=False).items()})
+        io_manager = getattr(context.resources, IO_MANAGER_KEY)
+        stopped = io_manager.failed_rows(context.run_id)
+        if stopped:  # the others finished; the run fails so Dagster marks the stopped rows failed
+            io_manager.write(context.run_id, FINAL_STEP, final)
+            raise dg.Failure(
+                description=f"{len(stopped)} of {len(stopped) + len(rows_of(final))} rows stopped at a failing "
+                f"step (their verifications are failed partitions): {', '.join(stopped[:20])}"
+                + (" ..." if len(stopped) > 20 else ""),
+                metadata={"torn_down": torn_down, "failed_rows": dg.MetadataValue.json(stopped[:1000])},
+            )
+        return dg.Output(final, metadata={"torn_down": torn_down})
 
     return _teardown
 

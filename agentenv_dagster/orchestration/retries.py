@@ -32,7 +32,7 @@ from ..plan import TaskPlan
 from ..steps.base import AGENT, ENV, SANDBOX, TaskStep
 from ..steps.containers import CONTAINER
 from ..steps.execution import record_retries, rolled_back_sandboxes
-from .io_manager import FINAL_STEP, ContextIOManagerBase
+from .io_manager import FAILED_SUFFIX, FINAL_STEP, ContextIOManagerBase, is_failure_name
 from .rows import rows_of
 from .translator import TAG_CONTENT_HASH, TaskTranslator
 
@@ -211,9 +211,8 @@ def _rolled_back(io: ContextIOManagerBase, chain: list[dg.DagsterRun], job_def: 
     reused = {n.name for n in job_def.nodes} - replayed - {FINAL_STEP}
     stored: dict[str, dict] = {}
     for run in chain:  # each reused output from the nearest run that stored it
-        for name, doc in io.read_all(run.run_id):
-            if name in reused:
-                stored.setdefault(name, doc)
+        for name, doc in io.read_all(run.run_id, reused.__contains__):
+            stored.setdefault(name, doc)
     return rolled_back_sandboxes(failed, [ctx for doc in stored.values() for ctx in _contexts(doc)])
 
 
@@ -236,8 +235,8 @@ def carry_retries(context: dg.OpExecutionContext, step: TaskStep, contexts: dict
     run's own failed attempt, read from the failure context the op stored."""
     resets = json.loads(context.run.tags.get(TAG_RETRY_RESETS) or "[]")
     parent = context.run.parent_run_id
-    inherited = _stored_failures(io, parent, lambda name: name.endswith(".failed")) if resets and parent else {}
-    own_name = f"{context.op_handle}.failed"
+    inherited = _stored_failures(io, parent, is_failure_name) if resets and parent else {}
+    own_name = f"{context.op_handle}{FAILED_SUFFIX}"
     own = _stored_failures(io, context.run_id, lambda name: name == own_name) if context.retry_number else {}
     retried = {r["step_id"] for r in resets}
     for key, ctx in contexts.items():
@@ -256,10 +255,9 @@ def carry_retries(context: dg.OpExecutionContext, step: TaskStep, contexts: dict
 def _stored_failures(io: ContextIOManagerBase, run_id: str, wanted: Callable[[str], bool]) -> dict[str, list[TaskStepContext]]:
     """Per row, the run's stored failure contexts whose name is ``wanted``."""
     found: dict[str, list[TaskStepContext]] = {}
-    for name, doc in io.read_all(run_id):
-        if wanted(name):
-            for key, row in rows_of(doc).items():
-                found.setdefault(key, []).append(TaskStepContext.from_dict(row))
+    for _, doc in io.read_all(run_id, wanted):
+        for key, row in rows_of(doc).items():
+            found.setdefault(key, []).append(TaskStepContext.from_dict(row))
     return found
 
 

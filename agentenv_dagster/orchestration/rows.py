@@ -8,16 +8,21 @@ dataset costs a handful of ops rather than a thousand runs.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable
 
 import dagster as dg
 
 from ..context import TaskStepContext
+from ..steps.base import VERIFICATION
 
 UNPARTITIONED = ""
 ROWS = "rows"
 # the tags of a run over a range of partitions (what a single-run backfill sets)
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
+# "failed": of the rows a run names (all of them, unpartitioned), only those that did not pass
+ROWS_TAG, FAILED_ROWS = "agentenv/rows", "failed"
+STEP_ASSETS_TAG = "agentenv/assets"  # a node's asset keys (the translator sets it)
 
 
 def batch(contexts: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -43,10 +48,51 @@ def merge_upstream(upstream: Iterable[dict[str, Any]], *, every: bool) -> dict[s
 def run_keys(context: dg.OpExecutionContext, seeds: dict[str, Any]) -> list[str]:
     """The rows a root op starts: those its config seeds, else the run's partitions."""
     if seeds:
-        return list(seeds)
-    if context.has_partition_key_range:
-        return list(context.partition_keys)
-    return [context.partition_key] if context.has_partition_key else [UNPARTITIONED]
+        keys = list(seeds)
+    elif context.has_partition_key_range:
+        keys = list(context.partition_keys)
+    else:
+        keys = [context.partition_key] if context.has_partition_key else [UNPARTITIONED]
+    if context.run.tags.get(ROWS_TAG) == FAILED_ROWS and context.job_def.partitions_def is not None:
+        named = context.job_def.partitions_def.get_partition_keys() if keys == [UNPARTITIONED] else keys
+        failed = set(rows_not_passed(context.instance, context.job_def, named))
+        keys = [k for k in named if k in failed]
+        context.log.info(f"{ROWS_TAG}={FAILED_ROWS}: {len(keys)} of {len(named)} rows did not pass: {keys[:20]}")
+    return keys
+
+
+def rows_not_passed(instance: dg.DagsterInstance, job: dg.JobDefinition, keys: list[str]) -> list[str]:
+    """Of ``keys``, the rows to run again: a verification of theirs is a failed partition (the
+    row stopped), was never reached, or its latest materialization did not pass."""
+    verifications = [dg.AssetKey(path) for node in job.graph.nodes
+                     for kind, _, path in json.loads(node.tags.get(STEP_ASSETS_TAG) or '{"produced": []}')["produced"]
+                     if kind == VERIFICATION]
+    again: set[str] = set()
+    for key in verifications:
+        latest = latest_metadata(instance, key, keys)
+        again |= {k for k in keys if k not in latest or _value(latest[k].get("passed")) is not True}
+    return [k for k in keys if k in again]
+
+
+def latest_metadata(instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str]) -> dict[str, dict[str, Any]]:
+    """Each row's latest materialization metadata of ``key`` (rows never materialized left
+    out): two queries for the whole dataset, not one a row."""
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    wanted = set(rows)
+    by_row: dict[str, dict[str, Any]] = {}
+    ids = sorted(storage_id for row, storage_id in latest.items() if row in wanted)
+    for start in range(0, len(ids), 500):  # SQLite caps a query's bound parameters
+        chunk = ids[start:start + 500]
+        records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=chunk),
+                                                  limit=len(chunk)).records
+        for record in records:
+            materialization = record.asset_materialization
+            by_row[materialization.partition] = dict(materialization.metadata)
+    return by_row
+
+
+def _value(metadata_value: Any) -> Any:
+    return getattr(metadata_value, "value", metadata_value)
 
 
 def row_seed(context: dg.OpExecutionContext, seeds: dict[str, Any], key: str) -> dict[str, Any] | None:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..context import redacted_json
 from ..runtime.s3 import S3Location
-from .io_manager import FINAL_STEP, ContextIOManagerBase
-from .rows import merge_upstream
+from .io_manager import ContextIOManagerBase
 
 _WRITTEN = "written-ns"  # object metadata: the write order (S3 timestamps are whole seconds)
 
@@ -44,7 +43,7 @@ class S3ContextIOManager(ContextIOManagerBase):
     def read(self, run_id: str, name: str) -> dict[str, Any]:
         return json.loads(self.location.get_bytes(f"{self._folder(run_id)}/{name}.json"))
 
-    def read_all(self, run_id: str, wanted=None) -> list[tuple[str, dict[str, Any]]]:
+    def read_all(self, run_id: str, wanted: Callable[[str], bool] | None = None) -> list[tuple[str, dict[str, Any]]]:
         location, folder = self.location, self._folder(run_id) + "/"
         stored = []
         for entry in location.list_keys(folder):
@@ -55,13 +54,3 @@ class S3ContextIOManager(ContextIOManagerBase):
             order = int((got.get("Metadata") or {}).get(_WRITTEN) or 0)
             stored.append((order, name[: -len(".json")], json.loads(got["Body"].read())))
         return [(name, data) for _, name, data in sorted(stored, key=lambda s: (s[0], s[1]))]
-
-    def final_contexts(self, run_id: str):
-        """As on disk, fetching only what is needed: with a teardown output, it and the
-        failed rows' contexts, not every step's."""
-        names = {e["Key"].rsplit("/", 1)[-1] for e in self.location.list_keys(self._folder(run_id) + "/")}
-        if f"{FINAL_STEP}.json" not in names:
-            return super().final_contexts(run_id)
-        stored = self.read_all(run_id, lambda name: name == FINAL_STEP or name.endswith(".failed"))
-        final = [data for name, data in stored if name == FINAL_STEP]
-        return merge_upstream([final[0], *(d for n, d in stored if n.endswith(".failed"))], every=False)

@@ -15,6 +15,7 @@ from ..plan import TaskPlan
 from ..reports.results import EvaluationResult, FinalStatus
 from ..reports.suite import suite_rollup
 from ..steps.base import VERIFICATION
+from .rows import latest_metadata
 from .translator import TaskTranslator
 
 
@@ -63,19 +64,9 @@ def _check_name(index: int, metric: str) -> str:
 
 def _row_results(instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, rows: list[str]) -> list[EvaluationResult]:
     """Each row's latest verification as a task result, in dataset order (rows that never ran
-    are left out): two queries for the whole dataset, not one a row."""
-    latest = instance.event_log_storage.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
-    wanted = set(rows)
-    by_row: dict[str, dict[str, Any]] = {}
-    ids = sorted(storage_id for row, storage_id in latest.items() if row in wanted)
-    for start in range(0, len(ids), 500):  # SQLite caps a query's bound parameters
-        chunk = ids[start:start + 500]
-        records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=chunk),
-                                                  limit=len(chunk)).records
-        for record in records:
-            materialization = record.asset_materialization
-            by_row[materialization.partition] = {k: v.value for k, v in materialization.metadata.items()}
-    return [_result(task_id, row, by_row[row]) for row in rows if row in by_row]
+    are left out)."""
+    latest = latest_metadata(instance, key, rows)
+    return [_result(task_id, row, {k: v.value for k, v in latest[row].items()}) for row in rows if row in latest]
 
 
 def _result(task_id: str, row: str, metadata: dict[str, Any]) -> EvaluationResult:

@@ -14,12 +14,13 @@ import dagster as dg
 from ..naming import job_name, node_name
 from ..plan import TaskPlan
 from ..steps.base import AGENT, ARTIFACT, PRODUCER, SELF, VERIFICATION, TaskStep
+from .rows import STEP_ASSETS_TAG
 
 TAG_TASK_ID = "agentenv/task_id"
 TAG_TASK_VERSION = "agentenv/task_version"
 TAG_CONTENT_HASH = "agentenv/content_hash"
 TAG_FORMAT = "agentenv/format"
-TAG_STEP_ASSETS = "agentenv/assets"
+TAG_STEP_ASSETS = STEP_ASSETS_TAG
 TAG_SEED = "agentenv/seed"  # the task's default token values (JSON); edit it in the launchpad to retarget a run
 
 log = logging.getLogger("agentenv_dagster")

@@ -15,7 +15,7 @@ from agentenv_dagster.compiler import checked_plan, load_document, step_registry
 from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
 from agentenv_dagster.orchestration.execute import execute_plan
-from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG
+from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG, ROWS_TAG
 from agentenv_dagster.runtime.local import Ledger
 from projects import leaked_servers, make_project
 
@@ -23,6 +23,7 @@ VERIFICATION = dg.AssetKey(["verifications", "words", "success_criteria"])
 
 ROW_STEP = textwrap.dedent('''
     from agentenv_dagster.steps.base import TaskStep
+    from agentenv_dagster.steps.verifiers import _Verifier
 
     class RowStep(TaskStep):
         """Fails for the rows whose ``verdict`` is "fail"; records what it saw."""
@@ -33,6 +34,13 @@ ROW_STEP = textwrap.dedent('''
             ctx.metadata_map("seen")[self.id] = self.verdict
             if self.verdict == "fail":
                 raise RuntimeError(f"row said {self.verdict}")
+
+    class RowScore(_Verifier):
+        """A verification of every row that reaches it."""
+        type_name = "row_score"
+
+        async def execute(self, ctx, rt):
+            self.record(ctx, [{"id": "reached", "score": 1.0, "result": True}])
 ''')
 
 
@@ -43,7 +51,7 @@ def rows_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
 
 @pytest.fixture
 def project(tmp_path):
-    root = make_project(tmp_path / "project", extra_config='[task_steps]\nimpls = ["row_steps:RowStep"]\n')
+    root = make_project(tmp_path / "project", extra_config='[task_steps]\nimpls = ["row_steps:RowStep", "row_steps:RowScore"]\n')
     (root / "row_steps.py").write_text(ROW_STEP)
     yield root
     assert leaked_servers(root / ".agentenv" / "state") == []
@@ -93,7 +101,10 @@ def test_a_row_that_fails_stops_there_and_the_others_go_on(project):
     plan = checked_plan(replace(document, partitions=seeds))
     with dg.instance_for_test() as instance:
         run = execute_plan(plan, config, instance=instance, partition_keys=["c", "a", "b"])
-        assert run.success
+        assert not run.success  # the run fails (after every row ran) so Dagster marks the stopped row
+        teardown = [e for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)]
+        assert [e.step_key for e in teardown] == ["teardown_run"]
+        assert "1 of 3 rows stopped" in teardown[0].dagster_event.event_specific_data.error.message
         assert set(run.contexts) == {"a", "b", "c"}
         assert run.contexts["a"].metadata["seen"] == {"check": "pass", "after": "ran"}
         assert run.contexts["b"].metadata["seen"] == {"check": "fail"}  # `after` never ran for it
@@ -106,6 +117,34 @@ def test_a_row_that_fails_stops_there_and_the_others_go_on(project):
         failed = execute_plan(everyone_fails, config, instance=instance, partition_keys=["x", "y"])
     assert not failed.success
     assert {k: c.metadata["failed_steps"][0]["step_id"] for k, c in failed.contexts.items()} == {"x": "check", "y": "check"}
+
+
+def test_rows_that_stop_are_the_failed_partitions_of_the_assets_they_never_reached(project):
+    steps = [
+        {"id": "check", "type": "row_step", "verdict": "<row.verdict>", "depends_on": []},
+        {"id": "score", "type": "row_score"},
+    ]
+    (project / "tasks" / "rows.json").write_text(json.dumps(steps))
+    config = load_config(project)
+    document, _ = load_document(project / "tasks" / "rows.json", step_registry(config))
+    seeds = {"a": {"row.verdict": "pass"}, "b": {"row.verdict": "fail"}, "c": {"row.verdict": "fail"},
+             "d": {"row.verdict": "pass"}}
+    plan = checked_plan(replace(document, partitions=seeds))
+    key = dg.AssetKey(["verifications", "rows", "score"])
+    partitions = dg.StaticPartitionsDefinition(list(seeds))
+    with dg.instance_for_test() as instance:
+        run = execute_plan(plan, config, instance=instance, partition_keys=["a", "b", "c"])
+        assert not run.success
+        status = instance.get_status_by_partition(key, list(seeds), partitions)
+        assert {k: getattr(v, "value", v) for k, v in status.items()} == {
+            "a": "MATERIALIZED", "b": "FAILED", "c": "FAILED", "d": None}
+        # the stopped rows' contexts are kept, and the run's final output holds the rest
+        assert set(run.contexts) == {"a", "b", "c"}
+        # a later run of a failed row that gets through clears its failure
+        fixed = checked_plan(replace(document, partitions={**seeds, "b": {"row.verdict": "pass"}}))
+        assert execute_plan(fixed, config, instance=instance, partition_keys=["b"]).success
+        status = instance.get_status_by_partition(key, list(seeds), partitions)
+        assert getattr(status["b"], "value", None) == "MATERIALIZED" and status["c"].value == "FAILED"
 
 
 def test_a_launch_over_a_partition_range_without_row_config_reads_the_rows_from_the_job(project):
@@ -123,6 +162,41 @@ def test_a_launch_over_a_partition_range_without_row_config_reads_the_rows_from_
                                         tags={RANGE_START_TAG: "r1", RANGE_END_TAG: "r2"})
         assert result.success
         assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2"}
+
+
+def test_a_run_tagged_rows_failed_runs_only_the_rows_that_did_not_pass(project):
+    from agentenv_dagster import build_definitions
+
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
+    job = build_definitions(project / "tasks").get_job_def("words")
+    config = job.partitioned_config.get_run_config_for_partition_key("r1")
+    for node in config["ops"].values():  # the step fields only, as the launchpad sends them
+        node["config"].pop("rows", None)
+    with dg.instance_for_test() as instance:
+        assert job.execute_in_process(instance=instance, run_config=config,
+                                      tags={RANGE_START_TAG: "r1", RANGE_END_TAG: "r3"}).success
+        again = job.execute_in_process(instance=instance, run_config=config, tags={ROWS_TAG: "failed"})  # every row
+        records = instance.fetch_materializations(VERIFICATION, limit=10).records
+        assert again.success
+        assert sorted(r.asset_materialization.partition for r in records if r.run_id == again.run_id) == ["r3"]
+        # r3 has no scripted reply: it fails again; of r1..r2 none is left to re-run
+        with_none = job.execute_in_process(instance=instance, run_config=config, tags={
+            ROWS_TAG: "failed", RANGE_START_TAG: "r1",
+                                                                    RANGE_END_TAG: "r2"})
+        assert with_none.success
+        assert not [r for r in instance.fetch_materializations(VERIFICATION, limit=10).records
+                    if r.run_id == with_none.run_id]
+
+
+def test_the_cli_reruns_only_the_failed_rows(project):
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
+    first = cli(project, "run", "tasks/words.yaml", "--output-dir", "out")
+    assert first.returncode == 1, first.stdout + first.stderr
+    again = cli(project, "run", "tasks/words.yaml", "--failed-only", "--output-dir", "again")
+    assert again.returncode == 1, again.stdout + again.stderr
+    summary = json.loads((project / "again" / "run.json").read_text())
+    assert (summary["tasks_run"], summary["tasks_error"]) == (1, 1)
+    assert "words/r3" in again.stdout and "words/r1" not in again.stdout
 
 
 def test_the_cli_runs_a_dataset_with_bounded_rows_in_flight(project):
