@@ -23,8 +23,8 @@ from ..steps.scoring import verification_passed
 from .io_manager import FAILED_SUFFIX, FINAL_STEP
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
-from .rows import ROWS, UNPARTITIONED, batch, merge_upstream, row_seed, rows_of, run_keys
-from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ASSETS, TAG_TASK_ID
+from .rows import ROWS, UNPARTITIONED, batch, merge_upstream, node_assets, row_seed, rows_of, run_keys
+from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_TASK_ID
 from .usage import usage_metadata
 
 IO_MANAGER_KEY = "task_context_io_manager"
@@ -111,7 +111,7 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
             metadata={"error_type": first.record["error_type"], "torn_down": torn_down,
                       **({"failed_rows": sorted(failed)} if len(failed) > 1 else {})},
         )
-    assets = json.loads(context.op.tags.get(TAG_STEP_ASSETS) or '{"produced": [], "loaded": {}}')
+    assets = node_assets(context.op.tags)
     prices = resource.load_config().model.prices if assets["produced"] else {}
     many = len(outcomes) > 1
     for key, outcome in outcomes.items():
@@ -159,11 +159,8 @@ def unreached_assets(job: dg.JobDefinition, node: str) -> list[dg.AssetKey]:
             seen.add(name)
             todo += [i.node_name for inputs in structure.output_to_downstream_inputs_for_node(name).values()
                      for i in inputs]
-    keys = []
-    for name in sorted(seen):
-        tag = job.graph.node_named(name).tags.get(TAG_STEP_ASSETS)
-        keys += [dg.AssetKey(path) for kind, _, path in (json.loads(tag)["produced"] if tag else []) if kind != ARTIFACT]
-    return keys
+    return [dg.AssetKey(path) for name in sorted(seen)
+            for kind, _, path in node_assets(job.graph.node_named(name).tags)["produced"] if kind != ARTIFACT]
 
 
 def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:

@@ -61,12 +61,17 @@ def run_keys(context: dg.OpExecutionContext, seeds: dict[str, Any]) -> list[str]
     return keys
 
 
+def node_assets(tags: dict[str, str]) -> dict[str, Any]:
+    """A node's asset keys from its tag: ``produced`` [kind, name, path] and ``loaded``."""
+    raw = tags.get(STEP_ASSETS_TAG)
+    return json.loads(raw) if raw else {"produced": [], "loaded": {}}
+
+
 def rows_not_passed(instance: dg.DagsterInstance, job: dg.JobDefinition, keys: list[str]) -> list[str]:
     """Of ``keys``, the rows to run again: a verification of theirs is a failed partition (the
     row stopped), was never reached, or its latest materialization did not pass."""
     verifications = [dg.AssetKey(path) for node in job.graph.nodes
-                     for kind, _, path in json.loads(node.tags.get(STEP_ASSETS_TAG) or '{"produced": []}')["produced"]
-                     if kind == VERIFICATION]
+                     for kind, _, path in node_assets(node.tags)["produced"] if kind == VERIFICATION]
     again: set[str] = set()
     for key in verifications:
         latest = latest_metadata(instance, key, keys)
