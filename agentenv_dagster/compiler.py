@@ -71,10 +71,10 @@ def coder_eval_document(loaded, registry: StepRegistry, *, grade_only_from: Path
         steps, source=str(path), default_id=loaded.task.task_id, registry=registry, format="coder-eval",
     )
     try:
-        partitions = dataset_partitions(loaded)
+        partitions, sampling = dataset_partitions(loaded)
     except (ValueError, OSError) as exc:
         raise TaskLoadError([SpecError(str(exc), file=str(path), field="dataset")]) from None
-    return replace(document, partitions=partitions)
+    return replace(document, partitions=partitions, sampling=sampling)
 
 
 def load_plan(

@@ -69,13 +69,24 @@ def build_job(
 
 
 def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dict | dg.PartitionedConfig:
-    rows = plan.document.partitions
-    if not rows:
+    if not plan.document.partitions:
         return run_config(plan, translator)
-    return dg.PartitionedConfig(
-        partitions_def=translator.get_partitions_def(plan),
-        run_config_for_partition_key_fn=lambda key: run_config(plan, translator, {key: rows[key]}),
-    )
+    return dg.PartitionedConfig(partitions_def=translator.get_partitions_def(plan),
+                                run_config_for_partition_key_fn=RowConfig(plan, translator))
+
+
+class RowConfig:
+    """A partition's run config (its row's values in the root ops); ``selected_rows`` is
+    what a run that names no partition takes (``rows.run_keys``)."""
+
+    def __init__(self, plan: TaskPlan, translator: TaskTranslator):
+        self.plan, self.translator = plan, translator
+
+    def __call__(self, key: str) -> dict:
+        return run_config(self.plan, self.translator, {key: self.plan.document.partitions[key]})
+
+    def selected_rows(self) -> list[str]:
+        return self.plan.document.selected_rows()
 
 
 def run_config(plan: TaskPlan, translator: TaskTranslator, rows: dict[str, dict] | None = None) -> dict:

@@ -24,7 +24,7 @@ from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
 from .retries import retry_in_process
-from .rows import RANGE_END_TAG, RANGE_START_TAG
+from .rows import range_tags
 from .sqlite_storage import local_storage_yaml
 from .translator import TaskTranslator
 
@@ -153,8 +153,6 @@ def _range_launch(plan: TaskPlan, keys: list[str]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"task '{plan.task_id}' has no partitions {unknown}")
     ordered = [k for k in rows if k in set(keys)]
-    return {
-        "run_config": run_config(plan, TaskTranslator(), {k: rows[k] for k in ordered}),
-        "tags": {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]},
-    }
+    return {"run_config": run_config(plan, TaskTranslator(), {k: rows[k] for k in ordered}),
+            "tags": range_tags(plan, ordered)}
 

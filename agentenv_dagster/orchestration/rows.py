@@ -46,19 +46,35 @@ def merge_upstream(upstream: Iterable[dict[str, Any]], *, every: bool) -> dict[s
 
 
 def run_keys(context: dg.OpExecutionContext, seeds: dict[str, Any]) -> list[str]:
-    """The rows a root op starts: those its config seeds, else the run's partitions."""
+    """The rows a root op starts: those its config seeds, else the run's partitions; a run
+    of a dataset job that names none takes the dataset's selection (every row, or a draw
+    of ``sample_per_stratum``)."""
     if seeds:
         keys = list(seeds)
     elif context.has_partition_key_range:
         keys = list(context.partition_keys)
     else:
         keys = [context.partition_key] if context.has_partition_key else [UNPARTITIONED]
-    if context.run.tags.get(ROWS_TAG) == FAILED_ROWS and context.job_def.partitions_def is not None:
-        named = context.job_def.partitions_def.get_partition_keys() if keys == [UNPARTITIONED] else keys
+    partitioned = context.job_def.partitioned_config
+    failed_only = context.run.tags.get(ROWS_TAG) == FAILED_ROWS
+    if keys == [UNPARTITIONED] and partitioned is not None:
+        # of every row, those that did not pass; else what the dataset selects
+        select = getattr(partitioned.run_config_for_partition_key_fn, "selected_rows", None)
+        keys = context.job_def.partitions_def.get_partition_keys() if failed_only or select is None else select()
+        context.log.info(f"no rows named: {len(keys)} rows of the dataset's selection")
+    if failed_only and partitioned is not None:
+        named = keys
         failed = set(rows_not_passed(context.instance, context.job_def, named))
         keys = [k for k in named if k in failed]
         context.log.info(f"{ROWS_TAG}={FAILED_ROWS}: {len(keys)} of {len(named)} rows did not pass: {keys[:20]}")
     return keys
+
+
+def range_tags(plan, keys: list[str]) -> dict[str, str]:
+    """The partition range a run over ``keys`` shows in Dagster (first and last in dataset order)."""
+    order = {key: i for i, key in enumerate(plan.document.partitions or {})}
+    ordered = sorted(keys, key=order.__getitem__)
+    return {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
 
 
 def node_assets(tags: dict[str, str]) -> dict[str, Any]:

@@ -4,7 +4,7 @@ The cron comes from ``[schedules]`` in ``.agentenv/config.toml`` (task id -> cro
 either format) or, for a Coder Eval task, from a ``schedule:<preset>`` tag (``hourly``,
 ``daily``, ``weekly``, ``monthly``, ``yearly``: the reference's tags are kebab-case
 ``key:value`` words, so a cron expression itself cannot be a tag). Config wins over a tag.
-A dataset task's tick runs every row in one run, as the CLI does.
+A dataset task's tick runs its selected rows in one run, as the CLI does.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import dagster as dg
 from ..config import AgentEnvConfig, ScheduleEntry
 from ..errors import TaskLoadError
 from ..plan import TaskPlan
-from .rows import RANGE_END_TAG, RANGE_START_TAG
+from .rows import range_tags
 from .translator import TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
@@ -26,18 +26,19 @@ TAG_PRESETS = {name: f"@{name}" for name in ("hourly", "daily", "weekly", "month
 
 def task_run_request(plan: TaskPlan, translator: TaskTranslator, *, run_key: str | None = None) -> dg.RunRequest:
     """A run of the task as ``plan`` has it: its steps as op config, its id, version and
-    content hash as tags; a dataset task's rows all in one run (a range of partitions)."""
+    content hash as tags; a dataset task's selected rows (every row, or a new stratified
+    draw) all in one run, tagged with their range."""
     from .definitions import run_config  # definitions imports this module
 
     tags = dict(translator.get_job_tags(plan))
     request = {"run_key": run_key, "job_name": translator.get_job_name(plan)}
-    rows = plan.document.partitions
-    if not rows:
+    if not plan.document.partitions:
         return dg.RunRequest(**request, run_config=run_config(plan, translator), tags=tags)
-    keys = list(rows)
+    keys = plan.document.selected_rows()
+    rows = {key: plan.document.partitions[key] for key in keys}
     if len(keys) == 1:
         return dg.RunRequest(**request, run_config=run_config(plan, translator, rows), tags=tags, partition_key=keys[0])
-    tags.update({RANGE_START_TAG: keys[0], RANGE_END_TAG: keys[-1]})
+    tags.update(range_tags(plan, keys))
     return dg.RunRequest(**request, run_config=run_config(plan, translator, rows), tags=tags)
 
 

@@ -21,6 +21,7 @@ from .depends import check_dag, check_retry_targets, normalize_depends_on
 if TYPE_CHECKING:
     from ..steps.base import TaskStep
     from ..steps.registry import StepRegistry
+    from .coder_eval.dataset import RowSampling
 
 NOT_A_STEP_LIST = "JSON file must contain a list of step dicts"
 
@@ -39,16 +40,24 @@ class TaskDocument:
     # The stored form's ``seed``: what its ``<key>`` tokens become when the run's metadata.seed
     # does not set them, so a task aimed with ``-D metadata.seed.key=...`` also runs as it is.
     seed: dict[str, Any] | None = None
+    # A dataset's ``sample_per_stratum``: the rows a run takes when it names none.
+    sampling: RowSampling | None = None
 
     def step_documents(self) -> list[dict[str, Any]]:
         return [step.to_document() for step in self.steps]
+
+    def selected_rows(self) -> list[str]:
+        """The rows a run of the whole dataset takes: a new stratified draw (seeded by
+        ``sample_seed``), or every row."""
+        return self.sampling.draw() if self.sampling else list(self.partitions or {})
 
     @property
     def content_hash(self) -> str:
         """Hash of what runs (id + steps), so a re-execution can refuse a changed task."""
         canonical = json.dumps(
             {"id": self.task_id, "steps": self.step_documents(), "partitions": self.partitions,
-             **({"seed": self.seed} if self.seed else {})},
+             **({"seed": self.seed} if self.seed else {}),
+             **({"sample": [self.sampling.per_stratum, self.sampling.seed]} if self.sampling else {})},
             sort_keys=True, default=str,
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

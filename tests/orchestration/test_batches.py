@@ -188,6 +188,36 @@ def test_a_run_tagged_rows_failed_runs_only_the_rows_that_did_not_pass(project):
                     if r.run_id == with_none.run_id]
 
 
+def test_a_run_that_names_no_rows_takes_the_dataset_s_stratified_sample(project):
+    from agentenv_dagster import build_definitions
+    from agentenv_dagster.orchestration.schedules import task_run_request
+    from agentenv_dagster.orchestration.translator import TaskTranslator
+
+    rows = ", ".join(f"{{id: r{i}, word: {'hi' if i < 4 else 'yo'}, expected_skill: {'a' if i < 4 else 'b'}}}"
+                     for i in range(1, 7))
+    task = WORDS_TASK.format(extra="").replace(
+        "rows: [{id: r1, word: hi}, {id: r2, word: yo}, {id: r3, word: bye}]",
+        f"rows: [{rows}]\n  sample_per_stratum: 1\n  sample_seed: 3")
+    path = project / "tasks" / "words.yaml"
+    path.write_text(task)
+    job = build_definitions(project / "tasks").get_job_def("words")
+    assert len(job.partitions_def.get_partition_keys()) == 6  # every row is a partition
+    plan = checked_plan(load_document(path, step_registry(load_config(project)))[0])
+    drawn = plan.document.selected_rows()
+    assert len(drawn) == 2 and {int(k[1:]) < 4 for k in drawn} == {True, False}  # one row a stratum
+    config = job.partitioned_config.get_run_config_for_partition_key("r1")
+    for node in config["ops"].values():  # the step fields only, as the launchpad sends them
+        node["config"].pop("rows", None)
+    with dg.instance_for_test() as instance:
+        assert job.execute_in_process(instance=instance, run_config=config).success
+        assert instance.get_materialized_partitions(VERIFICATION) == set(drawn)
+    # a schedule tick or a sensor's launch takes the same draw, as the CLI's `run` does
+    request = task_run_request(plan, TaskTranslator())
+    assert set(request.run_config["ops"]["sandbox"]["config"]["rows"]) == set(drawn)
+    done = run_coder_eval_task(path, load_config(project), output_dir=project / "out")
+    assert sorted(r.task_id for r in done.results) == sorted(f"words/{k}" for k in drawn)
+
+
 def test_the_cli_reruns_only_the_failed_rows(project):
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
     first = cli(project, "run", "tasks/words.yaml", "--output-dir", "out")

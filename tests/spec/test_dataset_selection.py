@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentenv_dagster.spec.coder_eval import Dataset
-from agentenv_dagster.spec.coder_eval.dataset import SplitSelectorError, select_rows
+from agentenv_dagster.spec.coder_eval.dataset import SplitSelectorError, row_sampling, select_rows
 
 ROWS = [{"id": f"r{i}", "expected_skill": "a" if i < 6 else "b", "split": "dev" if i % 2 else "test"}
         for i in range(8)]
@@ -40,3 +40,12 @@ def test_stratified_sampling_draws_per_stratum_and_keeps_small_strata_whole():
     by_stratum = {s: [r for r in rows if r["expected_skill"] == s] for s in "ab"}
     assert len(by_stratum["a"]) == 2 and ids(by_stratum["b"]) == ["r6", "r7"]
     assert rows == select_rows(ROWS, dataset)[0]  # seeded: the same draw every time
+
+
+def test_the_code_location_s_draw_over_row_ids_is_the_cli_s_draw_over_rows():
+    for seed in range(20):
+        dataset = Dataset(rows=ROWS, sample_per_stratum=2, sample_seed=seed)
+        assert row_sampling(ROWS, dataset).draw() == ids(select_rows(ROWS, dataset)[0])
+    unseeded = row_sampling(ROWS, Dataset(rows=ROWS, sample_per_stratum=2))
+    assert len({tuple(unseeded.draw()) for _ in range(30)}) > 1  # no sample_seed: a new draw each run
+    assert row_sampling(ROWS, Dataset(rows=ROWS)) is None

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from pydantic import Field, model_validator
 
@@ -107,12 +108,41 @@ def select_rows(
         keep = {id(row) for row in random.Random(0).sample(rows, min(sample, len(rows)))}
         return [row for row in rows if id(row) in keep], warnings
     if dataset.sample_per_stratum is not None:
-        strata: dict[str, list[dict[str, Any]]] = {}
-        for row in rows:
-            strata.setdefault(str(row.get(dataset.stratify_field, "")), []).append(row)
-        draw = random.Random(dataset.sample_seed)
-        keep = {id(row) for stratum in strata.values()
-                for row in (stratum if len(stratum) <= dataset.sample_per_stratum
-                            else draw.sample(stratum, dataset.sample_per_stratum))}
-        rows = [row for row in rows if id(row) in keep]
+        rows = stratified_sample(rows, lambda row: str(row.get(dataset.stratify_field, "")),
+                                 dataset.sample_per_stratum, dataset.sample_seed)
     return rows, warnings
+
+
+T = TypeVar("T")
+
+
+def stratified_sample(items: list[T], stratum: Callable[[T], str], per_stratum: int, seed: int | None) -> list[T]:
+    """``per_stratum`` items of each stratum (a smaller stratum whole), in their order; the
+    draw is seeded by ``seed`` only (None: a new draw every time), as upstream's."""
+    strata: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        strata.setdefault(stratum(item), []).append(index)
+    draw = random.Random(seed)
+    keep = {i for members in strata.values()
+            for i in (members if len(members) <= per_stratum else draw.sample(members, per_stratum))}
+    return [item for i, item in enumerate(items) if i in keep]
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """A dataset's ``sample_per_stratum`` over its row ids: what a run of the task without
+    chosen rows (a launch, a schedule tick, a sensor) takes, drawn again for each run."""
+
+    per_stratum: int
+    seed: int | None
+    strata: dict[str, str]  # row id -> its stratum (the stratify_field's value)
+
+    def draw(self) -> list[str]:
+        return stratified_sample(list(self.strata), self.strata.__getitem__, self.per_stratum, self.seed)
+
+
+def row_sampling(rows: list[dict[str, Any]], dataset: Dataset) -> RowSampling | None:
+    if dataset.sample_per_stratum is None:
+        return None
+    return RowSampling(dataset.sample_per_stratum, dataset.sample_seed,
+                       {str(row[dataset.id_field]): str(row.get(dataset.stratify_field, "")) for row in rows})

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import TaskLoadError
-from .dataset import check_row_ids, load_dataset_rows
+from .dataset import RowSampling, check_row_ids, load_dataset_rows, row_sampling
 from .early_stop import early_stop_problem, watcher_config
 from .loader import LoadedCoderEvalTask
 from .task import TaskDefinition
@@ -206,17 +206,21 @@ def criteria_documents(task: TaskDefinition) -> list[dict[str, Any]]:
     return [c.model_dump(mode="json", exclude_none=True, by_alias=True) for c in task.success_criteria]
 
 
-def dataset_partitions(loaded: LoadedCoderEvalTask) -> dict[str, dict[str, Any]] | None:
-    """Row id -> seed, in dataset order: a dataset task's partitions (None without one).
+def dataset_partitions(
+    loaded: LoadedCoderEvalTask,
+) -> tuple[dict[str, dict[str, Any]] | None, RowSampling | None]:
+    """Row id -> seed, in dataset order: a dataset task's partitions (None without one), and
+    its ``sample_per_stratum`` draw over them.
     ``${row.f}`` is filled in the prompt and the criteria only, as upstream: a field the row
     lacks or a dict/list value is an error, null is the empty string."""
     task = loaded.task
     if task.dataset is None:
-        return None
+        return None, None
     rows = load_dataset_rows(task.dataset, loaded.source.parent.resolve())
     check_row_ids(rows, task.dataset, task.task_id)
     used = sorted(set(ROW_TOKEN.findall(json.dumps([task.initial_prompt, criteria_documents(task)]))))
-    return {str(row[task.dataset.id_field]): _seed(row, used, task.dataset.id_field) for row in rows}
+    partitions = {str(row[task.dataset.id_field]): _seed(row, used, task.dataset.id_field) for row in rows}
+    return partitions, row_sampling(rows, task.dataset)
 
 
 def _seed(row: dict[str, Any], fields: list[str], id_field: str) -> dict[str, Any]:
