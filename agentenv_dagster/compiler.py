@@ -15,12 +15,18 @@ from .config import AgentEnvConfig
 from .errors import SpecError, TaskLoadError
 from .naming import job_name, node_name
 from .plan import TaskPlan
-from .spec.loader import TaskDocument, load_task_file, parse_task_document
+from .spec.loader import TaskDocument, load_task_file, parse_task_document, variant_key
 from .spec.store import TaskStore
 from .steps import BUILTIN_STEPS, StepRegistry
 from .steps.execution import apply_seed
 
 TASK_SUFFIXES = (".json", ".yaml", ".yml")
+EXPERIMENT_SEPARATOR = "__"  # <task_id>__<experiment_id>: a task under an experiment (its job, its assets)
+
+
+class VariantsDiffer(TaskLoadError):
+    """An experiment's variants lower to different graphs: no one job holds them (the CLI
+    runs each variant as a job of its own)."""
 
 
 class SkippedTask(Exception):
@@ -77,6 +83,45 @@ def coder_eval_document(loaded, registry: StepRegistry, *, grade_only_from: Path
     return replace(document, partitions=partitions, sampling=sampling)
 
 
+def experiment_document(
+    loaded, experiment: Path, registry: StepRegistry, *, overrides: Sequence[str] = (),
+    grade_only_from: Path | None = None,
+) -> TaskDocument:
+    """A Coder Eval task under every variant of an experiment, as one document: its partitions
+    are rows x variants (the variants alone without a dataset), each variant running its own
+    resolved steps. Its id is ``<task_id>__<experiment_id>``, so its job and assets are its own."""
+    from .spec.coder_eval import load_coder_eval_experiment
+    from .spec.coder_eval.variants import experiment_variants
+
+    source = str(experiment)
+    try:
+        experiment_id = load_coder_eval_experiment(experiment).experiment.experiment_id
+        variants = experiment_variants(loaded.task, experiment, overrides)
+    except TaskLoadError:
+        raise
+    except ValueError as exc:
+        raise TaskLoadError([SpecError(f"task '{loaded.task.task_id}': {exc}", file=source, field="variants")]) from None
+    documents = {variant_id: coder_eval_document(replace(loaded, task=resolved), registry, grade_only_from=grade_only_from)
+                 for variant_id, resolved, _ in variants}
+    (first_id, first), *others = documents.items()
+    for variant_id, document in others:
+        if _shape(document) != _shape(first):
+            raise VariantsDiffer([SpecError(
+                f"task '{first.task_id}': variant '{variant_id}' lowers to other steps than variant '{first_id}' "
+                f"(steps {[x[:2] for x in _shape(document)]} against {[x[:2] for x in _shape(first)]}); one job holds one graph, so run this experiment "
+                "with `agentenv-dagster run --experiment`", file=source, field=f"variants.{variant_id}")])
+    rows = first.partitions
+    partitions = ({variant_key(row, v): seed for row, seed in rows.items() for v in documents} if rows
+                  else {v: {} for v in documents})
+    return replace(first, task_id=f"{first.task_id}{EXPERIMENT_SEPARATOR}{experiment_id}", partitions=partitions,
+                   variant_steps={v: d.steps for v, d in documents.items()})
+
+
+def _shape(document: TaskDocument) -> list[tuple[str, str, str]]:
+    """What a job's graph is made of: each step's id, type and joins."""
+    return [(s.id, s.type, repr(s.depends_on)) for s in document.steps]
+
+
 def load_plan(
     path: str | Path, config: AgentEnvConfig, registry: StepRegistry | None = None, **options,
 ) -> TaskPlan:
@@ -118,7 +163,45 @@ def compile_location(tasks_dir: str | Path, config: AgentEnvConfig) -> CompileRe
     file also defines is left out with a warning: the file in ``tasks/`` is what its job
     runs (``task run --id`` still runs the stored versions)."""
     files = discover(tasks_dir)
-    return compile_paths(task_sources(tasks_dir, config), config, shadowing=set(files))
+    report = compile_paths(task_sources(tasks_dir, config), config, shadowing=set(files))
+    compile_experiments(report, config)
+    return report
+
+
+def compile_experiments(report: CompileReport, config: AgentEnvConfig) -> None:
+    """``[experiments]``: each Coder Eval task listed, under its experiment, as a plan of its
+    own (partitions variant x row). A problem is an error of the experiment file; the task's
+    own job stays."""
+    from .spec.coder_eval import load_coder_eval_task
+
+    registry = step_registry(config)
+    tasks = {plan.task_id: plan for plan in report.plans if plan.document.format == "coder-eval"}
+    taken = {job_name(plan.task_id) for plan in report.plans}
+    for relative, task_ids in config.experiments.items():
+        experiment = config.root / relative
+        for task_id in task_ids:
+            if task_id not in tasks:
+                report.errors.append(SpecError(
+                    f"[experiments] no Coder Eval task '{task_id}' in the code location", file=str(experiment),
+                    field="experiments"))
+                continue
+            try:
+                loaded = load_coder_eval_task(Path(tasks[task_id].document.source))
+                plan = checked_plan(experiment_document(loaded, experiment, registry))
+            except TaskLoadError as exc:
+                report.errors.extend(exc.errors)
+                continue
+            except Exception as exc:  # like a task file: one bad experiment never takes the others down
+                report.errors.append(SpecError(
+                    f"task '{task_id}': could not compile: {type(exc).__name__}: {exc}", file=str(experiment)))
+                continue
+            name = job_name(plan.task_id)
+            if name in taken:
+                report.errors.append(SpecError(f"'{plan.task_id}' compiles to job '{name}', already taken",
+                                               file=str(experiment)))
+                continue
+            taken.add(name)
+            report.plans.append(plan)
 
 
 def compile_paths(paths: list[Path], config: AgentEnvConfig, *, shadowing: set[Path] | None = None) -> CompileReport:

@@ -207,6 +207,9 @@ class AgentEnvConfig(_Section):
     dagster: DagsterConfig = Field(default_factory=DagsterConfig)
     # task id -> its cron schedule (a Dagster schedule of the task's job)
     schedules: dict[str, Annotated[ScheduleEntry, BeforeValidator(_cron_string_to_entry)]] = Field(default_factory=dict)
+    # experiment file (relative to the project root) -> the Coder Eval task ids it runs: a job
+    # each, partitioned by variant x row
+    experiments: dict[str, list[str]] = Field(default_factory=dict)
     root: Path = Field(default_factory=Path.cwd, exclude=True)
 
     def env_entry(self, env_id: str) -> EnvEntry | None:

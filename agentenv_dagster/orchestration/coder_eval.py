@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import dagster as dg
 
-from ..compiler import checked_plan, coder_eval_document, step_registry
+from ..compiler import VariantsDiffer, checked_plan, coder_eval_document, experiment_document, step_registry
 from ..config import AgentEnvConfig
 from ..naming import job_name
 from ..reports.evaluation import evaluation_result
@@ -26,18 +26,19 @@ from ..reports.models import EvaluationResult, RunSummary, exit_code
 from ..reports.render import WrittenReports, write_reports
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
-from ..spec.coder_eval import apply_overrides, load_coder_eval_experiment, load_coder_eval_task, load_dataset_rows
+from ..spec.coder_eval import load_coder_eval_experiment, load_coder_eval_task, load_dataset_rows
 from ..spec.coder_eval.dataset import select_rows
-from ..spec.coder_eval.variants import resolve_for_variant
+from ..spec.coder_eval.variants import experiment_variants
+from ..spec.loader import VARIANT_SEPARATOR, variant_key
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import project_dagster_home
-from .rows import rows_not_passed
+from .rows import VARIANT_TAG, rows_not_passed
 from .shards import run_rows
 from .suites import suite_asset
 from .translator import TaskTranslator
 
-TAG_VARIANT, TAG_REPLICATE = "agentenv/variant", "agentenv/replicate"
+TAG_REPLICATE = "agentenv/replicate"
 
 
 @dataclass
@@ -91,19 +92,24 @@ def run_coder_eval_task(
         return CoderEvalRun(summary, [], write_reports(out, summary, []))
     registry = step_registry(config)
     results = []
-    variants = _variants(loaded, experiment, overrides)
+    variants = experiment_variants(task, experiment, overrides)
+    shared = _experiment_plan(loaded, experiment, registry, overrides, grade_only_from)
     for variant_id, resolved, repeats in variants:
-        plan = checked_plan(coder_eval_document(replace(loaded, task=resolved), registry, grade_only_from=grade_only_from))
+        plan = shared or checked_plan(coder_eval_document(replace(loaded, task=resolved), registry,
+                                                          grade_only_from=grade_only_from))
         rows = _selected_rows(resolved, path, split, sample)
-        if failed_only and rows:
+        # under an experiment's job, the partitions are this variant's rows (or the variant alone)
+        keys = rows if shared is None else [variant_key(r, variant_id) for r in rows] if rows is not None else [variant_id]
+        if failed_only and keys:
             with nullcontext(instance) if instance is not None else _project_instance(config) as active:
-                rows = rows_not_passed(active, build_job(plan), rows)
-        for replicate in range(repeats if rows != [] else 0):  # selected rows: one run, a partition each
+                keys = rows_not_passed(active, build_job(plan), keys)
+        for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant_id, str(replicate) if repeats > 1 else None) if p)
-            tags = {TAG_VARIANT: variant_id or "default", TAG_REPLICATE: str(replicate)}
-            contexts = run_rows(plan, config, rows, output_dir=out / "contexts" / (label or "task"), instance=instance,
+            tags = {VARIANT_TAG: variant_id or "default", TAG_REPLICATE: str(replicate)}
+            contexts = run_rows(plan, config, keys, output_dir=out / "contexts" / (label or "task"), instance=instance,
                                 rows_in_flight=rows_in_flight, tags=tags, shards=shards)
-            for row_id, context in contexts.items():
+            for key, context in contexts.items():
+                row_id = key.split(VARIANT_SEPARATOR)[0] if shared is None or VARIANT_SEPARATOR in key else ""
                 row_started, row_completed = _span(context)
                 response = context.find_prompt_response(PROMPT_ID)
                 url = response.agent_trajectory_object_url if response else None
@@ -155,24 +161,16 @@ def _write_experiment(out: Path, experiment, variant_ids: list[str], results: li
         (out / variant_id / "variant.json").write_text(json.dumps(aggregate, indent=2))
 
 
-def _variants(loaded, experiment: Path | None, overrides: Sequence[str]):
-    """(variant id, resolved task, replicates) for each variant; the task alone without one.
-    A simulation's ``n_trials`` multiplies the replicates (each trial is one, as upstream)."""
+def _experiment_plan(loaded, experiment: Path | None, registry, overrides: Sequence[str], grade_only_from):
+    """The experiment's own job (partitions variant x row), as the code location has it; None
+    without an experiment, or when its variants lower to different steps (a job each, then)."""
     if experiment is None:
-        task = apply_overrides(loaded.task, overrides) if overrides else loaded.task
-        return [(None, task, _trials(task))]
-    active = load_coder_eval_experiment(experiment).experiment
-    default = experiment.parent / "default.yaml"
-    base = load_coder_eval_experiment(default).experiment if default.is_file() and default != experiment else None
-    variants = []
-    for variant in active.variants:
-        task, repeats = resolve_for_variant(loaded.task, active, variant, base=base, overrides=overrides)
-        variants.append((variant.variant_id, task, repeats * _trials(task)))
-    return variants
-
-
-def _trials(task) -> int:
-    return task.simulation.n_trials if task.in_simulation else 1
+        return None
+    try:
+        return checked_plan(experiment_document(loaded, experiment, registry, overrides=overrides,
+                                                grade_only_from=grade_only_from))
+    except VariantsDiffer:
+        return None
 
 
 def _selected_rows(task, path: Path, split: str | None, sample: int | None) -> list[str] | None:

@@ -22,7 +22,7 @@ from .executors import FORKSERVER_EXECUTOR, job_executor
 from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
 from .resources import agentenv_resources
-from .rows import ROWS
+from .rows import ROWS, VARIANT_TAG
 from .schedules import task_schedules
 from .review_tags import review_tag_sensor
 from .retries import span_tags
@@ -71,13 +71,14 @@ def build_job(
 def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dict | dg.PartitionedConfig:
     if not plan.document.partitions:
         return run_config(plan, translator)
+    rows = RowConfig(plan, translator)
     return dg.PartitionedConfig(partitions_def=translator.get_partitions_def(plan),
-                                run_config_for_partition_key_fn=RowConfig(plan, translator))
+                                run_config_for_partition_key_fn=rows, tags_for_partition_key_fn=rows.tags)
 
 
 class RowConfig:
-    """A partition's run config (its row's values in the root ops); ``selected_rows`` is
-    what a run that names no partition takes (``rows.run_keys``)."""
+    """A partition's run config (its row's values in the root ops, its variant's steps);
+    ``selected_rows`` is what a run that names no partition takes (``rows.run_keys``)."""
 
     def __init__(self, plan: TaskPlan, translator: TaskTranslator):
         self.plan, self.translator = plan, translator
@@ -85,21 +86,26 @@ class RowConfig:
     def __call__(self, key: str) -> dict:
         return run_config(self.plan, self.translator, {key: self.plan.document.partitions[key]})
 
-    def selected_rows(self) -> list[str]:
-        return self.plan.document.selected_rows()
+    def tags(self, key: str) -> dict[str, str]:
+        variant = self.plan.document.variant_of(key)
+        return {VARIANT_TAG: variant} if variant is not None else {}
+
+    def selected_rows(self, variant: str | None = None) -> list[str]:
+        return self.plan.document.selected_rows(variant)
 
 
 def run_config(plan: TaskPlan, translator: TaskTranslator, rows: dict[str, dict] | None = None) -> dict:
-    """Op config: each step's fields, and for dataset rows their values in the root ops.
-    The steps keep their ``<row.field>`` tokens: every row is filled from its own values as
-    it runs, so one config serves a partition, a range of them, or the launchpad."""
+    """Op config: each step's fields (of the rows' variant, under an experiment), and for
+    dataset rows their values in the root ops. The steps keep their ``<row.field>`` tokens:
+    every row is filled from its own values as it runs, so one config serves a partition, a
+    range of them, or the launchpad."""
     roots = {s.id for s in plan.steps if not plan.edges[s.id]}
     return {"ops": {
         translator.get_node_name(step): {"config": {
             "step": step_config(step),
             **({ROWS: rows} if rows and step.id in roots else {}),
         }}
-        for step in plan.steps
+        for step in plan.document.steps_for(next(iter(rows), None) if rows else None)
     }}
 
 
@@ -137,6 +143,7 @@ def build_definitions(
 
     executor = job_executor(config)  # forkserver, or the project's choice ([dagster] executor)
     jobs = [build_job(plan, translator, executor) for plan in report.plans]
+    tasks = [plan for plan in report.plans if plan.document.variant_steps is None]  # not the experiment jobs
     suites = [a for a in (suite_asset(plan, translator) for plan in report.plans) if a is not None]
     jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
     specs = translator.get_artifact_specs(report.plans)
@@ -150,8 +157,8 @@ def build_definitions(
         assets=[*specs, *suites],
         asset_checks=checks,
         resources=location_resources(config),
-        sensors=[*task_sensors(tasks_dir, config, report.plans, jobs, translator), review_tag_sensor()],
-        schedules=task_schedules(report.plans, config, jobs, translator),
+        sensors=[*task_sensors(tasks_dir, config, tasks, jobs, translator), review_tag_sensor()],
+        schedules=task_schedules(tasks, config, jobs, translator),
     )
 
 

@@ -114,7 +114,7 @@ class AgentEnvResource(dg.ConfigurableResource):
         dataset row's carries its values as the seed every step is filled from."""
         data = json.loads(Path(self.initial_context_path).read_text()) if self.initial_context_path else {}
         ctx = TaskStepContext.from_dict(data)
-        ctx.instance_id = ctx.instance_id or "-".join(filter(None, (task_id, run_id[:8], row)))
+        ctx.instance_id = ctx.instance_id or "-".join(filter(None, (task_id, run_id[:8], row.replace("|", "-"))))
         ctx.metadata.setdefault("run_group_id", run_id)
         ctx.metadata.setdefault("task_id", task_id)
         if seed:

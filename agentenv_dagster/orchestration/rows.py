@@ -23,6 +23,7 @@ RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster
 # "failed": of the rows a run names (all of them, unpartitioned), only those that did not pass
 ROWS_TAG, FAILED_ROWS = "agentenv/rows", "failed"
 STEP_ASSETS_TAG = "agentenv/assets"  # a node's asset keys (the translator sets it)
+VARIANT_TAG = "agentenv/variant"  # an experiment's variant the run's steps are (one a run)
 
 
 def batch(contexts: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -56,13 +57,22 @@ def run_keys(context: dg.OpExecutionContext, seeds: dict[str, Any]) -> list[str]
     else:
         keys = [context.partition_key] if context.has_partition_key else [UNPARTITIONED]
     partitioned = context.job_def.partitioned_config
+    if partitioned is None:
+        return keys
+    document = partitioned.run_config_for_partition_key_fn.plan.document  # a RowConfig (definitions.py)
     failed_only = context.run.tags.get(ROWS_TAG) == FAILED_ROWS
-    if keys == [UNPARTITIONED] and partitioned is not None:
-        # of every row, those that did not pass; else what the dataset selects
-        select = getattr(partitioned.run_config_for_partition_key_fn, "selected_rows", None)
-        keys = context.job_def.partitions_def.get_partition_keys() if failed_only or select is None else select()
-        context.log.info(f"no rows named: {len(keys)} rows of the dataset's selection")
-    if failed_only and partitioned is not None:
+    variant = context.run.tags.get(VARIANT_TAG) if document.variant_steps is not None else None
+    if keys == [UNPARTITIONED]:
+        if document.variant_steps is not None and variant not in document.variant_steps:
+            raise dg.Failure(description=f"an experiment job runs one variant a run: launch a partition, or set "
+                             f"the run tag {VARIANT_TAG} to one of {list(document.variant_steps)}")
+        # of every row (of the variant), those that did not pass; else what the dataset selects
+        keys = ([k for k in document.partitions if document.variant_of(k) == variant] if failed_only
+                else document.selected_rows(variant))
+        context.log.info(f"no rows named: {len(keys)} rows of the dataset")
+    if variant is not None and (other := [k for k in keys if document.variant_of(k) != variant]):
+        raise dg.Failure(description=f"this run's steps are variant '{variant}'; it cannot run partitions {other[:5]}")
+    if failed_only:
         named = keys
         failed = set(rows_not_passed(context.instance, context.job_def, named))
         keys = [k for k in named if k in failed]
@@ -72,6 +82,8 @@ def run_keys(context: dg.OpExecutionContext, seeds: dict[str, Any]) -> list[str]
 
 def range_tags(plan, keys: list[str]) -> dict[str, str]:
     """The partition range a run over ``keys`` shows in Dagster (first and last in dataset order)."""
+    if plan.document.variant_steps is not None:  # a range of variant x row keys is not one variant's rows
+        return {}
     order = {key: i for i, key in enumerate(plan.document.partitions or {})}
     ordered = sorted(keys, key=order.__getitem__)
     return {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}

@@ -22,7 +22,7 @@ from .translator import TaskTranslator
 def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefinition | None:
     rows = plan.document.partitions
     graded = [s for s in plan.steps if getattr(s, "criteria", None) and s.type == "success_criteria"]
-    if not rows or not graded:
+    if not rows or not graded or plan.document.variant_steps is not None:  # an experiment: experiment.json
         return None
     step = graded[0]
     (verification,) = [key for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION]

@@ -72,8 +72,16 @@ class TaskTranslator:
         return None
 
     def get_partitions_def(self, plan: TaskPlan) -> dg.PartitionsDefinition | None:
-        """A dataset task's rows as static partitions (a row id is a partition key)."""
-        rows = plan.document.partitions
+        """A dataset task's rows as static partitions (a row id is a partition key); a task
+        under an experiment, its variants x rows (``<row>|<variant>``), or its variants alone."""
+        document = plan.document
+        if document.variant_steps is not None:
+            variants = dg.StaticPartitionsDefinition(list(document.variant_steps))
+            rows = document.row_ids()
+            if not rows:
+                return variants
+            return dg.MultiPartitionsDefinition({"row": dg.StaticPartitionsDefinition(rows), "variant": variants})
+        rows = document.partitions
         return dg.StaticPartitionsDefinition(list(rows)) if rows else None
 
     def get_group_name(self, plan: TaskPlan) -> str:

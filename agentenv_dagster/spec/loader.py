@@ -24,6 +24,13 @@ if TYPE_CHECKING:
     from .coder_eval.dataset import RowSampling
 
 NOT_A_STEP_LIST = "JSON file must contain a list of step dicts"
+# An experiment's partition key: Dagster's MultiPartitionKey, the dimensions' keys in the
+# order of their names (``row``, ``variant``); a task without a dataset is keyed by variant.
+VARIANT_SEPARATOR = "|"
+
+
+def variant_key(row: str | None, variant: str) -> str:
+    return f"{row}{VARIANT_SEPARATOR}{variant}" if row else variant
 
 
 @dataclass(frozen=True)
@@ -42,14 +49,34 @@ class TaskDocument:
     seed: dict[str, Any] | None = None
     # A dataset's ``sample_per_stratum``: the rows a run takes when it names none.
     sampling: RowSampling | None = None
+    # A task under an experiment: each variant's steps (same ids, types and joins as
+    # ``steps``, the first variant's); ``partitions`` are then keyed ``<row>|<variant>``.
+    variant_steps: dict[str, tuple["TaskStep", ...]] | None = None
 
     def step_documents(self) -> list[dict[str, Any]]:
         return [step.to_document() for step in self.steps]
 
-    def selected_rows(self) -> list[str]:
-        """The rows a run of the whole dataset takes: a new stratified draw (seeded by
-        ``sample_seed``), or every row."""
-        return self.sampling.draw() if self.sampling else list(self.partitions or {})
+    def selected_rows(self, variant: str | None = None) -> list[str]:
+        """The partitions a run that names none takes: a new stratified draw (seeded by
+        ``sample_seed``), or every row; of an experiment, under ``variant``."""
+        if self.variant_steps is None:
+            return self.sampling.draw() if self.sampling else list(self.partitions or {})
+        rows = self.sampling.draw() if self.sampling else self.row_ids()
+        return [variant_key(row, variant) for row in rows] if rows else [variant]
+
+    def row_ids(self) -> list[str]:
+        """The dataset's row ids, in order (an experiment's partitions are rows x variants)."""
+        if self.variant_steps is None:
+            return list(self.partitions or {})
+        return list(dict.fromkeys(k.split(VARIANT_SEPARATOR)[0] for k in self.partitions or {} if VARIANT_SEPARATOR in k))
+
+    def variant_of(self, key: str) -> str | None:
+        return key.rsplit(VARIANT_SEPARATOR, 1)[-1] if self.variant_steps is not None else None
+
+    def steps_for(self, key: str | None) -> tuple["TaskStep", ...]:
+        """The steps a partition runs: its variant's, else the task's."""
+        variant = self.variant_of(key) if key else None
+        return self.variant_steps[variant] if variant is not None else self.steps
 
     @property
     def content_hash(self) -> str:
@@ -57,7 +84,9 @@ class TaskDocument:
         canonical = json.dumps(
             {"id": self.task_id, "steps": self.step_documents(), "partitions": self.partitions,
              **({"seed": self.seed} if self.seed else {}),
-             **({"sample": [self.sampling.per_stratum, self.sampling.seed]} if self.sampling else {})},
+             **({"sample": [self.sampling.per_stratum, self.sampling.seed]} if self.sampling else {}),
+             **({"variants": {v: [s.to_document() for s in steps] for v, steps in self.variant_steps.items()}}
+                if self.variant_steps else {})},
             sort_keys=True, default=str,
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -11,11 +11,13 @@ so a task's own ``allowed_tools`` beats an experiment default. Lists replace, ex
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Sequence
 
 from .agents import agent_models, parse_agent_config
 from .experiment import ExperimentDefinition, ExperimentVariant
 from .limits import RunLimits
+from .loader import load_coder_eval_experiment
 from .merge import merge_layers
 from .overrides import apply_overrides
 from .sandbox import SandboxConfig
@@ -24,6 +26,29 @@ from .task import SimulationConfig, TaskDefinition
 
 class VariantError(ValueError):
     pass
+
+
+def experiment_variants(
+    task: TaskDefinition, experiment: Path | None, overrides: Sequence[str] = (),
+) -> list[tuple[str | None, TaskDefinition, int]]:
+    """(variant id, resolved task, replicates) for each variant of ``experiment`` (with the
+    ``default.yaml`` beside it as the lowest layer); the task alone, id None, without one. A
+    simulation's ``n_trials`` multiplies the replicates (each trial is one, as upstream)."""
+    if experiment is None:
+        resolved = apply_overrides(task, overrides) if overrides else task
+        return [(None, resolved, _trials(resolved))]
+    active = load_coder_eval_experiment(experiment).experiment
+    default = experiment.parent / "default.yaml"
+    base = load_coder_eval_experiment(default).experiment if default.is_file() and default != experiment else None
+    variants = []
+    for variant in active.variants:
+        resolved, repeats = resolve_for_variant(task, active, variant, base=base, overrides=overrides)
+        variants.append((variant.variant_id, resolved, repeats * _trials(resolved)))
+    return variants
+
+
+def _trials(task: TaskDefinition) -> int:
+    return task.simulation.n_trials if task.in_simulation else 1
 
 
 def resolve_for_variant(
