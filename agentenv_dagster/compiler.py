@@ -104,12 +104,14 @@ def experiment_document(
     documents = {variant_id: coder_eval_document(replace(loaded, task=resolved), registry, grade_only_from=grade_only_from)
                  for variant_id, resolved, _ in variants}
     (first_id, first), *others = documents.items()
+    shape = _shape(first)
     for variant_id, document in others:
-        if _shape(document) != _shape(first):
+        if (other := _shape(document)) != shape:
             raise VariantsDiffer([SpecError(
                 f"task '{first.task_id}': variant '{variant_id}' lowers to other steps than variant '{first_id}' "
-                f"(steps {[x[:2] for x in _shape(document)]} against {[x[:2] for x in _shape(first)]}); one job holds one graph, so run this experiment "
-                "with `agentenv-dagster run --experiment`", file=source, field=f"variants.{variant_id}")])
+                f"(steps {[x[:2] for x in other]} against {[x[:2] for x in shape]}); one job holds one graph, "
+                "so run this experiment with `agentenv-dagster run --experiment`",
+                file=source, field=f"variants.{variant_id}")])
     rows = first.partitions
     partitions = ({variant_key(row, v): seed for row, seed in rows.items() for v in documents} if rows
                   else {v: {} for v in documents})

@@ -29,7 +29,7 @@ from ..runtime.artifacts import ObjectStore
 from ..spec.coder_eval import load_coder_eval_experiment, load_coder_eval_task, load_dataset_rows
 from ..spec.coder_eval.dataset import select_rows
 from ..spec.coder_eval.variants import experiment_variants
-from ..spec.loader import VARIANT_SEPARATOR, variant_key
+from ..spec.loader import variant_key
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import project_dagster_home
@@ -109,7 +109,7 @@ def run_coder_eval_task(
             contexts = run_rows(plan, config, keys, output_dir=out / "contexts" / (label or "task"), instance=instance,
                                 rows_in_flight=rows_in_flight, tags=tags, shards=shards)
             for key, context in contexts.items():
-                row_id = key.split(VARIANT_SEPARATOR)[0] if shared is None or VARIANT_SEPARATOR in key else ""
+                row_id = plan.document.row_of(key)
                 row_started, row_completed = _span(context)
                 response = context.find_prompt_response(PROMPT_ID)
                 url = response.agent_trajectory_object_url if response else None

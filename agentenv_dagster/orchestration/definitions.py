@@ -77,8 +77,8 @@ def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dict | dg.Partiti
 
 
 class RowConfig:
-    """A partition's run config (its row's values in the root ops, its variant's steps);
-    ``selected_rows`` is what a run that names no partition takes (``rows.run_keys``)."""
+    """A partition's run config (its row's values in the root ops, its variant's steps) and
+    tags; ``rows.run_keys`` reads the plan from it for a run that names no partition."""
 
     def __init__(self, plan: TaskPlan, translator: TaskTranslator):
         self.plan, self.translator = plan, translator
@@ -89,9 +89,6 @@ class RowConfig:
     def tags(self, key: str) -> dict[str, str]:
         variant = self.plan.document.variant_of(key)
         return {VARIANT_TAG: variant} if variant is not None else {}
-
-    def selected_rows(self, variant: str | None = None) -> list[str]:
-        return self.plan.document.selected_rows(variant)
 
 
 def run_config(plan: TaskPlan, translator: TaskTranslator, rows: dict[str, dict] | None = None) -> dict:

@@ -59,16 +59,20 @@ class TaskDocument:
     def selected_rows(self, variant: str | None = None) -> list[str]:
         """The partitions a run that names none takes: a new stratified draw (seeded by
         ``sample_seed``), or every row; of an experiment, under ``variant``."""
-        if self.variant_steps is None:
-            return self.sampling.draw() if self.sampling else list(self.partitions or {})
         rows = self.sampling.draw() if self.sampling else self.row_ids()
+        if self.variant_steps is None:
+            return rows
         return [variant_key(row, variant) for row in rows] if rows else [variant]
 
     def row_ids(self) -> list[str]:
         """The dataset's row ids, in order (an experiment's partitions are rows x variants)."""
+        return list(dict.fromkeys(filter(None, map(self.row_of, self.partitions or {}))))
+
+    def row_of(self, key: str) -> str:
+        """A partition's row id (``""`` for an experiment's variant without a dataset)."""
         if self.variant_steps is None:
-            return list(self.partitions or {})
-        return list(dict.fromkeys(k.split(VARIANT_SEPARATOR)[0] for k in self.partitions or {} if VARIANT_SEPARATOR in k))
+            return key
+        return key.split(VARIANT_SEPARATOR)[0] if VARIANT_SEPARATOR in key else ""
 
     def variant_of(self, key: str) -> str | None:
         return key.rsplit(VARIANT_SEPARATOR, 1)[-1] if self.variant_steps is not None else None
