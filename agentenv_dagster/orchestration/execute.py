@@ -109,9 +109,7 @@ def execute_plan(
     config.state_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=config.state_dir, delete=False) as seed:
         json.dump(initial_context or {}, seed)
-    resources = agentenv_resources(config, initial_context_path=seed.name)
-    if rows_in_flight:
-        resources[RESOURCE_KEY] = resources[RESOURCE_KEY].model_copy(update={"rows_in_flight": rows_in_flight})
+    resources = agentenv_resources(config, initial_context_path=seed.name, rows_in_flight=rows_in_flight)
     launch: dict[str, Any] = {"partition_key": partition_key}
     if partition_keys is not None and len(partition_keys) == 1:
         launch = {"partition_key": partition_keys[0]}

@@ -157,11 +157,16 @@ class AgentEnvResource(dg.ConfigurableResource):
         return Ledger.of_run(self.run_dir(run_id)).close()
 
 
-def agentenv_resources(config: AgentEnvConfig, initial_context_path: str | None = None) -> dict[str, dg.ConfigurableResource]:
-    """The resources, with the project's settings as their (launchpad-visible) defaults."""
+def agentenv_resources(
+    config: AgentEnvConfig, initial_context_path: str | None = None, rows_in_flight: int | None = None,
+) -> dict[str, dg.ConfigurableResource]:
+    """The resources, with the project's settings as their (launchpad-visible) defaults.
+    (Settings go in at construction: Dagster runs a resource from the config it was built
+    with, so a ``model_copy`` of one is silently ignored.)"""
     store = artifact_store(config)
+    bound = {"rows_in_flight": rows_in_flight} if rows_in_flight else {}
     return {
-        RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), initial_context_path=initial_context_path),
+        RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), initial_context_path=initial_context_path, **bound),
         ARTIFACTS_KEY: ArtifactStoreResource(
             root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs], **_store_settings(config),
         ),

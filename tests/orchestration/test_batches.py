@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import textwrap
 from dataclasses import replace
+from datetime import datetime
 
 import dagster as dg
 import pytest
@@ -229,12 +230,34 @@ def test_the_cli_reruns_only_the_failed_rows(project):
     assert "words/r3" in again.stdout and "words/r1" not in again.stdout
 
 
+def most_at_once(contexts: dict[str, dict], step_id: str) -> int:
+    """How many rows ran ``step_id`` at the same moment (from their recorded step timings,
+    whose durations are rounded to the millisecond: a 2 ms overlap is not a second row)."""
+    edges = []
+    for ctx in contexts.values():
+        timing = ctx["metadata"]["step_timings"][step_id]
+        start = datetime.fromisoformat(timing["started_at_utc"]).timestamp()
+        edges += [(start, 1), (start + timing["duration_seconds"] - 0.002, -1)]
+    running = peak = 0
+    for _, change in sorted(edges):  # an end sorts before a start at the same instant
+        running += change
+        peak = max(peak, running)
+    return peak
+
+
 def test_the_cli_runs_a_dataset_with_bounded_rows_in_flight(project):
-    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
-    done = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "1", "--shards", "2", "--output-dir", "out")
-    assert done.returncode == 1, done.stdout + done.stderr  # r3 errs, as upstream's exit code says
+    slow = WORDS_TASK.format(extra="").replace("type: replay", "type: replay\n  delay_seconds: 0.3")
+    (project / "tasks" / "words.yaml").write_text(slow)
+    unbounded = cli(project, "run", "tasks/words.yaml", "--output-dir", "free")
+    assert unbounded.returncode == 1, unbounded.stdout + unbounded.stderr  # r3 errs, as upstream's exit code says
+    free = json.loads((project / "free" / "contexts" / "task" / "context.json").read_text())
+    assert most_at_once(free, "prompt") == 3  # the default (32) lets every row prompt at once
+    done = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "1", "--output-dir", "out")
+    assert done.returncode == 1, done.stdout + done.stderr
     summary = json.loads((project / "out" / "run.json").read_text())
     assert (summary["tasks_run"], summary["tasks_succeeded"], summary["tasks_error"]) == (3, 2, 1)
+    contexts = json.loads((project / "out" / "contexts" / "task" / "context.json").read_text())
+    assert [most_at_once(contexts, step) for step in ("agent", "prompt", "criteria")] == [1, 1, 1]
     bad = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "0")
     assert bad.returncode == 2 and "--rows-in-flight" in bad.stderr
 
