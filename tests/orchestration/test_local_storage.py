@@ -65,3 +65,37 @@ def test_a_moved_project_instance_follows_its_folder(tmp_path, monkeypatch):
     (new / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")  # the user's own: kept
     project_dagster_home(load_config(tmp_path))
     assert (new / "dagster.yaml").read_text() == "telemetry:\n  enabled: false\n"
+
+
+def test_a_watcher_streams_events_written_through_an_open_connection(tmp_path, monkeypatch):
+    """What the UI's live run view relies on: the writer keeps its connection open, so its
+    commits land in the run's WAL (not the database file) and the watcher must still see them."""
+    import threading
+    import time
+    import uuid
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    (tmp_path / "dagster.yaml").write_text(dagster_yaml(tmp_path))
+    run_id = str(uuid.uuid4())
+    seen: list[str] = []
+    arrived = threading.Event()
+
+    def callback(entry, _cursor):
+        seen.append(entry.dagster_event.message)
+        if len(seen) == 2:
+            arrived.set()
+
+    with dg.DagsterInstance.get() as webserver, dg.DagsterInstance.get() as worker:
+        run = worker.run_storage.add_run(dg.DagsterRun(job_name="graded", run_id=run_id))
+        worker.report_engine_event("first", run)  # creates the run's database
+        webserver.event_log_storage.watch(run_id, None, callback)
+        db_file = tmp_path / "history" / "runs" / f"{run_id}.db"
+        before = db_file.stat().st_mtime_ns
+        worker.report_engine_event("second", run)
+        worker.report_engine_event("third", run)
+        deadline = time.monotonic() + 20
+        while not arrived.is_set() and time.monotonic() < deadline:
+            arrived.wait(0.1)
+        assert db_file.stat().st_mtime_ns == before  # the commits went to the WAL only
+        webserver.event_log_storage.end_watch(run_id, callback)
+    assert seen[-2:] == ["second", "third"]
