@@ -7,7 +7,6 @@ Records keep unknown keys so a saved context from agent-env round-trips.
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any, Iterable
 
@@ -139,7 +138,9 @@ class TaskStepContext(BaseModel):
 
     @classmethod
     def merge_dicts(cls, contexts: Iterable[dict[str, Any]]) -> "TaskStepContext":
-        """:meth:`merge` of stored (dict) contexts; one alone is read as it is."""
+        """:meth:`merge` of stored (dict) contexts; one alone is read as it is. The merge
+        shares the parts it does not change with its inputs (copying a dict or a list only
+        where a later context adds to it), and changes no input."""
         contexts = list(contexts)
         if len(contexts) == 1:
             return cls.from_dict(contexts[0])
@@ -152,15 +153,16 @@ class TaskStepContext(BaseModel):
 def _merge_into(target: dict[str, Any], source: dict[str, Any]) -> None:
     for key, value in source.items():
         if key not in target or target[key] is None:
-            target[key] = copy.deepcopy(value)
+            target[key] = value
         elif isinstance(target[key], dict) and isinstance(value, dict):
-            _merge_into(target[key], value)
+            if target[key] is not value:
+                target[key] = dict(target[key])  # the first source's own dict stays as it was
+                _merge_into(target[key], value)
         elif isinstance(target[key], list) and isinstance(value, list):
             seen = {_identity(item) for item in target[key]}
-            for item in value:
-                if _identity(item) not in seen:
-                    seen.add(_identity(item))
-                    target[key].append(copy.deepcopy(item))
+            added = [item for item in value if _identity(item) not in seen and not seen.add(_identity(item))]
+            if added:
+                target[key] = [*target[key], *added]
 
 
 def _identity(item: Any) -> str:

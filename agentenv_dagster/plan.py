@@ -59,6 +59,12 @@ class TaskPlan:
     def ancestors(self, step_id: str) -> frozenset[str]:
         return self._ancestors[step_id]
 
+    def context_sources(self, step_id: str) -> tuple[str, ...]:
+        """The dependencies whose contexts a step merges: those no other dependency descends
+        from (a descendant's context already holds its ancestors', and what it wrote since)."""
+        deps = self.edges[step_id]
+        return tuple(d for d in deps if not any(d in self._ancestors[other] for other in deps))
+
     @cached_property
     def sinks(self) -> tuple[str, ...]:
         used = {dep for deps in self.edges.values() for dep in deps}

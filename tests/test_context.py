@@ -128,6 +128,16 @@ def test_merge_deduplicates_list_items_by_value_in_order():
     assert isinstance(merged.deployed_agents[1], DeployedAgent)
 
 
+def test_merging_stored_contexts_changes_none_of_them():
+    first = {"metadata": {"nested": {"deeper": {"x": 1, "l": [1]}}, "failed_steps": [{"step_id": "a"}]}}
+    second = {"metadata": {"nested": {"deeper": {"y": 2, "l": [2]}}, "failed_steps": [{"step_id": "b"}]}}
+    before = json.dumps([first, second], sort_keys=True)
+    merged = TaskStepContext.merge_dicts([first, second]).metadata
+    assert merged["nested"] == {"deeper": {"x": 1, "l": [1, 2], "y": 2}}
+    assert merged["failed_steps"] == [{"step_id": "a"}, {"step_id": "b"}]
+    assert json.dumps([first, second], sort_keys=True) == before
+
+
 def test_merge_deep_merges_metadata():
     left = ctx(metadata={
         "verifications": {"v1": {"score": 1.0}},

@@ -120,6 +120,15 @@ def test_sinks_are_the_steps_nothing_waits_for_in_list_order():
     assert plan_of([node("only")]).sinks == ("only",)
 
 
+def test_a_step_merges_the_contexts_of_the_dependencies_nothing_else_descends_from():
+    chain = plan_of([node("a"), node("b"), node("c")])  # absent depends_on: c waits for a and b
+    assert chain.context_sources("c") == ("b",)  # b's context already holds a's
+    barrier = plan_of([node("a", []), node("b", []), node("c", ["a"]), node("d")])
+    assert barrier.context_sources("d") == ("b", "c")  # a flows in through c; b is its own branch
+    diamond = plan_of([node("a"), node("b", ["a"]), node("c", ["a"]), node("d", ["b", "c"])])
+    assert diamond.context_sources("d") == ("b", "c") and diamond.context_sources("a") == ()
+
+
 # -- the static join check -------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from ..plan import TaskPlan
 from ..steps.base import TaskStep
 from .executors import FORKSERVER_EXECUTOR, job_executor
 from .io_manager import context_io_manager
-from .ops import IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
+from .ops import AFTER, IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
 from .resources import agentenv_resources
 from .rows import ROWS, VARIANT_TAG
 from .schedules import task_schedules
@@ -54,8 +54,11 @@ def build_job(
                 **span_tags(plan, step, translator),
             },
         )
-        upstream = [translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id]]
-        deps[invocation] = _fan_in(upstream)
+        sources = plan.context_sources(step.id)
+        deps[invocation] = _fan_in(
+            [translator.get_node_name(plan.step_by_id[d]) for d in sources],
+            after=[translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id] if d not in sources],
+        )
     teardown = teardown_op()
     node_defs[teardown.name] = teardown
     sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
@@ -114,10 +117,14 @@ def step_config(step: TaskStep) -> dict:
             **step.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)}
 
 
-def _fan_in(upstream: list[str]) -> dict:
-    if not upstream:
-        return {}
-    return {"upstream": dg.MultiDependencyDefinition([dg.DependencyDefinition(u, "result") for u in upstream])}
+def _fan_in(upstream: list[str], after: list[str] = ()) -> dict:
+    """A node's ``depends_on`` edges: ``upstream`` hands it their contexts, ``after`` only
+    orders it (a dependency another one descends from: loading its context again, and merging
+    it, would cost a dataset run a read and a merge per row for nothing)."""
+    return {
+        name: dg.MultiDependencyDefinition([dg.DependencyDefinition(node, "result") for node in nodes])
+        for name, nodes in (("upstream", upstream), (AFTER, after)) if nodes
+    }
 
 
 def build_definitions(

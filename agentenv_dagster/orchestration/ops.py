@@ -31,8 +31,12 @@ IO_MANAGER_KEY = "task_context_io_manager"
 TEARDOWN_OP = FINAL_STEP
 
 
+AFTER = "after"  # dependencies that order a node without handing it their context
+
+
 def _ins() -> dict[str, dg.In]:
-    return {"upstream": dg.In(list[Any], default_value=[], description="ancestor contexts")}
+    return {"upstream": dg.In(list[Any], default_value=[], description="ancestor contexts"),
+            AFTER: dg.In(dg.Nothing, description="dependencies whose contexts another upstream already holds")}
 
 
 @lru_cache(maxsize=None)

@@ -8,6 +8,7 @@ deployment that finishes after the run started tearing down ends itself and fail
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import importlib.util
@@ -90,6 +91,7 @@ class LocalProvider:
         self.run_dir = run_dir
         self.ledger = Ledger.of_run(run_dir)
         self._hosts: dict[str, str] = {}  # agent host id -> its URL, once known
+        self._batches: dict[str, HostBatch] = {}  # agent host URL -> the deployments on their way
 
     def deploy_env(self, env_id: str, *, step_id: str, ttl_seconds: int) -> DeployedEnv:
         entry = self.config.env_entry(env_id)
@@ -119,12 +121,59 @@ class LocalProvider:
         run's agent host, started on first use (see ``builtin/agents/host.py``). With a
         ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools (its Bash
         inside the sandbox's ``container`` when it has one)."""
+        request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides)
+        try:
+            created = _http().post(f"{request.host_url}/agents", json=request.body)
+        except httpx.HTTPError as exc:
+            raise request.host_failed(exc) from None
+        answer = created.json() if created.status_code == 201 else {"error": created.text}
+        return self._hosted_agent(request, answer)
+
+    async def deploy_agent_async(
+        self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
+        workspace: Path | None = None, container: dict[str, Any] | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> DeployedAgent:
+        """:meth:`deploy_agent` from an event loop: the agents asked for in the same turn of
+        the loop (a batch of dataset rows) go to their host in one request."""
+        args = (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides)
+        if self._host_known(env_vars, agent_id):
+            request = self._hosted_request(*args)
+        else:  # starting the host blocks for a while: not on the loop
+            request = await asyncio.to_thread(self._hosted_request, *args)
+        batch = self._batches.get(request.host_url)
+        if batch is None:
+            batch = self._batches[request.host_url] = HostBatch(request.host_url)
+        try:
+            answer = await batch.add(request.body)
+        except httpx.HTTPError as exc:
+            raise request.host_failed(exc) from None
+        return self._hosted_agent(request, answer)
+
+    def _hosted_request(
+        self, agent_id: str, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None,
+        workspace: Path | None, container: dict[str, Any] | None, overrides: dict[str, Any] | None,
+    ) -> "HostedRequest":
+        """What to ask the run's agent host for (starting the host if need be)."""
         entry = self.config.agent_entry(agent_id)
         if entry is None:
             known = sorted({*self.config.agents.registry, *BUILTIN_AGENTS})
             raise DeploymentError(f"A2A agent '{agent_id}' is not registered (known agents: {known})")
         if overrides:
             entry = AgentEntry.model_validate({**entry.model_dump(exclude_unset=True), **overrides})
+        process_env = self._process_env(agent_id, entry, env_vars, container)
+        instance_id = f"{agent_id}-{secrets.token_hex(4)}"
+        sandbox = workspace or self.run_dir / "sandboxes" / instance_id
+        settings = {**self._agent_config(entry), "name": agent_name}
+        if workspace is not None:
+            settings["workspace"] = {"container": container, "path_prepend": entry.path_prepend}
+        host_id, host_url = self._agent_host(process_env, ttl_seconds)
+        return HostedRequest(agent_id, agent_name, host_id, host_url, str(sandbox),
+                             {"id": instance_id, "sandbox": str(sandbox), "config": settings})
+
+    def _process_env(self, agent_id: str, entry: AgentEntry, env_vars: dict[str, str] | None,
+                     container: dict[str, Any] | None) -> dict[str, str]:
+        """The agent host's environment: the step's variables and the key its agent kind needs."""
         process_env = dict(env_vars or {})
         if entry.kind == "anthropic":
             api_key = self.config.model.resolved_api_key()
@@ -136,36 +185,35 @@ class LocalProvider:
             process_env["ANTHROPIC_API_KEY"] = api_key
         if entry.kind in CODING_CLI_KINDS:
             process_env.update(self._coding_cli_ready(agent_id, entry, container))
-        instance_id = f"{agent_id}-{secrets.token_hex(4)}"
-        sandbox = workspace or self.run_dir / "sandboxes" / instance_id
-        settings = {**self._agent_config(entry), "name": agent_name}
-        if workspace is not None:
-            settings["workspace"] = {"container": container, "path_prepend": entry.path_prepend}
-        host_id, host_url = self._agent_host(process_env, ttl_seconds)
-        try:
-            created = _http().post(f"{host_url}/agents", json={"id": instance_id, "sandbox": str(sandbox), "config": settings})
-        except httpx.HTTPError as exc:
-            raise DeploymentError(f"A2A agent '{agent_id}': the run's agent host at {host_url} failed: {exc!r}") from None
-        if created.status_code != 201:
-            raise DeploymentError(f"A2A agent '{agent_id}' was not deployed: {created.text[:2000]}")
-        answer = created.json()
-        url = answer["url"]
-        self.ledger.record(instance_id, "agent", url=url, host=host_id)
+        return process_env
+
+    def _host_known(self, env_vars: dict[str, str] | None, agent_id: str) -> bool:
+        """Whether this process already found the host an agent without a key of its own
+        goes to (the common case: no step variables, an offline agent)."""
+        entry = self.config.agent_entry(agent_id)
+        return not env_vars and entry is not None and entry.kind not in ("anthropic", *CODING_CLI_KINDS) \
+            and _host_id({}) in self._hosts
+
+    def _hosted_agent(self, request: "HostedRequest", answer: dict[str, Any]) -> DeployedAgent:
+        """Record the host's answer in the ledger; the deployed agent, or why it is not."""
+        if "url" not in answer:
+            raise DeploymentError(f"A2A agent '{request.agent_id}' was not deployed: {str(answer.get('error'))[:2000]}")
+        url, instance_id = answer["url"], request.body["id"]
+        self.ledger.record(instance_id, "agent", url=url, host=request.host_id)
         if self.ledger.closed:
             _end({"url": url})
             raise DeploymentError(f"run is tearing down; agent '{instance_id}' was not kept")
         return DeployedAgent(
-            agent_name=agent_name, api_url=url, a2a_url=url, sandbox_id=instance_id,
-            sandbox_type="local", instance_id=instance_id, sandbox_root=str(sandbox),
-            a2a_agent_id=agent_id, a2a_card=answer.get("card"),
+            agent_name=request.agent_name, api_url=url, a2a_url=url, sandbox_id=instance_id,
+            sandbox_type="local", instance_id=instance_id, sandbox_root=request.sandbox,
+            a2a_agent_id=request.agent_id, a2a_card=answer.get("card"),
         )
 
     def _agent_host(self, env: dict[str, str], ttl_seconds: int) -> tuple[str, str]:
         """The URL of the run's agent host for this process environment, started on first
         use (one per distinct environment: a key is per process). A file lock keeps ops in
         other processes of the run from starting a second one."""
-        key = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
-        host_id = f"agent-host-{key}"
+        host_id = _host_id(env)
         if host_id in self._hosts:  # this process found or started it already (a dead host fails the POST)
             return host_id, self._hosts[host_id]
         self.ledger.folder.mkdir(parents=True, exist_ok=True)
@@ -318,6 +366,57 @@ class LocalProvider:
             terminate(server.pid)
             raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not kept")
         return server
+
+
+def _host_id(env: dict[str, str]) -> str:
+    """The agent host of a process environment (a key is per process, so per host)."""
+    return "agent-host-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
+
+
+@dataclass(frozen=True)
+class HostedRequest:
+    """One agent to deploy into a run's agent host, and what it becomes once there."""
+
+    agent_id: str
+    agent_name: str
+    host_id: str
+    host_url: str
+    sandbox: str
+    body: dict[str, Any]
+
+    def host_failed(self, exc: Exception) -> DeploymentError:
+        return DeploymentError(f"A2A agent '{self.agent_id}': the run's agent host at {self.host_url} failed: {exc!r}")
+
+
+class HostBatch:
+    """Deployments into one agent host, sent together: what is asked for in one turn of the
+    event loop goes in one ``POST /agents`` (a thousand rows cost a few dozen requests)."""
+
+    def __init__(self, host_url: str) -> None:
+        self.host_url = host_url
+        self._waiting: list[tuple[dict[str, Any], asyncio.Future]] = []
+
+    async def add(self, body: dict[str, Any]) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        if not self._waiting:
+            loop.call_soon(lambda: asyncio.ensure_future(self._send()))
+        answer = loop.create_future()
+        self._waiting.append((body, answer))
+        return await answer
+
+    async def _send(self) -> None:
+        batch, self._waiting = self._waiting, []
+        try:
+            async with httpx.AsyncClient(timeout=30, verify=False) as http:  # plain HTTP on loopback
+                response = await http.post(f"{self.host_url}/agents", json={"agents": [b for b, _ in batch]})
+            response.raise_for_status()
+            answers = response.json()["agents"]
+        except Exception as exc:  # every agent of the batch fails the same way
+            for _, answer in batch:
+                answer.set_exception(exc if isinstance(exc, httpx.HTTPError) else httpx.HTTPError(repr(exc)))
+            return
+        for (_, answer), result in zip(batch, answers):
+            answer.set_result(result)
 
 
 def _end(entry: dict[str, Any]) -> bool:

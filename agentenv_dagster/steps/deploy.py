@@ -88,8 +88,8 @@ class DeployAgentStep(TaskStep):
         ttl = user_override(ctx, "ttl_seconds") or self.ttl_seconds or DEFAULT_TTL_SECONDS
         workspace = deployed_sandbox(ctx, rt, self.sandbox_name).root if self.sandbox_name else None
         container = (ctx.find_sandbox(self.sandbox_name).model_extra or {}).get("container") if workspace else None
-        agent = await asyncio.to_thread(
-            rt.provider.deploy_agent, agent_id, agent_name=self.agent_name, ttl_seconds=ttl,
+        agent = await rt.provider.deploy_agent_async(
+            agent_id, agent_name=self.agent_name, ttl_seconds=ttl,
             env_vars=self.env_vars, workspace=workspace, container=container, overrides=self.agent_config,
         )
         try:

@@ -22,18 +22,39 @@ def test_one_job_per_task_with_ops_named_after_steps_and_depends_on_edges(projec
     nodes = {node.name for node in job.graph.nodes}
     assert nodes == {"email", "inbox", "assistant", "reply", "tone", "sent", "collect", "teardown_run"}
     upstream = {
-        invocation.alias: sorted(d.node for d in inputs["upstream"].get_node_dependencies())
-        if "upstream" in inputs else []
+        invocation.alias: sorted(d.node for edges in inputs.values() for d in edges.get_node_dependencies())
         for invocation, inputs in job.graph.dependencies.items()
     }
     assert upstream["email"] == []
     assert upstream["inbox"] == ["email"] and upstream["assistant"] == ["email"]
     assert upstream["reply"] == ["assistant", "inbox"]
     assert upstream["teardown_run"] == ["collect", "sent", "tone"]
+    # a node loads the contexts of the dependencies nothing else descends from; the others order it
+    loaded = {
+        invocation.alias: sorted(d.node for d in inputs["upstream"].get_node_dependencies())
+        for invocation, inputs in job.graph.dependencies.items() if "upstream" in inputs
+    }
+    plan_sources = {"reply": ["assistant", "inbox"], "teardown_run": ["collect", "sent", "tone"]}
+    assert {k: loaded[k] for k in plan_sources} == plan_sources
     # one op definition per step type, shared through aliases
     assert job.graph.node_named("reply").definition.name == "prompt_agent"
     assert job.tags["agentenv/task_id"] == "reply_to_dana"
     assert len(job.tags["agentenv/content_hash"]) == 16
+
+
+def test_a_chain_node_loads_one_context_and_is_ordered_after_the_rest(project):
+    (project / "tasks" / "chain.json").write_text(json.dumps([  # absent depends_on: after every earlier step
+        {"id": "email", "type": "deploy_env", "env_id": "email"},
+        {"id": "assistant", "type": "deploy_agent", "env_ids": ["email"], "agent_name": "assistant"},
+        {"id": "ask", "type": "prompt_agent", "agent_name": "assistant", "prompt_id": "p", "prompt": "hi"},
+    ]))
+    job = build_definitions(project / "tasks").get_job_def("chain")
+    inputs = {invocation.alias: {name: sorted(d.node for d in edges.get_node_dependencies())
+                                 for name, edges in deps.items()}
+              for invocation, deps in job.graph.dependencies.items()}
+    assert inputs["ask"] == {"upstream": ["assistant"], "after": ["email"]}
+    assert inputs["assistant"] == {"upstream": ["email"]}
+    assert job.graph.node_named("ask").definition.input_def_named("after").dagster_type.is_nothing
 
 
 def test_step_fields_are_launchpad_config(project):

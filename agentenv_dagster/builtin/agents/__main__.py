@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
+
+# No tracer is set up in an embedded agent, yet a2a-sdk's no-op spans cost ~15% of a message's
+# CPU: off unless the environment asks for them (before a2a is imported).
+os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
 
 from agentenv_dagster.builtin.agents.brains import BRAINS, build_brain
 from agentenv_dagster.builtin.serving import add_serving_arguments, serve

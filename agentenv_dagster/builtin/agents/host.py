@@ -110,17 +110,27 @@ class AgentHost:
         return dispatch
 
     async def create(self, request: Request) -> JSONResponse:
+        """One agent (``{id, sandbox, config}``, answered 201), or several in one request
+        (``{"agents": [...]}``, answered 200 with each one's outcome in order): a dataset run
+        deploys its rows' agents in a few requests rather than one a row."""
         body = await request.json()
+        if isinstance(body.get("agents"), list):
+            return JSONResponse({"agents": [self._add(item) for item in body["agents"]]})
+        answer = self._add(body)
+        return JSONResponse(answer, status_code=answer.pop("status"))
+
+    def _add(self, body: dict) -> dict:
+        """Serve one agent; its answer carries the HTTP status its own request would have had."""
         agent_id, config, sandbox = body.get("id"), body.get("config") or {}, body.get("sandbox")
         if not isinstance(agent_id, str) or not agent_id or "/" in agent_id or not isinstance(sandbox, str):
-            return JSONResponse({"error": "an agent needs an 'id' (no '/') and a 'sandbox' folder"}, status_code=400)
+            return {"status": 400, "error": "an agent needs an 'id' (no '/') and a 'sandbox' folder"}
         if agent_id in self.tenants:
-            return JSONResponse({"error": f"agent '{agent_id}' exists"}, status_code=409)
+            return {"status": 409, "error": f"agent '{agent_id}' exists"}
         kind = config.get("kind", "")
         try:
             brain = build_brain(kind, config)
         except ValueError as exc:
-            return JSONResponse({"error": f"agent config: {exc}"}, status_code=400)
+            return {"status": 400, "error": f"agent config: {exc}"}
         root = Path(sandbox)
         root.mkdir(parents=True, exist_ok=True)
         name, description = config.get("name") or f"{kind}-agent", config.get("description") or f"Embedded {kind} agent"
@@ -133,8 +143,7 @@ class AgentHost:
             agent.config["name"] = config["name"]
         self.tenants[agent_id] = Tenant(agent, card)
         # the card comes with the answer: the deployer need not ask for it again
-        return JSONResponse({"id": agent_id, "url": url, "card": self._card_dict(name, description, url)},
-                            status_code=201)
+        return {"status": 201, "id": agent_id, "url": url, "card": self._card_dict(name, description, url)}
 
     def _card_dict(self, name: str, description: str, url: str) -> dict:
         """The card as JSON: a2a's conversion validates every proto field (~5 ms), so it runs
