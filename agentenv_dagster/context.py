@@ -124,7 +124,8 @@ class TaskStepContext(BaseModel):
 
     def to_safe_dict(self) -> dict[str, Any]:
         """The context with every secret key stripped at any depth (what leaves the process)."""
-        return redact(self.to_dict())
+        data = self.to_dict()
+        return redact(data) if _names_secret(json.dumps(data, default=str)) else data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "TaskStepContext":
@@ -174,9 +175,11 @@ def redacted_json(value: Any) -> str:
     documents hold no secret key at all: the walk of :func:`redact` runs only for those whose
     JSON names one (the C encoder and a substring search cost a fraction of the walk)."""
     text = json.dumps(value, default=str)
-    if any(f'"{key}"' in text for key in SECRET_KEYS):
-        text = json.dumps(redact(value), default=str)
-    return text
+    return json.dumps(redact(value), default=str) if _names_secret(text) else text
+
+
+def _names_secret(text: str) -> bool:
+    return any(f'"{key}"' in text for key in SECRET_KEYS)
 
 
 def redact(value: Any) -> Any:

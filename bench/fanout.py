@@ -3,16 +3,18 @@
 The same rows (a sentence to classify), the same model behaviour (a keyword rule answering
 after ``--latency`` seconds) and the same concurrency (``--in-flight``) on both sides:
 
-(a) agentenv_dagster: a Coder Eval task with ``dataset``, run as ``--shards`` concurrent Dagster
-    runs over slices of the rows (each row a partition of the job, every op running its step
-    for all its run's rows; the 32 rows in flight shared out between the shards) — sandboxes, the replay agent answering over real A2A in the
+(a) agentenv_dagster: a Coder Eval task with ``dataset``, run as one Dagster run over the rows
+    (each row a partition of the job, every op running its step for all the run's rows, at most
+    32 at once; ``--shards N`` runs N concurrent runs over slices of them, the 32 shared out
+    between them) — sandboxes, the replay agent answering over real A2A in the
     run's agent host, a deterministic ``classification_match`` criterion, per-row asset
     materializations, the suite rollup and the reports;
 (b) Inspect AI: its ``mockllm`` model answering through ``custom_outputs`` after the same
     delay, ``max_samples`` = ``max_connections`` = the same concurrency, an exact ``match``.
 
-It prints both wall times, their ratio, and each against the ideal (rows × latency / in
-flight). Needs ``pip install -e '.[bench]'``.
+It prints both wall times, their ratio, each against the ideal (rows × latency / in flight),
+and the CPU seconds the machine was busy during each (every process: the runs, the agent host;
+steadier than wall time on a shared machine). Needs ``pip install -e '.[bench]'``.
 
     python bench/fanout.py [--rows 1000] [--latency 0.2] [--in-flight 32]
 """
@@ -125,14 +127,24 @@ def run_inspect(root: Path, n: int, latency: float, in_flight: int, shards: int)
     return elapsed, f"status {log.status}, accuracy {accuracy}"
 
 
+def busy_cpu_seconds() -> float | None:
+    """Seconds the machine's CPUs spent busy so far (Linux's /proc/stat), None elsewhere."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1000)
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--only", choices=["agentenv", "inspect"])
-    parser.add_argument("--shards", type=int, default=min(os.cpu_count() or 1, 3),
-                        help="agentenv_dagster: concurrent runs over slices of the rows (default: cores, at most 3)")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="agentenv_dagster: concurrent runs over slices of the rows (default 1)")
     args = parser.parse_args()
     ideal = args.rows * args.latency / args.in_flight
     print(f"{args.rows} rows, {args.latency * 1000:.0f} ms per answer, {args.in_flight} in flight: "
@@ -143,9 +155,12 @@ def main() -> None:
             continue
         with tempfile.TemporaryDirectory(prefix=f"fanout-{name}-") as tmp:
             os.environ["DAGSTER_HOME"] = str(Path(tmp) / ".dagster_home")
+            busy = busy_cpu_seconds()
             elapsed, outcome = run(Path(tmp), args.rows, args.latency, args.in_flight, args.shards)
+            busy = busy_cpu_seconds() - busy if busy is not None else None
         times[name] = elapsed
-        print(f"  {name:<17} {elapsed:7.2f} s  ({elapsed / ideal:.2f}x ideal)  {outcome}", flush=True)
+        cpu = f"{busy:6.1f} s CPU" if busy is not None else ""
+        print(f"  {name:<17} {elapsed:7.2f} s  ({elapsed / ideal:.2f}x ideal)  {cpu}  {outcome}", flush=True)
     if len(times) == 2:
         ratio = times["agentenv_dagster"] / times["inspect_ai"]
         print(f"  agentenv_dagster / inspect_ai = {ratio:.2f}")
