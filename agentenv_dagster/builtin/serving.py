@@ -15,6 +15,8 @@ from pathlib import Path
 
 import uvicorn
 
+from agentenv_dagster.runtime.loop import run as run_loop
+
 
 def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-file", required=True, type=Path)
@@ -25,7 +27,7 @@ def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
 
 def serve(app, args: argparse.Namespace, on_ready=None) -> None:
     """Serve ``app`` until SIGTERM or the TTL; ``on_ready(url)`` runs once listening."""
-    asyncio.run(_serve(app, args, on_ready))
+    run_loop(_serve(app, args, on_ready))
 
 
 async def _serve(app, args: argparse.Namespace, on_ready) -> None:

@@ -22,6 +22,7 @@ from ..context import TaskStepContext
 from ..runtime.artifacts import FilesystemArtifactStore, ObjectStore
 from ..runtime.base import RunInfo, StepRuntime, artifact_store
 from ..runtime.local import Ledger
+from ..runtime.loop import run as run_loop
 from ..steps.base import TaskStep
 from ..steps.execution import StepFailed, StepOutcome, run_step
 
@@ -150,7 +151,7 @@ class AgentEnvResource(dg.ConfigurableResource):
                 async with rt.lanes(min(self.rows_in_flight, len(contexts))) as lanes:
                     return await asyncio.gather(*(one(lanes, ctx) for ctx in contexts.values()))
 
-        return dict(zip(contexts, asyncio.run(go())))
+        return dict(zip(contexts, run_loop(go())))
 
     def teardown(self, run_id: str) -> list[str]:
         """End everything the run deployed; later deployments of the run are refused."""
