@@ -3,8 +3,10 @@ run over a range of partitions, run side by side in their own processes.
 
 One run's ops are barriers and its Python is one core: grading (CPU) cannot overlap the
 prompts (waiting). Two or three shards on two cores do overlap them — measured on the 1,000-row
-benchmark, 25 s in one run against 15 s in two. ``rows_in_flight`` is shared out, so the agents
-see the same number of prompts at once either way.
+benchmark when each run's Python was heavier, 25 s in one run against 15 s in two; since the
+per-row costs fell, one run does as well, as each shard starts its own agent host.
+``rows_in_flight`` is shared out (the shares add up to it, and there are never more shards
+than rows in flight), so the agents see the same number of prompts at once either way.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
 from .execute import execute_plan, project_dagster_home
+from .resources import AgentEnvResource
 
 
 def run_rows(
@@ -33,13 +36,15 @@ def run_rows(
     if not rows:
         run = execute_plan(plan, config, output_dir=output_dir, instance=instance, tags=tags)
         return {"": run.context}
-    size = math.ceil(len(rows) / max(1, min(shards, len(rows))))
+    total = rows_in_flight or AgentEnvResource.model_fields["rows_in_flight"].default
+    size = math.ceil(len(rows) / max(1, min(shards, len(rows), total)))  # every shard has a row in flight
     chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
     if len(chunks) == 1:
         contexts = execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=rows,
                                 rows_in_flight=rows_in_flight, tags=tags).contexts
     else:
-        in_flight = math.ceil((rows_in_flight or 32) / len(chunks))
+        # the bound holds across the shards: their shares add up to it
+        shares = [total // len(chunks) + (i < total % len(chunks)) for i in range(len(chunks))]
         blob = pickle.dumps(plan)
         # the parent opens the instance first: a new SQLite instance creates its tables on
         # opening, and two shards doing that at once collide ("table runs already exists")
@@ -47,8 +52,8 @@ def run_rows(
             ref = opened.get_ref()
             with ProcessPoolExecutor(len(chunks), mp_context=_forkserver()) as pool:
                 futures = [
-                    pool.submit(_shard, blob, config, ref, chunk, in_flight, tags, output_dir / f"shard-{i}")
-                    for i, chunk in enumerate(chunks)
+                    pool.submit(_shard, blob, config, ref, chunk, share, tags, output_dir / f"shard-{i}")
+                    for i, (chunk, share) in enumerate(zip(chunks, shares))
                 ]
                 contexts = {k: c for future in futures for k, c in future.result().items()}
     return {k: contexts[k] for k in rows if k in contexts}

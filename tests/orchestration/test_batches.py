@@ -252,7 +252,8 @@ def test_the_cli_runs_a_dataset_with_bounded_rows_in_flight(project):
     assert unbounded.returncode == 1, unbounded.stdout + unbounded.stderr  # r3 errs, as upstream's exit code says
     free = json.loads((project / "free" / "contexts" / "task" / "context.json").read_text())
     assert most_at_once(free, "prompt") == 3  # the default (32) lets every row prompt at once
-    done = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "1", "--output-dir", "out")
+    # the bound holds across shards too: never more shards than rows in flight
+    done = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "1", "--shards", "2", "--output-dir", "out")
     assert done.returncode == 1, done.stdout + done.stderr
     summary = json.loads((project / "out" / "run.json").read_text())
     assert (summary["tasks_run"], summary["tasks_succeeded"], summary["tasks_error"]) == (3, 2, 1)
