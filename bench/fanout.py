@@ -3,10 +3,10 @@
 The same rows (a sentence to classify), the same model behaviour (a keyword rule answering
 after ``--latency`` seconds) and the same concurrency (``--in-flight``) on both sides:
 
-(a) agentenv_dagster: a Coder Eval task with ``dataset``, run as one Dagster run over the rows
-    (each row a partition of the job, every op running its step for all the run's rows, at most
-    32 at once; ``--shards N`` runs N concurrent runs over slices of them, the 32 shared out
-    between them) — sandboxes, the replay agent answering over real A2A in the
+(a) agentenv_dagster: a Coder Eval task with ``dataset``, run as ``--shards`` concurrent Dagster
+    runs over slices of the rows (default: one per core, at most 2; each row a partition of the
+    job, every op running its step for all its run's rows; the 32 rows in flight shared out
+    between the runs) — sandboxes, the replay agent answering over real A2A in the
     run's agent host, a deterministic ``classification_match`` criterion, per-row asset
     materializations, the suite rollup and the reports;
 (b) Inspect AI: its ``mockllm`` model answering through ``custom_outputs`` after the same
@@ -143,8 +143,8 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--only", choices=["agentenv", "inspect"])
-    parser.add_argument("--shards", type=int, default=1,
-                        help="agentenv_dagster: concurrent runs over slices of the rows (default 1)")
+    parser.add_argument("--shards", type=int, default=min(os.cpu_count() or 1, 2),
+                        help="agentenv_dagster: concurrent runs over slices of the rows (default: cores, at most 2)")
     args = parser.parse_args()
     ideal = args.rows * args.latency / args.in_flight
     print(f"{args.rows} rows, {args.latency * 1000:.0f} ms per answer, {args.in_flight} in flight: "

@@ -92,6 +92,7 @@ class LocalProvider:
         self.ledger = Ledger.of_run(run_dir)
         self._hosts: dict[str, str] = {}  # agent host id -> its URL, once known
         self._batches: dict[str, HostBatch] = {}  # agent host URL -> the deployments on their way
+        self._host_starting = asyncio.Lock()
 
     def deploy_env(self, env_id: str, *, step_id: str, ttl_seconds: int) -> DeployedEnv:
         entry = self.config.env_entry(env_id)
@@ -121,13 +122,17 @@ class LocalProvider:
         run's agent host, started on first use (see ``builtin/agents/host.py``). With a
         ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools (its Bash
         inside the sandbox's ``container`` when it has one)."""
-        request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides)
+        return self._hosted_agent(*self._deploy_one(
+            (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides)))
+
+    def _deploy_one(self, args: tuple) -> tuple["HostedRequest", dict[str, Any]]:
+        """Ask the host (started if need be) for one agent; the request and the host's answer."""
+        request = self._hosted_request(*args)
         try:
             created = _http().post(f"{request.host_url}/agents", json=request.body)
         except httpx.HTTPError as exc:
             raise request.host_failed(exc) from None
-        answer = created.json() if created.status_code == 201 else {"error": created.text}
-        return self._hosted_agent(request, answer)
+        return request, created.json() if created.status_code == 201 else {"error": created.text}
 
     async def deploy_agent_async(
         self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
@@ -137,10 +142,14 @@ class LocalProvider:
         """:meth:`deploy_agent` from an event loop: the agents asked for in the same turn of
         the loop (a batch of dataset rows) go to their host in one request."""
         args = (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides)
-        if self._host_known(env_vars, agent_id):
-            request = self._hosted_request(*args)
-        else:  # starting the host blocks for a while: not on the loop
-            request = await asyncio.to_thread(self._hosted_request, *args)
+        request = self._hosted_request(*args, start_host=False)
+        if request is None:
+            # finding or starting the host blocks for a while: off the loop, and once (the rows
+            # behind the first find it known)
+            async with self._host_starting:
+                request = self._hosted_request(*args, start_host=False)
+                if request is None:
+                    return self._hosted_agent(*await asyncio.to_thread(self._deploy_one, args))
         batch = self._batches.get(request.host_url)
         if batch is None:
             batch = self._batches[request.host_url] = HostBatch(request.host_url)
@@ -153,8 +162,10 @@ class LocalProvider:
     def _hosted_request(
         self, agent_id: str, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None,
         workspace: Path | None, container: dict[str, Any] | None, overrides: dict[str, Any] | None,
-    ) -> "HostedRequest":
-        """What to ask the run's agent host for (starting the host if need be)."""
+        *, start_host: bool = True,
+    ) -> "HostedRequest | None":
+        """What to ask the run's agent host for (finding or starting the host if need be;
+        None without ``start_host`` when this process does not know the host yet)."""
         entry = self.config.agent_entry(agent_id)
         if entry is None:
             known = sorted({*self.config.agents.registry, *BUILTIN_AGENTS})
@@ -167,6 +178,9 @@ class LocalProvider:
         settings = {**self._agent_config(entry), "name": agent_name}
         if workspace is not None:
             settings["workspace"] = {"container": container, "path_prepend": entry.path_prepend}
+        host_id = _host_id(process_env)
+        if not start_host and host_id not in self._hosts:
+            return None
         host_id, host_url = self._agent_host(process_env, ttl_seconds)
         return HostedRequest(agent_id, agent_name, host_id, host_url, str(sandbox),
                              {"id": instance_id, "sandbox": str(sandbox), "config": settings})
@@ -186,13 +200,6 @@ class LocalProvider:
         if entry.kind in CODING_CLI_KINDS:
             process_env.update(self._coding_cli_ready(agent_id, entry, container))
         return process_env
-
-    def _host_known(self, env_vars: dict[str, str] | None, agent_id: str) -> bool:
-        """Whether this process already found the host an agent without a key of its own
-        goes to (the common case: no step variables, an offline agent)."""
-        entry = self.config.agent_entry(agent_id)
-        return not env_vars and entry is not None and entry.kind not in ("anthropic", *CODING_CLI_KINDS) \
-            and _host_id({}) in self._hosts
 
     def _hosted_agent(self, request: "HostedRequest", answer: dict[str, Any]) -> DeployedAgent:
         """Record the host's answer in the ledger; the deployed agent, or why it is not."""
