@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from agentenv_dagster.runtime.local import Ledger
-from agentenv_dagster.runtime.processes import is_running
+from agentenv_dagster.runtime.processes import is_running, terminate
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = (REPO.parent / "shared").resolve()
@@ -66,3 +70,33 @@ def run_steps(root: Path, steps: list[dict], *, context: dict | None = None):
     config = load_config(root)
     plan = load_plan(path, config)
     return asyncio.run(run_plan(plan, config, context=TaskStepContext.from_dict(context or {})))
+
+
+def dagster_project(root: Path) -> Path:
+    """Give a project this checkout's ``definitions.py`` and ``workspace.yaml`` and its own
+    instance folder (the project's local storage); the instance folder."""
+    from agentenv_dagster.orchestration.execute import dagster_yaml
+
+    for name in ("definitions.py", "workspace.yaml"):
+        (root / name).write_text((REPO / name).read_text())
+    home = root / ".dagster_home"
+    home.mkdir(exist_ok=True)
+    (home / "dagster.yaml").write_text(dagster_yaml(home))
+    return home
+
+
+@contextlib.contextmanager
+def dagster_daemon(root: Path, log_path: Path):
+    """``dagster-daemon run`` on the project (sensors, schedules, the run queue), ended, and
+    waited for, on the way out; its output goes to ``log_path`` for a failure's reader."""
+    with open(log_path, "a") as log:
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"], cwd=root,
+            env={**os.environ, "DAGSTER_HOME": str(root / ".dagster_home"), "PYTHONPATH": str(root)},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        try:
+            yield daemon
+        finally:
+            terminate(daemon.pid, grace_seconds=20)
+            daemon.wait(timeout=30)

@@ -13,7 +13,7 @@ from agentenv_dagster import build_definitions
 from agentenv_dagster.config import ConfigError, load_config
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG
 from agentenv_dagster.orchestration.translator import TAG_CONTENT_HASH, TAG_TASK_ID
-from projects import REPO, make_project
+from projects import REPO, dagster_daemon, dagster_project, make_project
 
 SCHEDULES = textwrap.dedent("""
     [schedules]
@@ -99,43 +99,20 @@ def test_a_malformed_cron_is_a_config_error_and_a_bad_value_is_skipped(tmp_path,
 def test_a_cron_schedule_runs_its_task_under_dagster_daemon(tmp_path):
     """The daemon ticks a running ``* * * * *`` schedule and the run it launches succeeds:
     a cron in config is a real Dagster schedule, not only a definition."""
-    import os
-    import subprocess
-    import sys
-
     from test_dagster_dev import wait_until
     from test_task_file_sensor import NOTE_STEP
-
-    from agentenv_dagster.orchestration.execute import dagster_yaml
-    from agentenv_dagster.runtime.processes import is_running, terminate
 
     project = make_project(tmp_path / "p", tasks={"noted.json": [{"id": "n", "type": "note", "text": "ticked",
                                                                    "depends_on": []}]},
                            extra_config='[task_steps]\nimpls = ["note_steps:NoteStep"]\n'
                                         '[schedules.noted]\ncron = "* * * * *"\ndefault_status = "running"\n')
     (project / "note_steps.py").write_text(NOTE_STEP)
-    for name in ("definitions.py", "workspace.yaml"):
-        (project / name).write_text((REPO / name).read_text())
-    home = project / ".dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(dagster_yaml(home))
-    log = open(tmp_path / "daemon.log", "w")  # kept beside the test, for a failure's reader
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"], cwd=project,  # dagster-daemon run
-        env={**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(project)},
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
-        with dg.DagsterInstance.from_config(str(home)) as instance:
-            def finished():
-                runs = instance.get_runs(dg.RunsFilter(job_name="noted", tags={"dagster/schedule_name": "noted_schedule"}))
-                return runs and runs[0].is_finished and runs[0]
+    home = dagster_project(project)
+    with dagster_daemon(project, tmp_path / "daemon.log"), dg.DagsterInstance.from_config(str(home)) as instance:
+        def finished():
+            runs = instance.get_runs(dg.RunsFilter(job_name="noted", tags={"dagster/schedule_name": "noted_schedule"}))
+            return runs and runs[0].is_finished and runs[0]
 
-            run = wait_until(finished, 240, "the schedule's run")  # the next minute, then the run
-            assert run.status == dg.DagsterRunStatus.SUCCESS
-            assert run.tags[TAG_TASK_ID] == "noted"
-    finally:
-        terminate(daemon.pid, grace_seconds=20)
-        daemon.wait(timeout=30)
-        log.close()
-    wait_until(lambda: not is_running(daemon.pid), 30, "dagster-daemon to stop")
+        run = wait_until(finished, 240, "the schedule's run")  # the next minute, then the run
+        assert run.status == dg.DagsterRunStatus.SUCCESS
+        assert run.tags[TAG_TASK_ID] == "noted"

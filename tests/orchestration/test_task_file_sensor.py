@@ -4,6 +4,7 @@ version + content hash; the cursor keeps a restart from launching it again."""
 from __future__ import annotations
 
 import json
+import os
 
 import dagster as dg
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from agentenv_dagster import build_definitions
 from agentenv_dagster.orchestration.sensors import TASK_FILES_SENSOR
 from agentenv_dagster.orchestration.translator import TAG_CONTENT_HASH, TAG_TASK_ID
-from projects import leaked_servers, make_project
+from projects import dagster_daemon, dagster_project, leaked_servers, make_project
 
 NOTE_STEP = '''
 from agentenv_dagster.steps.base import TaskStep
@@ -178,3 +179,49 @@ def test_a_file_shadows_the_stored_versions_of_its_task(project, caplog):
     assert defs.get_job_def("alpha").tags.get("agentenv/task_version") == "unversioned"  # the file's
     assert "stored task 'alpha' is shadowed by" in caplog.text and "alpha.json" in caplog.text
     assert not [j.name for j in defs.resolve_all_job_defs() if j.name.endswith("__invalid")]
+
+
+@pytest.mark.slow
+def test_the_cursor_survives_a_daemon_restart_under_a_real_daemon(tmp_path):
+    """Turned on with ``dagster sensor start``, ticked by ``dagster-daemon``: the task launches
+    once; after the daemon restarts, its ticks launch nothing again until the file changes,
+    and then once."""
+    import subprocess
+    import sys
+    import time
+
+    from test_dagster_dev import wait_until
+
+    project = make_project(tmp_path / "p", extra_config='[task_steps]\nimpls = ["note_steps:NoteStep"]\n',
+                           tasks={"noted.json": note_task("first")})
+    (project / "note_steps.py").write_text(NOTE_STEP)
+    home = dagster_project(project)
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(project)}
+    started = subprocess.run([sys.executable, "-m", "dagster", "sensor", "start", TASK_FILES_SENSOR,
+                              "-w", "workspace.yaml"], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    log = tmp_path / "daemon.log"
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        def sensor_runs() -> list[dg.DagsterRun]:
+            return instance.get_runs(dg.RunsFilter(job_name="noted", tags={"dagster/sensor_name": TASK_FILES_SENSOR}))
+
+        def ticks_since(moment: float) -> list:
+            (state,) = [s for s in instance.all_instigator_state() if s.name == TASK_FILES_SENSOR]
+            return [t for t in instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=20)
+                    if t.timestamp > moment]
+
+        with dagster_daemon(project, log):
+            first = wait_until(lambda: [r for r in sensor_runs() if r.is_finished], 240, "the sensor's first run")
+        assert [r.status for r in first] == [dg.DagsterRunStatus.SUCCESS]
+        restarted = time.time()
+        with dagster_daemon(project, log):
+            wait_until(lambda: len(ticks_since(restarted)) >= 2, 240, "two ticks after the restart")
+            assert len(sensor_runs()) == 1  # the cursor remembered the launch
+            (project / "tasks" / "noted.json").write_text(json.dumps(note_task("second")))  # same shape
+            changed = wait_until(lambda: [r for r in sensor_runs() if r.is_finished and r.run_id != first[0].run_id],
+                                 240, "the changed task's run")
+            edited = time.time()
+            wait_until(lambda: len(ticks_since(edited)) >= 1, 240, "a tick after the change ran")
+        assert len(sensor_runs()) == 2 and changed[0].status == dg.DagsterRunStatus.SUCCESS
+        assert changed[0].tags[TAG_CONTENT_HASH] != first[0].tags[TAG_CONTENT_HASH]
+    assert leaked_servers(project / ".agentenv" / "state") == []
