@@ -8,6 +8,9 @@ benchmark: ~20 % less CPU in all). Without uvloop (Windows) the standard loop do
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
+from types import FrameType
 from typing import Any, Coroutine, TypeVar
 
 T = TypeVar("T")
@@ -19,8 +22,35 @@ except ImportError:  # pragma: no cover - uvloop is a dependency wherever it bui
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on the fastest loop available."""
-    if uvloop is None:
-        return asyncio.run(coroutine)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coroutine)
+    """``asyncio.run`` on the fastest loop available, interruptible as the process expects.
+
+    A process's own SIGINT handler (Dagster's, in a step process, raises
+    ``DagsterExecutionInterruptedError``) must not run inside the loop: uvloop runs Python
+    signal handlers in a loop callback and only logs what they raise, so a cancelled run's
+    step would sleep on. Instead SIGINT cancels the coroutine, which unwinds (its ``finally``
+    blocks run), and then the process's handler runs outside the loop and raises as it means to.
+    """
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
+        handler = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread() or not callable(handler):
+            return runner.run(coroutine)
+        main = runner.get_loop().create_task(coroutine)
+        interrupted: list[FrameType | None] = []
+
+        def cancel_main(signum: int, frame: FrameType | None) -> None:
+            interrupted.append(frame)
+            main.cancel()
+
+        signal.signal(signal.SIGINT, cancel_main)
+        try:
+            return runner.run(_result_of(main))
+        except asyncio.CancelledError:
+            if interrupted:
+                handler(signal.SIGINT, interrupted[0])  # raises, unless the process defers interrupts
+            raise
+        finally:
+            signal.signal(signal.SIGINT, handler)
+
+
+async def _result_of(task: asyncio.Task[T]) -> T:
+    return await task

@@ -1,0 +1,74 @@
+"""The ops' event loop: an interrupt reaches the process's own handler, after the work unwinds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+
+import pytest
+
+from agentenv_dagster.runtime.loop import run
+
+
+class Interrupted(BaseException):
+    """What Dagster's step-process handler raises (DagsterExecutionInterruptedError is a BaseException)."""
+
+
+def raise_interrupted(signum, frame):
+    raise Interrupted()
+
+
+async def sleep_noting_unwind(unwound: list[str]) -> None:
+    try:
+        await asyncio.sleep(30)
+    finally:
+        unwound.append("finally ran")
+
+
+def interrupt_soon() -> threading.Timer:
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    return timer
+
+
+@pytest.mark.parametrize("handler", [raise_interrupted, signal.default_int_handler])
+def test_sigint_unwinds_the_coroutine_then_raises_what_the_process_handler_raises(handler):
+    expected = Interrupted if handler is raise_interrupted else KeyboardInterrupt
+    previous = signal.signal(signal.SIGINT, handler)
+    unwound: list[str] = []
+    try:
+        timer = interrupt_soon()
+        with pytest.raises(expected):
+            run(sleep_noting_unwind(unwound))
+        timer.join()
+        assert unwound == ["finally ran"]
+        assert signal.getsignal(signal.SIGINT) is handler  # restored once the loop is done
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_handler_that_defers_interrupts_leaves_the_cancellation():
+    noted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        timer = interrupt_soon()
+        with pytest.raises(asyncio.CancelledError):
+            run(sleep_noting_unwind([]))
+        timer.join()
+        assert noted == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_results_and_errors_come_back_unchanged():
+    async def answer():
+        return 42
+
+    async def fail():
+        raise ValueError("no")
+
+    assert run(answer()) == 42
+    with pytest.raises(ValueError, match="no"):
+        run(fail())
