@@ -43,6 +43,14 @@ def _engine_or_skip(command: str, timeout: float, why: str) -> subprocess.Comple
     return done
 
 
+def pytest_collection_modifyitems(items):
+    """The tests on the private Docker engine share one xdist worker: the engine is one
+    machine-wide daemon, and a worker that finished would stop it under the other's feet."""
+    for item in items:
+        if "docker_engine" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("docker_engine"))
+
+
 @pytest.fixture(scope="session")
 def docker_engine():
     """A private engine with the busybox image, DOCKER_HOST pointing at it; always stopped

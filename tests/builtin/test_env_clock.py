@@ -4,6 +4,7 @@ on virtual time, and triggers on tool calls, state (incl. ``data/add``) and the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -16,6 +17,8 @@ import mcp
 import pytest
 from mcp.client.streamable_http import streamable_http_client
 
+from agentenv_dagster.builtin.envs.clock import VirtualClock
+from agentenv_dagster.builtin.envs.triggers import TriggerEngine
 from agentenv_dagster.runtime.processes import is_running, spawn_server, terminate
 
 ENV_MODULE = "agentenv_dagster.builtin.envs"
@@ -194,6 +197,41 @@ def test_a_state_trigger_fires_once_when_data_arrives(env):
     add_emails(env, {"id": "d2", "from": "dana@example.com"})  # one-shot: fired stays fired
     time.sleep(0.3)
     assert len(state(env)["sent"]) == 1
+
+
+@pytest.mark.anyio
+async def test_data_that_arrives_while_a_state_check_runs_is_checked_again():
+    """The lost wake-up: a check that read the inbox before dana's email came must not be the
+    last word on it (under load, the HTTP test above saw the trigger stay armed)."""
+    inbox: list[dict] = []
+    first_check_read, release = asyncio.Event(), asyncio.Event()
+    searches = 0
+
+    async def call(tool: str, args: dict):
+        nonlocal searches
+        if tool != "email_search":
+            return False, {"id": "sent"}, "sent"
+        searches += 1
+        found = [e for e in inbox if args["sender"] in e["from"]]  # read now: stale after the wait
+        if searches == 1:
+            first_check_read.set()
+            await release.wait()
+        return False, {"emails": found}, json.dumps(found)
+
+    engine = TriggerEngine(VirtualClock(), call, lambda: {"email_search", "send"})
+    engine.register({"triggers": [DANA_ARRIVES]})
+    inbox.append({"id": "b1", "from": "bob@example.com"})
+    engine.on_state_change({"source": "data/add"})
+    await first_check_read.wait()
+    inbox.append({"id": "d1", "from": "dana@example.com"})
+    engine.on_state_change({"source": "data/add"})  # during the first check
+    release.set()
+    for _ in range(100):
+        (status,) = [t["status"] for t in engine.state()["triggers"]]
+        if status == "fired":
+            break
+        await asyncio.sleep(0.01)
+    assert (status, searches) == ("fired", 2)
 
 
 @pytest.mark.anyio

@@ -232,12 +232,13 @@ def test_the_cli_reruns_only_the_failed_rows(project):
 
 def most_at_once(contexts: dict[str, dict], step_id: str) -> int:
     """How many rows ran ``step_id`` at the same moment (from their recorded step timings,
-    whose durations are rounded to the millisecond: a 2 ms overlap is not a second row)."""
+    whose durations are rounded to the millisecond: a 2 ms overlap is not a second row, and
+    a step quicker than that still ran)."""
     edges = []
     for ctx in contexts.values():
         timing = ctx["metadata"]["step_timings"][step_id]
         start = datetime.fromisoformat(timing["started_at_utc"]).timestamp()
-        edges += [(start, 1), (start + timing["duration_seconds"] - 0.002, -1)]
+        edges += [(start, 1), (start + max(timing["duration_seconds"] - 0.002, 1e-6), -1)]
     running = peak = 0
     for _, change in sorted(edges):  # an end sorts before a start at the same instant
         running += change

@@ -108,7 +108,7 @@ class TriggerEngine:
             self._triggers[spec["id"]] = {
                 "spec": spec, "status": "armed", "detected_at": None, "fired_at": None, "fire_count": 0,
                 "failure_count": 0, "last_failure_at": None, "pending": deque(), "next_mark": None,
-                "mark_generation": None, "evaluating": False,
+                "mark_generation": None, "evaluating": False, "recheck": None,
             }
             self._emit("added", spec["id"])
         if any(spec["when"]["type"] == "time" for spec in to_add):
@@ -267,10 +267,15 @@ class TriggerEngine:
         self.on_state_change({"tool": name, "role": role})
 
     def on_state_change(self, provoking: dict[str, Any]) -> None:
-        """Re-check every armed state trigger (after a write or a ``data/add``)."""
+        """Re-check every armed state trigger (after a write or a ``data/add``). A change
+        during a check is noted and checked again after it: the running check may have read
+        the state from before it."""
         for tid, trigger in self._triggers.items():
-            if trigger["spec"]["when"]["type"] == "state" and trigger["status"] == "armed" \
-                    and not trigger["evaluating"]:
+            if trigger["spec"]["when"]["type"] != "state" or trigger["status"] != "armed":
+                continue
+            if trigger["evaluating"]:
+                trigger["recheck"] = provoking
+            else:
                 trigger["evaluating"] = True
                 self._schedule(self._eval_state(tid, trigger, provoking))
 
@@ -319,8 +324,14 @@ class TriggerEngine:
             matched = False
         finally:
             trigger["evaluating"] = False
-        if matched and trigger["status"] == "armed":
+        recheck, trigger["recheck"] = trigger["recheck"], None
+        if trigger["status"] != "armed":
+            return
+        if matched:
             self._detect(tid, trigger, provoking, {})
+        elif recheck is not None:
+            trigger["evaluating"] = True
+            self._schedule(self._eval_state(tid, trigger, recheck))
 
     async def _run_check(self, check: dict) -> bool:
         bindings: dict[str, Any] = {}
