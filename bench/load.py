@@ -9,7 +9,8 @@ Python process, in the same run:
 - **hand-built**: N ``@dg.job`` jobs, a distinct ``@dg.op`` per step wired as the task's
   ``depends_on`` says, with the same default op config (the step fields), in a
   ``dg.Definitions``. They declare no assets, checks, sensors or resources: agentenv's
-  location does, so its snapshot carries more per task.
+  location does, so its snapshot carries more per task;
+- **hand, no config**: the same jobs without config: Dagster's own floor for a job per task.
 
 Columns:
 
@@ -24,7 +25,7 @@ Columns:
 
 Times are CPU seconds of the measuring process (steadier than wall time on a shared machine).
 
-    python bench/load.py [--sizes 100,1000,10000] [--modes lazy,eager,hand] [--timeout 1800]
+    python bench/load.py [--sizes 100,1000,10000] [--modes lazy,eager,hand,bare] [--timeout 1800]
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "tasks" / "reply_to_dana.json"
-MODES = {"lazy": "agentenv (lazy)", "eager": "agentenv (eager)", "hand": "hand-built"}
+MODES = {"lazy": "agentenv (lazy)", "eager": "agentenv (eager)", "hand": "hand-built",
+         "bare": "hand, no config"}
 
 
 def make_project(root: Path, n: int) -> Path:
@@ -60,8 +62,12 @@ def make_project(root: Path, n: int) -> Path:
 
 # -- measured in a child process -------------------------------------------------------------
 
-def hand_built_definitions(n: int):
-    """n jobs written the usual Dagster way: an op per step, wired in a @job body."""
+def hand_built_definitions(n: int, with_config: bool = True):
+    """n jobs written the usual Dagster way: an op per step, wired in a @job body.
+
+    Without config they show Dagster's own per-job floor: what any location with a job per
+    task pays, whatever it compiles from.
+    """
     import dagster as dg
 
     from agentenv_dagster.compiler import load_plan
@@ -86,8 +92,8 @@ def hand_built_definitions(n: int):
         def _teardown(context, upstream):
             return upstream
 
-        @dg.job(name=f"task_{i:05d}",
-                config={"ops": {f"t{i}_{s.id}": {"config": {"step": step_config(s)}} for s in steps}})
+        config = {"ops": {f"t{i}_{s.id}": {"config": {"step": step_config(s)}} for s in steps}}
+        @dg.job(name=f"task_{i:05d}", config=config if with_config else None)
         def _job():
             outputs = {}
             for step in steps:
@@ -110,7 +116,7 @@ def measure(mode: str, tasks_dir: Path, n: int) -> dict:
 
         repo = build_definitions(tasks_dir).get_repository_def()
     else:
-        repo = hand_built_definitions(n).get_repository_def()
+        repo = hand_built_definitions(n, with_config=mode == "hand").get_repository_def()
     repo.get_job("task_00000")
     run_load = time.process_time() - started
 
@@ -151,7 +157,7 @@ def mb(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,1000,10000", help="comma-separated task counts")
-    parser.add_argument("--modes", default="lazy,eager,hand", help=f"comma-separated, of {','.join(MODES)}")
+    parser.add_argument("--modes", default="lazy,eager,hand,bare", help=f"comma-separated, of {','.join(MODES)}")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "TASKS_DIR", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -86,13 +86,14 @@ def dagster_project(root: Path) -> Path:
 
 
 @contextlib.contextmanager
-def dagster_daemon(root: Path, log_path: Path):
+def dagster_daemon(root: Path, log_path: Path, env: dict[str, str] | None = None):
     """``dagster-daemon run`` on the project (sensors, schedules, the run queue), ended, and
-    waited for, on the way out; its output goes to ``log_path`` for a failure's reader."""
+    waited for, on the way out; its output goes to ``log_path`` for a failure's reader.
+    ``env`` replaces the environment (an instance that reads its settings from it)."""
     with open(log_path, "a") as log:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"], cwd=root,
-            env={**os.environ, "DAGSTER_HOME": str(root / ".dagster_home"), "PYTHONPATH": str(root)},
+            env={**(env or os.environ), "DAGSTER_HOME": str(root / ".dagster_home"), "PYTHONPATH": str(root)},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         try:

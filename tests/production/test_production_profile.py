@@ -1,6 +1,6 @@
 """The production profile for real: deploy/dagster.yaml on PostgreSQL, the S3 IO manager and
-artifact store on a moto server, and the same job under the Celery executor (Redis broker,
-a worker on loopback)."""
+artifact store on a moto server, its run queue's limits and pools under a real daemon, and the
+same job under the Celery executor (Redis broker, a worker on loopback)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+import uuid
 
 import psutil
 import pytest
 
-from projects import REPO, leaked_servers, make_project
+from projects import REPO, dagster_daemon, leaked_servers, make_project
 from services import wait_until
 
 pytestmark = pytest.mark.slow
@@ -98,6 +100,64 @@ def test_reply_to_dana_on_postgres_with_s3_io_manager_and_artifacts(tmp_path, pg
     assert any(k.startswith(f"{base}/objects/") for k in s3.keys(base))
     trajectory = context["prompt_responses"][0]["agent_trajectory_object_url"]
     assert trajectory.startswith(f"s3://{s3.bucket}/{base}/objects/")
+    assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The largest number of (start, end) spans open at one moment."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    open_now = most = 0
+    for _, change in edges:  # an end sorts before a start at the same instant
+        open_now += change
+        most = max(most, open_now)
+    return most
+
+
+def test_the_run_queue_holds_a_task_to_two_runs_and_its_agent_pool_to_its_limit(tmp_path, pg, s3):
+    """deploy/dagster.yaml under a real dagster-daemon: three launches of one task run two at
+    a time (``agentenv/task_id`` limit 2), and with its agent's pool set to 1 their agent
+    steps, 2 s each, take turns across runs."""
+    root = s3_project(tmp_path, s3)
+    shutil.copy(REPO / "workspace.yaml", root / "workspace.yaml")
+    config = root / ".agentenv" / "config.toml"
+    script = 'script = "agents/reply_to_dana.replay.json"\n'
+    assert script in config.read_text()
+    config.write_text(config.read_text().replace(script, script + "delay_seconds = 2\n"))  # the agent answers in 2 s
+    env = environment(root, pg, s3)
+    pool = "agentenv_agent_claude_code"  # translator.get_pool: the reply step's agent
+
+    def dagster(*args: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "dagster", *args], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    run_ids = [str(uuid.uuid4()) for _ in range(3)]
+    dagster("instance", "concurrency", "set", pool, "1")
+    try:
+        for run_id in run_ids:
+            dagster("job", "launch", "-w", "workspace.yaml", "-j", "reply_to_dana", "--run-id", run_id)
+        assert {run_status(pg, r) for r in run_ids} == {"QUEUED"}  # nothing starts them but the daemon
+
+        with dagster_daemon(root, tmp_path / "daemon.log", env) as daemon:
+            deadline = time.monotonic() + 200
+            while {run_status(pg, r) for r in run_ids} - {"SUCCESS", "FAILURE", "CANCELED"}:
+                alive = daemon.poll() is None and time.monotonic() < deadline
+                assert alive, (tmp_path / "daemon.log").read_text()[-3000:]
+                time.sleep(1)
+    finally:
+        dagster("instance", "concurrency", "set", pool, "4")  # the profile's default_limit
+    assert [run_status(pg, r) for r in run_ids] == ["SUCCESS"] * 3
+
+    runs = pg.query("SELECT start_time, end_time FROM runs WHERE run_id IN %s", tuple(run_ids))
+    assert most_at_once(runs) == 2  # the queue started two, and the third when one ended
+
+    steps = pg.query("""SELECT run_id, dagster_event_type, extract(epoch FROM timestamp) FROM event_logs
+                        WHERE run_id IN %s AND step_key = 'reply'
+                          AND dagster_event_type IN ('STEP_START', 'STEP_SUCCESS')""", tuple(run_ids))
+    times = {(run_id, kind): float(at) for run_id, kind, at in steps}
+    spans = [(times[r, "STEP_START"], times[r, "STEP_SUCCESS"]) for r in run_ids]
+    assert all(end - start >= 2 for start, end in spans), spans
+    assert most_at_once(spans) == 1  # the pool's one slot: never two agent steps at once
     assert leaked_servers(root / ".agentenv" / "state") == []
 
 
