@@ -24,6 +24,8 @@ Production uses PostgreSQL (``deploy/dagster.yaml``), where none of this applies
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +57,7 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._engines: OrderedDict[str, db.engine.Engine] = OrderedDict()
         super().__init__(base_dir, inst_data=inst_data)
+        _OPEN.add(self)
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> "LocalSqliteEventLogStorage":
@@ -107,6 +110,19 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
         with self._db_lock:
             while self._engines:
                 self._engines.popitem()[1].dispose()
+
+
+_OPEN: "weakref.WeakSet[LocalSqliteEventLogStorage]" = weakref.WeakSet()
+
+
+def _close_before_fork() -> None:
+    """SQLite says not to carry an open database across ``fork()``: whatever forks this
+    process (shard runs do), the kept connections close first and reopen on next use."""
+    for storage in list(_OPEN):
+        storage._close_all()
+
+
+os.register_at_fork(before=_close_before_fork)
 
 
 class _RunWatchdog(SqliteEventLogStorageWatchdog):

@@ -4,7 +4,9 @@ its step for all rows, each row's verification a partition materialization."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import textwrap
+import threading
 from dataclasses import replace
 from datetime import datetime
 
@@ -278,15 +280,29 @@ def test_simulation_trials_are_replicates_each_a_run_tagged_with_its_replicate(p
         (f"words/{row}", i) for row in ("r1", "r2", "r3") for i in (0, 1)]
 
 
-def test_shards_are_concurrent_runs_over_slices_of_the_rows(project):
+@pytest.mark.parametrize("other_thread", [False, True], ids=["forked", "from-forkserver"])
+def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_thread, monkeypatch):
+    """Shards fork from the caller when it runs no other thread, else from a forkserver."""
+    methods = []
+    get_context = multiprocessing.get_context
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method: methods.append(method) or get_context(method))
     path = project / "tasks" / "words.yaml"
     path.write_text(WORDS_TASK.format(extra=""))
-    with dg.instance_for_test() as instance:
-        done = run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
-                                   shards=2, rows_in_flight=4)
-        runs = sorted(
-            (r.tags.get(RANGE_START_TAG) or r.tags["dagster/partition"], r.tags.get(RANGE_END_TAG)) for r in rows_runs(instance))
-        assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
+    release = threading.Event()
+    waiting = threading.Thread(target=release.wait)
+    if other_thread:
+        waiting.start()
+    try:
+        with dg.instance_for_test() as instance:
+            done = run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
+                                       shards=2, rows_in_flight=4)
+            runs = sorted(
+                (r.tags.get(RANGE_START_TAG) or r.tags["dagster/partition"], r.tags.get(RANGE_END_TAG))
+                for r in rows_runs(instance))
+            assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
+    finally:
+        release.set()
+    assert methods == (["forkserver"] if other_thread else ["fork"])
     assert runs == [("r1", "r2"), ("r3", None)]  # a slice of one row is a plain partition run
     assert [(r.task_id, r.final_status.value) for r in done.results] == [
         ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]

@@ -4,6 +4,7 @@ process)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -99,3 +100,35 @@ def test_a_watcher_streams_events_written_through_an_open_connection(tmp_path, m
         assert db_file.stat().st_mtime_ns == before  # the commits went to the WAL only
         webserver.event_log_storage.end_watch(run_id, callback)
     assert seen[-2:] == ["second", "third"]
+
+
+def test_no_open_database_is_carried_across_a_fork(tmp_path, monkeypatch):
+    """SQLite's rule for ``fork()`` (shard runs fork from the CLI): the kept connections close
+    before any fork, so the child inherits no descriptor of a database, and the parent reopens."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    (tmp_path / "dagster.yaml").write_text(dagster_yaml(tmp_path))
+
+    def open_databases() -> list[str]:
+        targets = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # the listing's own descriptor, gone by now
+                pass
+        return sorted(t for t in targets if t.startswith(str(tmp_path)) and t.endswith(".db"))
+
+    with dg.DagsterInstance.get() as instance:
+        first = graded.execute_in_process(instance=instance)
+        assert open_databases()  # the event log keeps its connections open between events
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover (the child reports through the pipe)
+            os.write(write, "\n".join(open_databases()).encode() or b"-")
+            os._exit(0)
+        os.close(write)
+        inherited = os.read(read, 65536).decode()
+        os.close(read)
+        os.waitpid(child, 0)
+        assert inherited == "-"
+        second = graded.execute_in_process(instance=instance)  # the parent reopens as it writes
+        assert second.success and len(instance.all_logs(first.run_id)) > 3
