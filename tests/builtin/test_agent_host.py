@@ -63,6 +63,26 @@ async def test_agents_in_one_host_are_separate(host, tmp_path):
         assert (await a2a.send_and_wait(urls["b"], "still there?", timeout_seconds=20)).text == "I am b"
 
 
+async def test_the_host_starts_without_the_stores_and_routes_agents_never_use(tmp_path):
+    """a2a-sdk loads SQLAlchemy stores and FastAPI routes when installed (Dagster brings them):
+    an agent's process keeps them out (half its start-up) and serves all the same."""
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    server = spawn_server("agentenv_dagster.builtin.agents", ["host"], workdir=tmp_path / "host", ttl_seconds=120,
+                          env={"PYTHONPATH": pythonpath, "PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            created = (await http.post(f"{server.url}/agents", json={
+                "id": "a", "sandbox": str(tmp_path / "a"), "config": replay("here")})).json()
+            reply = await A2AClient(http).send_and_wait(created["url"], "anyone?", timeout_seconds=20)
+    finally:
+        terminate(server.pid)
+    assert reply.text == "here"
+    imported = [line.rsplit("|", 1)[-1].strip() for line in
+                (tmp_path / "host" / "server.log").read_text().splitlines() if line.startswith("import time:")]
+    assert "a2a.server.tasks" in imported and "uvicorn" in imported
+    assert "sqlalchemy.engine" not in imported and "fastapi.applications" not in imported  # asked for, not loaded
+
+
 async def test_deleting_an_agent_cancels_its_running_task(host, tmp_path):
     slow = {"kind": "replay", "episodes": [{"match": ".", "reply": "late", "actions": [{"sleep": 30}]}]}
     async with httpx.AsyncClient(timeout=30) as http:
