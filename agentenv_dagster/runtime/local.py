@@ -451,5 +451,8 @@ def _http() -> httpx.Client:
     return httpx.Client(timeout=30, verify=False)
 
 
+os.register_at_fork(after_in_child=_http.cache_clear)  # a forked shard run opens its own connections
+
+
 def _now() -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0)

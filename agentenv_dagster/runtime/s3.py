@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -86,6 +87,9 @@ def _client(endpoint_url: str | None, region: str | None):
     import boto3
 
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region)
+
+
+os.register_at_fork(after_in_child=_client.cache_clear)  # a forked shard run opens its own connections
 
 
 # The endpoint of each bucket a store in this process was built for, so a bare ``s3://`` URL
