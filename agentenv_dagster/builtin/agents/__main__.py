@@ -21,7 +21,7 @@ if __name__ == "__main__":
     # The agent's own process: a2a-sdk imports its optional database stores (SQLAlchemy) and
     # FastAPI routes when they are installed, as they are beside Dagster; an agent serves
     # neither, and without them (a2a-sdk's install without its `sql` and `http-server`
-    # extras) it starts in half the time: ~0.8 s less before a run's first agent answers.
+    # extras) it starts in half the time: ~0.7 s less before a run's first agent answers.
     for _optional in UNUSED_BY_AGENTS:
         sys.modules.setdefault(_optional, None)
 
