@@ -13,6 +13,7 @@ import sqlalchemy as db
 
 from agentenv_dagster.orchestration.execute import dagster_yaml
 from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
+from projects import in_forked_child
 
 KEY = dg.AssetKey(["verifications", "t", "v"])
 
@@ -120,15 +121,6 @@ def test_no_open_database_is_carried_across_a_fork(tmp_path, monkeypatch):
     with dg.DagsterInstance.get() as instance:
         first = graded.execute_in_process(instance=instance)
         assert open_databases()  # the event log keeps its connections open between events
-        read, write = os.pipe()
-        child = os.fork()
-        if child == 0:  # pragma: no cover (the child reports through the pipe)
-            os.write(write, "\n".join(open_databases()).encode() or b"-")
-            os._exit(0)
-        os.close(write)
-        inherited = os.read(read, 65536).decode()
-        os.close(read)
-        os.waitpid(child, 0)
-        assert inherited == "-"
+        assert in_forked_child(lambda: "\n".join(open_databases())) == ""
         second = graded.execute_in_process(instance=instance)  # the parent reopens as it writes
         assert second.success and len(instance.all_logs(first.run_id)) > 3
