@@ -26,6 +26,7 @@ from ..reports.models import EvaluationResult, RunSummary, exit_code
 from ..reports.render import WrittenReports, write_reports
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
+from ..runtime.collector import fewer_full_sweeps
 from ..spec.coder_eval import load_coder_eval_experiment, load_coder_eval_task, load_dataset_rows
 from ..spec.coder_eval.dataset import select_rows
 from ..spec.coder_eval.variants import experiment_variants
@@ -72,6 +73,7 @@ class CoderEvalRun:
         return lines
 
 
+@fewer_full_sweeps()
 def run_coder_eval_task(
     path: Path, config: AgentEnvConfig, *, overrides: Sequence[str] = (), grade_only_from: Path | None = None,
     output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,

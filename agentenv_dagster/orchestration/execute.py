@@ -19,6 +19,7 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
+from ..runtime.collector import fewer_full_sweeps
 from .definitions import build_job, run_config
 from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY
@@ -88,6 +89,7 @@ def _moved(settings: Path, home: Path) -> bool:
     return local_storage_yaml(home) not in text and "class: LocalSqliteStorage" in text
 
 
+@fewer_full_sweeps()
 def execute_plan(
     plan: TaskPlan,
     config: AgentEnvConfig,

@@ -3,7 +3,7 @@ run over a range of partitions, run side by side in their own processes.
 
 One run's ops are barriers and its Python is one core: grading (CPU) cannot overlap the
 prompts (waiting). Two shards on two cores do overlap them: on the 1,000-row benchmark,
-21.5 s in one run against 17.5 s in two (each shard starts its own agent host).
+16.5–18.4 s in one run against 14.4–15.6 s in two (each shard starts its own agent host).
 ``rows_in_flight`` is shared out (the shares add up to it, and there are never more shards
 than rows in flight), so the agents see the same number of prompts at once either way.
 """

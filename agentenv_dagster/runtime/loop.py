@@ -13,6 +13,8 @@ import threading
 from types import FrameType
 from typing import Any, Coroutine, TypeVar
 
+from .collector import fewer_full_sweeps
+
 T = TypeVar("T")
 
 try:
@@ -30,7 +32,7 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     step would sleep on. Instead SIGINT cancels the coroutine, which unwinds (its ``finally``
     blocks run), and then the process's handler runs outside the loop and raises as it means to.
     """
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
+    with fewer_full_sweeps(), asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
         handler = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is not threading.main_thread() or not callable(handler):
             return runner.run(coroutine)

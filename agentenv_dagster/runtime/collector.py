@@ -1,0 +1,41 @@
+"""The cyclic garbage collector's full sweeps, made rare while a run executes.
+
+A full sweep walks every object the process holds: Dagster's definitions, every import, and a
+dataset run's thousands of contexts. Python starts one whenever its old generation has grown
+by a quarter, and a run's rows keep growing it: on the 1,000-row fan-out benchmark one run
+process made 13 full sweeps, 3.1 s of its ~20 s, which found next to nothing to free (the
+rows are alive). While any run executes in this process, a full sweep waits for
+``FULL_SWEEP_EVERY`` young-generation sweeps instead of Python's 10; the young generations
+are collected as ever, and the process's own setting returns when the last run ends.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+FULL_SWEEP_EVERY = 1000  # middle-generation sweeps between full ones (Python's default: 10)
+
+_lock = threading.Lock()
+_running = 0
+_saved: tuple[int, int, int] = gc.get_threshold()
+
+
+@contextmanager
+def fewer_full_sweeps() -> Iterator[None]:
+    """Full sweeps held back for the duration (nests, and is safe across threads)."""
+    global _running, _saved
+    with _lock:
+        if _running == 0:
+            _saved = gc.get_threshold()
+            gc.set_threshold(_saved[0], _saved[1], max(_saved[2], FULL_SWEEP_EVERY))
+        _running += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _running -= 1
+            if _running == 0:
+                gc.set_threshold(*_saved)
