@@ -8,5 +8,7 @@ multiprocess step, which re-imports this file, builds only the job it runs.
 from pathlib import Path
 
 from agentenv_dagster import build_repository
+from agentenv_dagster.runtime.collector import sweep_rarely
 
+sweep_rarely()  # the processes that import this file serve it: fewer full GC sweeps (see the README's Scale)
 defs = build_repository(Path(__file__).parent / "tasks")

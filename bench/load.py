@@ -4,7 +4,8 @@ For each size N (default 100, 1,000 and 10,000) it writes N copies of
 tasks/reply_to_dana.json (distinct ids) to a temporary project and measures, each in a fresh
 Python process, in the same run:
 
-- **agentenv (lazy)**: ``build_repository(tasks/)``, what the root ``definitions.py`` exposes;
+- **agentenv (lazy)**: ``build_repository(tasks/)`` after ``sweep_rarely()``, what the root
+  ``definitions.py`` does;
 - **agentenv (eager)**: ``build_definitions(tasks/)``, the ``Definitions`` of the Python API;
 - **hand-built**: N ``@dg.job`` jobs, a distinct ``@dg.op`` per step wired as the task's
   ``depends_on`` says, with the same default op config (the step fields), in a
@@ -109,7 +110,9 @@ def measure(mode: str, tasks_dir: Path, n: int) -> dict:
     started = time.process_time()
     if mode == "lazy":
         from agentenv_dagster import build_repository
+        from agentenv_dagster.runtime.collector import sweep_rarely
 
+        sweep_rarely()  # as the root definitions.py does
         repo = build_repository(tasks_dir)
     elif mode == "eager":
         from agentenv_dagster import build_definitions

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 
 from agentenv_dagster.runtime.collector import FULL_SWEEP_EVERY, fewer_full_sweeps
+from projects import REPO
 
 
 def full_sweeps_while_growing() -> int:
@@ -72,3 +75,15 @@ def test_a_process_that_sweeps_less_often_already_keeps_its_setting():
         assert gc.get_threshold()[2] == 5000
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_code_location_process_sweeps_rarely_for_good():
+    """The root definitions.py sets it for the processes that import it (code server, run
+    workers), and a run inside such a process leaves it so."""
+    probe = ("import gc, runpy; runpy.run_path('definitions.py'); "
+             "from agentenv_dagster.runtime.collector import fewer_full_sweeps\n"
+             "with fewer_full_sweeps(): pass\n"
+             "print(gc.get_threshold()[2])")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == FULL_SWEEP_EVERY
