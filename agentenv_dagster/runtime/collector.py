@@ -5,7 +5,7 @@ dataset run's thousands of contexts. Python starts one whenever its old generati
 by a quarter, and a run's rows keep growing it: on the 1,000-row fan-out benchmark one run
 process made 13 full sweeps, 3.1 s of its ~20 s, which found next to nothing to free (the
 rows are alive). While any run executes in this process, a full sweep waits for
-``FULL_SWEEP_EVERY`` young-generation sweeps instead of Python's 10; the young generations
+``FULL_SWEEP_EVERY`` middle-generation sweeps instead of Python's 10; the young generations
 are collected as ever, and the process's own setting returns when the last run ends.
 """
 
@@ -28,8 +28,7 @@ def sweep_rarely() -> None:
     it: the code server, run workers, step processes): building and snapshotting a thousand
     tasks' jobs grows the heap as a run's rows do (at 1,000 tasks, 3.0 s of an 18 s load went
     to full sweeps)."""
-    low, middle, full = gc.get_threshold()
-    gc.set_threshold(low, middle, max(full, FULL_SWEEP_EVERY))
+    gc.set_threshold(*_rarer(gc.get_threshold()))
 
 
 @contextmanager
@@ -39,7 +38,7 @@ def fewer_full_sweeps() -> Iterator[None]:
     with _lock:
         if _running == 0:
             _saved = gc.get_threshold()
-            gc.set_threshold(_saved[0], _saved[1], max(_saved[2], FULL_SWEEP_EVERY))
+            gc.set_threshold(*_rarer(_saved))
         _running += 1
     try:
         yield
@@ -48,3 +47,10 @@ def fewer_full_sweeps() -> Iterator[None]:
             _running -= 1
             if _running == 0:
                 gc.set_threshold(*_saved)
+
+
+def _rarer(threshold: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The same setting with full sweeps at most every ``FULL_SWEEP_EVERY`` (never more often
+    than the process already had them)."""
+    young, middle, full = threshold
+    return young, middle, max(full, FULL_SWEEP_EVERY)
