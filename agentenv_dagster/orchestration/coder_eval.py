@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,12 +47,12 @@ class CoderEvalRun:
     summary: RunSummary
     results: list[EvaluationResult]
     reports: WrittenReports
-    suite: dict[str, Any] | None = None
+    suites: list[dict[str, Any]] = field(default_factory=list)  # a dataset's, one per variant
 
     @property
     def exit_code(self) -> int:
         """Upstream's: 1 when a task failed or errored, or a suite gate fell short."""
-        return 1 if self.suite is not None and not self.suite["passed"] else exit_code(self.summary)
+        return 1 if any(not suite["passed"] for suite in self.suites) else exit_code(self.summary)
 
     def lines(self) -> list[str]:
         lines = [
@@ -62,12 +62,13 @@ class CoderEvalRun:
             for r in self.results
         ]
         lines += [f"  skipped {s.path}: {s.reason}" for s in self.summary.skipped_tasks]
-        if self.suite is not None:
-            lines.append(f"  suite {self.suite['suite_id']}: {'passed' if self.suite['passed'] else 'FAILED'} "
-                         f"(pass rate {self.suite['pass_rate']})")
+        for suite in self.suites:
+            variant = f" [{suite['variant_id']}]" if len(self.suites) > 1 else ""
+            lines.append(f"  suite {suite['suite_id']}{variant}: {'passed' if suite['passed'] else 'FAILED'} "
+                         f"(pass rate {suite['pass_rate']})")
             lines += [
                 f"    {c['metric']} = {c['actual_value']} (min {c['min_value']}): {'ok' if c['passed'] else 'SHORT'}"
-                for a in self.suite["criterion_aggregates"] for c in a["checks"]
+                for a in suite["criterion_aggregates"] for c in a["checks"]
             ]
         lines += [f"  reports: {self.reports.run_json.parent}  (run.json, run.md, task.html)"]
         return lines
@@ -124,19 +125,22 @@ def run_coder_eval_task(
                     prices=config.model.prices, variant_id=variant_id or "default", replicate_index=replicate,
                 ))
     summary = RunSummary.from_results(_run_id(started), started, _now(), results)
-    suite = None
-    if task.dataset is not None:
-        thresholds = [getattr(c, "suite_thresholds", None) for c in task.success_criteria]
-        suite = suite_rollup(task.task_id, results, thresholds)
-        folder = out / "default" / task.task_id
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str))
-        if experiment is None:  # the rows are partitions of the task's own job: the asset rolls them up too
-            materialize_suite(plan, config, instance)
+    suites = []
+    if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
+        for variant_id, resolved, _ in variants:
+            variant = variant_id or "default"
+            thresholds = [getattr(c, "suite_thresholds", None) for c in resolved.success_criteria]
+            suite = suite_rollup(task.task_id, [r for r in results if r.variant_id == variant], thresholds, variant)
+            folder = out / variant / task.task_id
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str))
+            suites.append(suite)
+        if experiment is None or shared is not None:  # the rows are partitions of one job: its asset rolls them up too
+            materialize_suite(shared or plan, config, instance, [v for v, _, _ in variants] if shared else None)
     reports = write_reports(out, summary, results)
     if experiment is not None:
         _write_experiment(out, load_coder_eval_experiment(experiment).experiment, [v for v, _, _ in variants], results)
-    return CoderEvalRun(summary, results, reports, suite)
+    return CoderEvalRun(summary, results, reports, suites)
 
 
 def _project_instance(config: AgentEnvConfig) -> dg.DagsterInstance:
@@ -144,15 +148,19 @@ def _project_instance(config: AgentEnvConfig) -> dg.DagsterInstance:
     return dg.DagsterInstance.get()
 
 
-def materialize_suite(plan, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> None:
-    """Materialize the ``suites/<task>`` asset, as the UI would, from the row partitions the
-    run just wrote: the same rollup and blocking threshold checks in the instance (the exit
-    code comes from the run's own suite.json)."""
+def materialize_suite(
+    plan, config: AgentEnvConfig, instance: dg.DagsterInstance | None, variants: list[str] | None = None,
+) -> None:
+    """Materialize the ``suites/<task>`` asset (under an experiment, the partitions of the
+    ``variants`` that ran), as the UI would, from the row partitions the run just wrote: the
+    same rollup and blocking threshold checks in the instance (the exit code comes from the
+    run's own suite.json files)."""
     asset = suite_asset(plan, TaskTranslator())
     if asset is None:
         return
     with nullcontext(instance) if instance is not None else _project_instance(config) as active:
-        dg.materialize([asset], instance=active, raise_on_error=False)
+        for variant in variants or [None]:
+            dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant)
 
 
 def _write_experiment(out: Path, experiment, variant_ids: list[str], results: list[EvaluationResult]) -> None:

@@ -2,7 +2,9 @@
 
 Materialize it after the rows ran (or a backfill of the failed ones): it reads each
 partition's latest verification, aggregates per criterion (accuracy, per-label F1, confusion
-...) and gates ``suite_thresholds`` as blocking asset checks.
+...) and gates ``suite_thresholds`` as blocking asset checks. Under an experiment a suite is
+one variant's rows (upstream's ``<variant>/<suite_id>/suite.json``), so the asset is
+partitioned by variant, each partition rolling up the variant x row partitions of its variant.
 """
 
 from __future__ import annotations
@@ -14,31 +16,39 @@ import dagster as dg
 from ..plan import TaskPlan
 from ..reports.results import EvaluationResult, FinalStatus
 from ..reports.suite import suite_rollup
-from ..steps.base import VERIFICATION
+from ..spec.loader import TaskDocument
+from ..steps.base import VERIFICATION, TaskStep
 from .rows import latest_metadata
 from .translator import TaskTranslator
 
 
 def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefinition | None:
-    rows = plan.document.partitions
-    graded = [s for s in plan.steps if getattr(s, "criteria", None) and s.type == "success_criteria"]
-    if not rows or not graded or plan.document.variant_steps is not None:  # an experiment: experiment.json
+    document = plan.document
+    step = _graded_step(plan.steps)
+    if not document.row_ids() or step is None:  # a suite is a dataset's (under an experiment, a variant's)
         return None
-    step = graded[0]
     (verification,) = [key for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION]
-    thresholds = [c.get("suite_thresholds") for c in step.criteria]
+    thresholds = [c.get("suite_thresholds") for c in step.criteria]  # a variant cannot change the criteria
     key = translator.get_suite_asset_key(plan.task_id)
     checks = [
         dg.AssetCheckSpec(_check_name(index, metric), asset=key, blocking=True,
                           description=f"suite {metric} of criterion {index + 1} >= {minimum}")
         for index, gate in enumerate(thresholds) for metric, minimum in (gate or {}).items()
     ]
+    variants = list(document.variant_steps or ())
+    what = f"experiment job `{plan.task_id}`: each variant's rows" if variants else f"dataset task `{plan.task_id}`: its rows"
 
-    @dg.asset(key=key, deps=[verification], check_specs=checks, group_name=translator.get_group_name(plan),
-              kinds={"agentenv"}, description=f"The suite of dataset task `{plan.task_id}`: its rows rolled up.")
+    @dg.asset(
+        key=key, check_specs=checks, group_name=translator.get_group_name(plan), kinds={"agentenv"},
+        partitions_def=dg.StaticPartitionsDefinition(variants) if variants else None,
+        deps=[verification],  # a variant's partition reads its variant x row ones: Dagster infers the mapping
+        description=f"The suite of {what} rolled up.",
+    )
     def _suite(context):
-        results = _row_results(context.instance, verification, plan.task_id, list(rows))
-        suite = suite_rollup(plan.task_id, results, thresholds)
+        variant = context.partition_key if variants else None
+        rows = [k for k in document.partitions if document.variant_of(k) == variant]
+        results = _row_results(context.instance, verification, plan.task_id, document, rows)
+        suite = suite_rollup(plan.task_id, results, thresholds, variant_id=variant or "default")
         check_results = [
             dg.AssetCheckResult(
                 check_name=_check_name(aggregate["criterion_index"], check["metric"]), passed=check["passed"],
@@ -48,6 +58,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
         ]
         return dg.MaterializeResult(
             metadata={
+                **({"variant": variant} if variant else {}),
                 "rows_run": len(results), "rows_total": len(rows), "pass_rate": suite["pass_rate"],
                 "average_weighted_score": suite["average_weighted_score"], "passed": suite["passed"],
                 "criterion_aggregates": dg.MetadataValue.json(suite["criterion_aggregates"]),
@@ -58,22 +69,30 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
     return _suite
 
 
+def _graded_step(steps: tuple[TaskStep, ...] | list[TaskStep]) -> TaskStep | None:
+    """The Coder Eval task's ``success_criteria`` step (a dataset's suite grades its criteria)."""
+    return next((s for s in steps if s.type == "success_criteria" and getattr(s, "criteria", None)), None)
+
+
 def _check_name(index: int, metric: str) -> str:
     return f"criterion_{index + 1}_{metric}".replace(".", "_")
 
 
-def _row_results(instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, rows: list[str]) -> list[EvaluationResult]:
+def _row_results(
+    instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, document: TaskDocument, rows: list[str],
+) -> list[EvaluationResult]:
     """Each row's latest verification as a task result, in dataset order (rows that never ran
     are left out)."""
     latest = latest_metadata(instance, key, rows)
-    return [_result(task_id, row, {k: v.value for k, v in latest[row].items()}) for row in rows if row in latest]
+    return [_result(f"{task_id}/{document.row_of(row)}", {k: v.value for k, v in latest[row].items()})
+            for row in rows if row in latest]
 
 
-def _result(task_id: str, row: str, metadata: dict[str, Any]) -> EvaluationResult:
+def _result(task_id: str, metadata: dict[str, Any]) -> EvaluationResult:
     passed = metadata.get("passed")
     status = (FinalStatus.ERROR if metadata.get("prompt_error") else
               FinalStatus.NOT_GRADED if passed is None else FinalStatus.SUCCESS if passed else FinalStatus.FAILURE)
     return EvaluationResult(
-        task_id=f"{task_id}/{row}", final_status=status, weighted_score=metadata.get("score"),
+        task_id=task_id, final_status=status, weighted_score=metadata.get("score"),
         success_criteria_results=metadata.get("results") or [],
     )

@@ -113,3 +113,49 @@ def test_variants_that_lower_to_other_steps_are_an_error_of_the_experiment_file(
     assert "[experiments] no Coder Eval task 'nope' in the code location" in caplog.text
     with pytest.raises(TaskLoadError, match="compare.yaml.*variants.talk"):
         build_definitions(project / "tasks", strict=True)
+
+
+SUITE = dg.AssetKey(["suites", "words__compare"])
+
+
+def test_each_variant_s_rows_are_a_suite_a_partition_of_the_experiment_s_suite_asset(project):
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=", suite_thresholds: {mean: 0.5}"))
+    defs = build_definitions(project / "tasks", strict=True)
+    graph = defs.resolve_asset_graph()
+    variants = graph.get(SUITE).partitions_def
+    assert variants.get_partition_keys() == ["base", "strict"]
+    rows = graph.get(VERIFICATION).partitions_def
+    upstream = graph.get_partition_mapping(SUITE, VERIFICATION).get_upstream_mapped_partitions_result_for_partitions(
+        variants.subset_with_partition_keys(["strict"]), variants, rows)
+    assert sorted(upstream.partitions_subset.get_partition_keys()) == ["r1|strict", "r2|strict", "r3|strict"]  # lineage
+    job = defs.get_job_def("words__compare")
+    with dg.instance_for_test() as instance:
+        for key in ("r1|base", "r2|base", "r3|base", "r1|strict"):
+            assert job.execute_in_process(instance=instance, partition_key=key).success
+        suite = defs.get_assets_def(SUITE)
+        base = dg.materialize([suite], instance=instance, partition_key="base")
+        strict = dg.materialize([suite], instance=instance, partition_key="strict", raise_on_error=False)
+        metadata = {
+            record.asset_materialization.partition: {k: v.value for k, v in record.asset_materialization.metadata.items()}
+            for record in instance.fetch_materializations(SUITE, limit=10).records
+        }
+    assert (metadata["base"]["rows_run"], metadata["base"]["rows_total"]) == (3, 3)
+    assert metadata["base"]["pass_rate"] == pytest.approx(2 / 3) and metadata["base"]["passed"] is True
+    assert (metadata["strict"]["rows_run"], metadata["strict"]["pass_rate"]) == (1, 0.0)  # only its own rows
+    assert {c.check_name: c.passed for c in base.get_asset_check_evaluations()} == {"criterion_1_mean": True}
+    assert {c.check_name: c.passed for c in strict.get_asset_check_evaluations()} == {"criterion_1_mean": False}
+
+
+def test_the_cli_writes_a_suite_per_variant_and_exits_1_when_one_falls_short(project):
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=", suite_thresholds: {mean: 0.5}"))
+    done = cli(project, "run", "tasks/words.yaml", "--experiment", "experiments/compare.yaml", "--output-dir", "o")
+    assert done.returncode == 1, done.stdout + done.stderr
+    suites = {v: json.loads((project / "o" / v / "words" / "suite.json").read_text()) for v in ("base", "strict")}
+    assert {v: (s["variant_id"], s["rows_total"], s["passed"]) for v, s in suites.items()} == {
+        "base": ("base", 3, True), "strict": ("strict", 3, False)}
+    assert not (project / "o" / "default").exists()  # no suite mixing the variants' rows
+    assert "suite words [base]: passed" in done.stdout and "suite words [strict]: FAILED" in done.stdout
+    with dg.DagsterInstance.from_config(str(project / ".dagster_home")) as instance:  # the assets, as in the UI
+        records = instance.fetch_materializations(SUITE, limit=10).records
+        passed = {r.asset_materialization.partition: r.asset_materialization.metadata["passed"].value for r in records}
+    assert passed == {"base": True, "strict": False}
