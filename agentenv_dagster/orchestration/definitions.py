@@ -147,7 +147,6 @@ def build_definitions(
 
     executor = job_executor(config)  # forkserver, or the project's choice ([dagster] executor)
     jobs = [build_job(plan, translator, executor) for plan in report.plans]
-    tasks = [plan for plan in report.plans if plan.document.variant_steps is None]  # not the experiment jobs
     suites = [a for a in (suite_asset(plan, translator) for plan in report.plans) if a is not None]
     jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
     specs = translator.get_artifact_specs(report.plans)
@@ -161,8 +160,8 @@ def build_definitions(
         assets=[*specs, *suites],
         asset_checks=checks,
         resources=location_resources(config),
-        sensors=[*task_sensors(tasks_dir, config, tasks, jobs, translator), review_tag_sensor()],
-        schedules=task_schedules(tasks, config, jobs, translator),
+        sensors=[*task_sensors(tasks_dir, config, report.plans, jobs, translator), review_tag_sensor()],
+        schedules=task_schedules(report.plans, config, jobs, translator),
     )
 
 

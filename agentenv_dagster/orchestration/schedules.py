@@ -4,7 +4,8 @@ The cron comes from ``[schedules]`` in ``.agentenv/config.toml`` (task id -> cro
 either format) or, for a Coder Eval task, from a ``schedule:<preset>`` tag (``hourly``,
 ``daily``, ``weekly``, ``monthly``, ``yearly``: the reference's tags are kebab-case
 ``key:value`` words, so a cron expression itself cannot be a tag). Config wins over a tag.
-A dataset task's tick runs its selected rows in one run, as the CLI does.
+A dataset task's tick runs its selected rows in one run, as the CLI does; an experiment's job
+(``[schedules]`` names it by its id, ``<task_id>__<experiment_id>``) runs each variant.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import dagster as dg
 from ..config import AgentEnvConfig, ScheduleEntry
 from ..errors import TaskLoadError
 from ..plan import TaskPlan
-from .rows import range_tags
+from .rows import VARIANT_TAG, range_tags
 from .translator import TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
@@ -24,17 +25,24 @@ SCHEDULE_TAG_KEY = "schedule"
 TAG_PRESETS = {name: f"@{name}" for name in ("hourly", "daily", "weekly", "monthly", "yearly")}
 
 
-def task_run_request(plan: TaskPlan, translator: TaskTranslator, *, run_key: str | None = None) -> dg.RunRequest:
-    """A run of the task as ``plan`` has it: its steps as op config, its id, version and
-    content hash as tags; a dataset task's selected rows (every row, or a new stratified
-    draw) all in one run, tagged with their range."""
+def task_run_requests(plan: TaskPlan, translator: TaskTranslator, *, run_key: str | None = None) -> list[dg.RunRequest]:
+    """The runs of the task as ``plan`` has it: one, or under an experiment one per variant
+    (a run is one variant; its run key names it: a schedule's tick of several runs needs keys)."""
+    variants = list(plan.document.variant_steps or [None])
+    return [_run_request(plan, translator, variant, ":".join(filter(None, (run_key, variant))) or None)
+            for variant in variants]
+
+
+def _run_request(plan: TaskPlan, translator: TaskTranslator, variant: str | None, run_key: str | None) -> dg.RunRequest:
+    """Its steps as op config, its id, version and content hash as tags; a dataset task's
+    selected rows (every row, or a new stratified draw) all in one run, tagged with their range."""
     from .definitions import run_config  # definitions imports this module
 
-    tags = dict(translator.get_job_tags(plan))
+    tags = {**translator.get_job_tags(plan), **({VARIANT_TAG: variant} if variant else {})}
     request = {"run_key": run_key, "job_name": translator.get_job_name(plan)}
     if not plan.document.partitions:
         return dg.RunRequest(**request, run_config=run_config(plan, translator), tags=tags)
-    keys = plan.document.selected_rows()
+    keys = plan.document.selected_rows(variant)
     rows = {key: plan.document.partitions[key] for key in keys}
     if len(keys) == 1:
         return dg.RunRequest(**request, run_config=run_config(plan, translator, rows), tags=tags, partition_key=keys[0])
@@ -69,8 +77,8 @@ def task_schedules(
 def task_schedule(
     plan: TaskPlan, entry: ScheduleEntry, job: dg.JobDefinition, translator: TaskTranslator,
 ) -> dg.ScheduleDefinition:
-    def _tick(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
-        return task_run_request(plan, translator)
+    def _tick(context: dg.ScheduleEvaluationContext):
+        yield from task_run_requests(plan, translator)  # a schedule yields its requests (a list is refused)
 
     return dg.ScheduleDefinition(
         name=f"{job.name}_schedule", cron_schedule=entry.cron, job=job, execution_fn=_tick,
@@ -82,8 +90,9 @@ def task_schedule(
 
 
 def tag_schedule(plan: TaskPlan) -> ScheduleEntry | None:
-    """A Coder Eval task's ``schedule:<preset>`` tag, if it has one."""
-    if plan.document.format != "coder-eval":
+    """A Coder Eval task's ``schedule:<preset>`` tag, if it has one (its own job's: an
+    experiment's job is scheduled by its id in ``[schedules]``)."""
+    if plan.document.format != "coder-eval" or plan.document.variant_steps is not None:
         return None
     from ..spec.coder_eval import load_coder_eval_task
 

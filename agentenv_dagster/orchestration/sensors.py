@@ -7,8 +7,9 @@
 - ``agentenv_retry_failed_runs`` (running by default): a run that failed at a step whose
   ``retry_config`` names an ancestor gets a child run re-executing that span (``retries.py``).
 - ``agentenv_task_files`` (stopped by default): launches a task's job once per new or changed
-  task document or new stored version (``task create``), run key = task id + version + content hash; the cursor remembers what was
-  launched, so a daemon restart launches nothing twice.
+  task document or new stored version (``task create``), run key = task id + version + content hash
+  (an experiment's job: a run per variant, and a changed experiment file is a changed task);
+  the cursor remembers what was launched, so a daemon restart launches nothing twice.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..plan import TaskPlan
 from .io_manager import context_io_manager
 from .resources import RESOURCE_KEY, AgentEnvResource
 from .retries import launch_retry
-from .schedules import task_run_request
+from .schedules import task_run_requests
 from .translator import TAG_CONTENT_HASH, TAG_TASK_ID, TAG_TASK_VERSION, TaskTranslator
 
 FAILED_RUNS_SENSOR = "agentenv_teardown_failed_runs"
@@ -176,7 +177,7 @@ def task_file_sensor(
                 waiting.append(f"{plan.document.source}: task '{plan.task_id}' changed its steps, edges, "
                                "assets or rows: reload the code location to launch it")
             else:
-                requests.append(task_run_request(plan, translator, run_key=key))
+                requests += task_run_requests(plan, translator, run_key=key)
                 launched[name] = key
         for line in waiting:
             context.log.info(line)

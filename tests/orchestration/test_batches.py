@@ -193,7 +193,7 @@ def test_a_run_tagged_rows_failed_runs_only_the_rows_that_did_not_pass(project):
 
 def test_a_run_that_names_no_rows_takes_the_dataset_s_stratified_sample(project):
     from agentenv_dagster import build_definitions
-    from agentenv_dagster.orchestration.schedules import task_run_request
+    from agentenv_dagster.orchestration.schedules import task_run_requests
     from agentenv_dagster.orchestration.translator import TaskTranslator
 
     rows = ", ".join(f"{{id: r{i}, word: {'hi' if i < 4 else 'yo'}, expected_skill: {'a' if i < 4 else 'b'}}}"
@@ -215,7 +215,7 @@ def test_a_run_that_names_no_rows_takes_the_dataset_s_stratified_sample(project)
         assert job.execute_in_process(instance=instance, run_config=config).success
         assert instance.get_materialized_partitions(VERIFICATION) == set(drawn)
     # a schedule tick or a sensor's launch takes the same draw, as the CLI's `run` does
-    request = task_run_request(plan, TaskTranslator())
+    (request,) = task_run_requests(plan, TaskTranslator())
     assert set(request.run_config["ops"]["sandbox"]["config"]["rows"]) == set(drawn)
     done = run_coder_eval_task(path, load_config(project), output_dir=project / "out")
     assert sorted(r.task_id for r in done.results) == sorted(f"words/{k}" for k in drawn)

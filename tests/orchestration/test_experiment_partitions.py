@@ -159,3 +159,32 @@ def test_the_cli_writes_a_suite_per_variant_and_exits_1_when_one_falls_short(pro
         records = instance.fetch_materializations(SUITE, limit=10).records
         passed = {r.asset_materialization.partition: r.asset_materialization.metadata["passed"].value for r in records}
     assert passed == {"base": True, "strict": False}
+
+
+def test_a_schedule_or_the_task_file_sensor_launches_a_run_per_variant(project):
+    config = project / ".agentenv" / "config.toml"
+    config.write_text(config.read_text() + '[schedules]\n"words__compare" = "@daily"\n')
+    defs = build_definitions(project / "tasks", strict=True)
+    repository = defs.get_repository_def()
+    assert [s.name for s in repository.schedule_defs] == ["words__compare_schedule"]  # not the task's own job
+    with dg.instance_for_test() as instance:
+        ticked = repository.get_schedule_def("words__compare_schedule").evaluate_tick(
+            dg.build_schedule_context(instance=instance)).run_requests
+        sensor = repository.get_sensor_def("agentenv_task_files")
+        first = sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
+        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=first.cursor))
+        (project / "experiments" / "compare.yaml").write_text(COMPARE.replace("Do ${row.word}", "Say ${row.word}!"))
+        changed = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=again.cursor))
+        strict = next(r for r in changed.run_requests if r.tags["agentenv/variant"] == "strict")
+        run = defs.get_job_def("words__compare").execute_in_process(
+            instance=instance, run_config=strict.run_config, tags=strict.tags)
+        passed = passed_by_partition(instance)
+    assert {r.tags["agentenv/variant"]: sorted(r.run_config["ops"]["sandbox"]["config"]["rows"]) for r in ticked} == {
+        "base": ["r1|base", "r2|base", "r3|base"], "strict": ["r1|strict", "r2|strict", "r3|strict"]}
+    launched = {(r.job_name, r.tags.get("agentenv/variant")): r.run_key for r in first.run_requests}
+    assert sorted(launched) == [("words", None), ("words__compare", "base"), ("words__compare", "strict")]
+    assert launched[("words__compare", "strict")].endswith(":strict")
+    assert again.run_requests == [] and "no job here yet" not in (again.skip_message or "")
+    assert sorted(r.tags["agentenv/variant"] for r in changed.run_requests) == ["base", "strict"]  # the experiment only
+    assert {r.job_name for r in changed.run_requests} == {"words__compare"}
+    assert run.success and passed == {"r1|strict": True, "r2|strict": True, "r3|strict": False}  # the new prompt ran
