@@ -70,6 +70,7 @@ def load_document(
 def coder_eval_document(loaded, registry: StepRegistry, *, grade_only_from: Path | None = None) -> TaskDocument:
     """A loaded (and possibly variant-resolved) Coder Eval task, lowered to a task document."""
     from .spec.coder_eval.lowering import dataset_partitions, lower_task
+    from .spec.coder_eval.variants import trials
 
     path = loaded.source
     steps = lower_task(loaded, grade_only_from=grade_only_from)
@@ -80,7 +81,8 @@ def coder_eval_document(loaded, registry: StepRegistry, *, grade_only_from: Path
         partitions, sampling = dataset_partitions(loaded)
     except (ValueError, OSError) as exc:
         raise TaskLoadError([SpecError(str(exc), file=str(path), field="dataset")]) from None
-    return replace(document, partitions=partitions, sampling=sampling)
+    count = trials(loaded.task)
+    return replace(document, partitions=partitions, sampling=sampling, replicates={"": count} if count > 1 else None)
 
 
 def experiment_document(
@@ -116,7 +118,8 @@ def experiment_document(
     partitions = ({variant_key(row, v): seed for row, seed in rows.items() for v in documents} if rows
                   else {v: {} for v in documents})
     return replace(first, task_id=f"{first.task_id}{EXPERIMENT_SEPARATOR}{experiment_id}", partitions=partitions,
-                   variant_steps={v: d.steps for v, d in documents.items()})
+                   variant_steps={v: d.steps for v, d in documents.items()},
+                   replicates={v: count for v, _, count in variants if count > 1} or None)
 
 
 def _shape(document: TaskDocument) -> list[tuple[str, str, str]]:

@@ -34,12 +34,10 @@ from ..spec.loader import variant_key
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import project_dagster_home
-from .rows import VARIANT_TAG, rows_not_passed
+from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
 from .shards import run_rows
 from .suites import suite_asset
 from .translator import TaskTranslator
-
-TAG_REPLICATE = "agentenv/replicate"
 
 
 @dataclass
@@ -108,7 +106,7 @@ def run_coder_eval_task(
                 keys = rows_not_passed(active, build_job(plan), keys)
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant_id, str(replicate) if repeats > 1 else None) if p)
-            tags = {VARIANT_TAG: variant_id or "default", TAG_REPLICATE: str(replicate)}
+            tags = {VARIANT_TAG: variant_id or "default", REPLICATE_TAG: str(replicate)}
             contexts = run_rows(plan, config, keys, output_dir=out / "contexts" / (label or "task"), instance=instance,
                                 rows_in_flight=rows_in_flight, tags=tags, shards=shards)
             for key, context in contexts.items():

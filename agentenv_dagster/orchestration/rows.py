@@ -24,6 +24,7 @@ RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster
 ROWS_TAG, FAILED_ROWS = "agentenv/rows", "failed"
 STEP_ASSETS_TAG = "agentenv/assets"  # a node's asset keys (the translator sets it)
 VARIANT_TAG = "agentenv/variant"  # an experiment's variant the run's steps are (one a run)
+REPLICATE_TAG = "agentenv/replicate"  # which of a task's replicates (trials, repeats) the run is
 
 
 def batch(contexts: dict[str, dict[str, Any]]) -> dict[str, Any]:

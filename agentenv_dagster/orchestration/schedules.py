@@ -17,7 +17,7 @@ import dagster as dg
 from ..config import AgentEnvConfig, ScheduleEntry
 from ..errors import TaskLoadError
 from ..plan import TaskPlan
-from .rows import VARIANT_TAG, range_tags
+from .rows import REPLICATE_TAG, VARIANT_TAG, range_tags
 from .translator import TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
@@ -26,19 +26,27 @@ TAG_PRESETS = {name: f"@{name}" for name in ("hourly", "daily", "weekly", "month
 
 
 def task_run_requests(plan: TaskPlan, translator: TaskTranslator, *, run_key: str | None = None) -> list[dg.RunRequest]:
-    """The runs of the task as ``plan`` has it: one, or under an experiment one per variant
-    (a run is one variant; its run key names it: a schedule's tick of several runs needs keys)."""
-    variants = list(plan.document.variant_steps or [None])
-    return [_run_request(plan, translator, variant, ":".join(filter(None, (run_key, variant))) or None)
-            for variant in variants]
+    """The runs of the task as ``plan`` has it: one per replicate (a simulation's trials), and
+    under an experiment per variant and replicate (a run is one variant). Each run key names
+    them: a schedule's tick of several runs needs keys."""
+    requests = []
+    for variant in plan.document.variant_steps or [None]:
+        count = plan.document.replicates_of(variant)
+        for replicate in range(count):
+            key = ":".join(filter(None, (run_key, variant, f"replicate-{replicate}" if count > 1 else None))) or None
+            requests.append(_run_request(plan, translator, variant, replicate if count > 1 else None, key))
+    return requests
 
 
-def _run_request(plan: TaskPlan, translator: TaskTranslator, variant: str | None, run_key: str | None) -> dg.RunRequest:
+def _run_request(
+    plan: TaskPlan, translator: TaskTranslator, variant: str | None, replicate: int | None, run_key: str | None,
+) -> dg.RunRequest:
     """Its steps as op config, its id, version and content hash as tags; a dataset task's
     selected rows (every row, or a new stratified draw) all in one run, tagged with their range."""
     from .definitions import run_config  # definitions imports this module
 
-    tags = {**translator.get_job_tags(plan), **({VARIANT_TAG: variant} if variant else {})}
+    tags = {**translator.get_job_tags(plan), **({VARIANT_TAG: variant} if variant else {}),
+            **({REPLICATE_TAG: str(replicate)} if replicate is not None else {})}
     request = {"run_key": run_key, "job_name": translator.get_job_name(plan)}
     if not plan.document.partitions:
         return dg.RunRequest(**request, run_config=run_config(plan, translator), tags=tags)

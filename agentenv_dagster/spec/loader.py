@@ -52,6 +52,9 @@ class TaskDocument:
     # A task under an experiment: each variant's steps (same ids, types and joins as
     # ``steps``, the first variant's); ``partitions`` are then keyed ``<row>|<variant>``.
     variant_steps: dict[str, tuple["TaskStep", ...]] | None = None
+    # How many replicates a launch runs (a simulation's ``n_trials``; under an experiment, a
+    # variant's ``repeats`` x trials), by variant (``""``: the task itself); absent is 1.
+    replicates: dict[str, int] | None = None
 
     def step_documents(self) -> list[dict[str, Any]]:
         return [step.to_document() for step in self.steps]
@@ -77,6 +80,9 @@ class TaskDocument:
     def variant_of(self, key: str) -> str | None:
         return key.rsplit(VARIANT_SEPARATOR, 1)[-1] if self.variant_steps is not None else None
 
+    def replicates_of(self, variant: str | None) -> int:
+        return (self.replicates or {}).get(variant or "", 1)
+
     def steps_for(self, key: str | None) -> tuple["TaskStep", ...]:
         """The steps a partition runs: its variant's, else the task's."""
         variant = self.variant_of(key) if key else None
@@ -90,7 +96,8 @@ class TaskDocument:
              **({"seed": self.seed} if self.seed else {}),
              **({"sample": [self.sampling.per_stratum, self.sampling.seed]} if self.sampling else {}),
              **({"variants": {v: [s.to_document() for s in steps] for v, steps in self.variant_steps.items()}}
-                if self.variant_steps else {})},
+                if self.variant_steps else {}),
+             **({"replicates": self.replicates} if self.replicates else {})},
             sort_keys=True, default=str,
         )
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -188,3 +188,24 @@ def test_a_schedule_or_the_task_file_sensor_launches_a_run_per_variant(project):
     assert sorted(r.tags["agentenv/variant"] for r in changed.run_requests) == ["base", "strict"]  # the experiment only
     assert {r.job_name for r in changed.run_requests} == {"words__compare"}
     assert run.success and passed == {"r1|strict": True, "r2|strict": True, "r3|strict": False}  # the new prompt ran
+
+
+def test_a_launch_runs_each_replicate_repeats_and_trials_ask_for(project):
+    (project / "experiments" / "compare.yaml").write_text(
+        COMPARE.replace("  - variant_id: strict\n", "  - variant_id: strict\n    repeats: 2\n"))
+    words = project / "tasks" / "words.yaml"
+    words.write_text(WORDS_TASK.format(extra="").replace(
+        "sandbox: {python: null}", "sandbox: {python: null}\nsimulation: {enabled: true, persona: a user, goal: say hi, n_trials: 3}"))
+    sensor = build_definitions(project / "tasks", strict=True).get_repository_def().get_sensor_def("agentenv_task_files")
+    with dg.instance_for_test() as instance:
+        first = sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
+        (project / "experiments" / "compare.yaml").write_text(COMPARE)  # no repeats: a changed experiment
+        changed = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=first.cursor))
+    launched = sorted((r.job_name, r.tags.get("agentenv/variant"), r.tags.get("agentenv/replicate"))
+                      for r in first.run_requests)
+    assert launched == sorted(
+        [("words", None, str(i)) for i in range(3)]  # the simulation's trials
+        + [("words__compare", v, str(i)) for v in ("base", "strict") for i in range(6 if v == "strict" else 3)])
+    assert len({r.run_key for r in first.run_requests}) == len(launched)
+    assert sorted((r.tags["agentenv/variant"], r.tags["agentenv/replicate"]) for r in changed.run_requests) == [
+        (v, str(i)) for v in ("base", "strict") for i in range(3)]

@@ -36,18 +36,19 @@ def experiment_variants(
     simulation's ``n_trials`` multiplies the replicates (each trial is one, as upstream)."""
     if experiment is None:
         resolved = apply_overrides(task, overrides) if overrides else task
-        return [(None, resolved, _trials(resolved))]
+        return [(None, resolved, trials(resolved))]
     active = load_coder_eval_experiment(experiment).experiment
     default = experiment.parent / "default.yaml"
     base = load_coder_eval_experiment(default).experiment if default.is_file() and default != experiment else None
     variants = []
     for variant in active.variants:
         resolved, repeats = resolve_for_variant(task, active, variant, base=base, overrides=overrides)
-        variants.append((variant.variant_id, resolved, repeats * _trials(resolved)))
+        variants.append((variant.variant_id, resolved, repeats * trials(resolved)))
     return variants
 
 
-def _trials(task: TaskDefinition) -> int:
+def trials(task: TaskDefinition) -> int:
+    """A task's replicates of its own: a simulation runs ``n_trials`` conversations."""
     return task.simulation.n_trials if task.in_simulation else 1
 
 
