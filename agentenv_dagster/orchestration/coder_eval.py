@@ -53,8 +53,9 @@ class CoderEvalRun:
         return 1 if any(not suite["passed"] for suite in self.suites) else exit_code(self.summary)
 
     def lines(self) -> list[str]:
+        variants = len({r.variant_id for r in self.results}) > 1
         lines = [
-            f"{r.final_status.icon} {r.task_id}: {r.final_status.value}"
+            f"{r.final_status.icon} {f'[{r.variant_id}] ' if variants else ''}{r.task_id}: {r.final_status.value}"
             + (f" (score {r.weighted_score:.3f})" if r.weighted_score is not None else "")
             + (f" - {r.error_message}" if r.error_message else "")
             for r in self.results

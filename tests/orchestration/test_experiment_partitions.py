@@ -5,6 +5,7 @@ materialize the same partitions."""
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 
 import dagster as dg
@@ -15,7 +16,7 @@ from agentenv_dagster import build_definitions
 from agentenv_dagster.config import load_config
 from agentenv_dagster.errors import TaskLoadError
 from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
-from projects import leaked_servers, make_project
+from projects import REPO, leaked_servers, make_project
 
 VERIFICATION = dg.AssetKey(["verifications", "words__compare", "success_criteria"])
 COMPARE = textwrap.dedent("""
@@ -155,6 +156,7 @@ def test_the_cli_writes_a_suite_per_variant_and_exits_1_when_one_falls_short(pro
         "base": ("base", 3, True), "strict": ("strict", 3, False)}
     assert not (project / "o" / "default").exists()  # no suite mixing the variants' rows
     assert "suite words [base]: passed" in done.stdout and "suite words [strict]: FAILED" in done.stdout
+    assert "[base] words/r1: SUCCESS" in done.stdout and "[strict] words/r1: ERROR" in done.stdout
     with dg.DagsterInstance.from_config(str(project / ".dagster_home")) as instance:  # the assets, as in the UI
         records = instance.fetch_materializations(SUITE, limit=10).records
         passed = {r.asset_materialization.partition: r.asset_materialization.metadata["passed"].value for r in records}
@@ -209,3 +211,23 @@ def test_a_launch_runs_each_replicate_repeats_and_trials_ask_for(project):
     assert len({r.run_key for r in first.run_requests}) == len(launched)
     assert sorted((r.tags["agentenv/variant"], r.tags["agentenv/replicate"]) for r in changed.run_requests) == [
         (v, str(i)) for v in ("base", "strict") for i in range(3)]
+
+
+def test_the_example_dataset_task_and_its_experiment_run_as_the_readme_says(tmp_path):
+    root = make_project(tmp_path / "p", extra_config='[experiments]\n"experiments/triage_prompts.yaml" = ["triage-tickets"]\n')
+    shutil.copytree(REPO / "experiments", root / "experiments")
+    done = cli(root, "run", "tasks/triage_tickets.yaml", "--experiment", "experiments/triage_prompts.yaml", "--output-dir", "o")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for variant in ("full", "terse"):
+        (gate,) = json.loads((root / "o" / variant / "triage-tickets" / "suite.json").read_text())["criterion_aggregates"]
+        assert (gate["metrics"]["accuracy"], gate["metrics"]["macro_f1"], gate["passed"]) == (1.0, 1.0, True)
+        assert [label["label"] for label in gate["details"]["per_label"]] == ["billing", "bug", "question"]
+    defs = build_definitions(root / "tasks", strict=True)
+    job = defs.get_job_def("triage_tickets__triage_prompts")
+    assert len(job.partitions_def.get_partition_keys()) == 12  # 6 tickets x 2 prompts
+    suite = dg.AssetKey(["suites", "triage-tickets__triage-prompts"])
+    with dg.DagsterInstance.from_config(str(root / ".dagster_home")) as instance:
+        records = instance.fetch_materializations(suite, limit=10).records
+    assert {r.asset_materialization.partition: r.asset_materialization.metadata["rows_run"].value for r in records} == {
+        "full": 6, "terse": 6}
+    assert leaked_servers(root / ".agentenv" / "state") == []
