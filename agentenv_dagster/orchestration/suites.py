@@ -17,14 +17,14 @@ from ..plan import TaskPlan
 from ..reports.results import EvaluationResult, FinalStatus
 from ..reports.suite import suite_rollup
 from ..spec.loader import TaskDocument
-from ..steps.base import VERIFICATION, TaskStep
+from ..steps.base import VERIFICATION
 from .rows import latest_metadata
 from .translator import TaskTranslator
 
 
 def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefinition | None:
     document = plan.document
-    step = _graded_step(plan.steps)
+    step = next((s for s in plan.steps if s.type == "success_criteria" and getattr(s, "criteria", None)), None)
     if not document.row_ids() or step is None:  # a suite is a dataset's (under an experiment, a variant's)
         return None
     (verification,) = [key for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION]
@@ -67,11 +67,6 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
         )
 
     return _suite
-
-
-def _graded_step(steps: tuple[TaskStep, ...] | list[TaskStep]) -> TaskStep | None:
-    """The Coder Eval task's ``success_criteria`` step (a dataset's suite grades its criteria)."""
-    return next((s for s in steps if s.type == "success_criteria" and getattr(s, "criteria", None)), None)
 
 
 def _check_name(index: int, metric: str) -> str:
