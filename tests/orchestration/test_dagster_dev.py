@@ -1,5 +1,6 @@
 """`dagster dev` on the project: jobs listed, a launch from the launchpad's API, assets and
-checks as the UI reads them (GraphQL), and every process ended afterwards."""
+checks as the UI reads them (GraphQL), a dataset row launched as its partition, and every
+process ended afterwards."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ ASSETS_QUERY = """{
   }
 }"""
 JOBS_QUERY = """{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }"""
+PARTITIONS_QUERY = """query ($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
+  partitionKeysByDimension { name partitionKeys }
+  assetPartitionStatuses { ... on DefaultPartitionStatuses { materializedPartitions failedPartitions } }
+} } }"""
 
 
 def free_port() -> int:
@@ -68,9 +73,35 @@ def look_at_the_ui(tmp_path, base: str) -> None:
         assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
 
 
+def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -> None:
+    """A dataset task's row launched as its partition (the launchpad's partition config and
+    tag), and the partitions as the asset page reads them: the row materialized, the others
+    not; the experiment's suite has a partition per variant."""
+    from agentenv_dagster import build_definitions
+
+    job = build_definitions(project / "tasks").get_job_def("triage_tickets")
+    config = job.partitioned_config.get_run_config_for_partition_key("t2")
+    run_id = client.submit_job_execution("triage_tickets", repository_location_name="agentenv_tasks",
+                                         run_config=config, tags={"dagster/partition": "t2"})
+    status = wait_until(
+        lambda: (s := client.get_run_status(run_id)).value in ("SUCCESS", "FAILURE", "CANCELED") and s,
+        240, "the launched row")
+    assert status.value == "SUCCESS"
+
+    def node(*path: str) -> dict:
+        return client._execute(PARTITIONS_QUERY, {"path": list(path)})["assetNodeOrError"]
+
+    rows = node("verifications", "triage-tickets", "success_criteria")
+    assert rows["partitionKeysByDimension"][0]["partitionKeys"] == ["t1", "t2", "t3", "t4", "t5", "t6"]
+    assert rows["assetPartitionStatuses"] == {"materializedPartitions": ["t2"], "failedPartitions": []}
+    suite = node("suites", "triage-tickets__triage-prompts")
+    assert [d["partitionKeys"] for d in suite["partitionKeysByDimension"]] == [["full", "terse"]]
+
+
 @pytest.mark.slow
 def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
-    project = make_project(tmp_path / "p")
+    project = make_project(tmp_path / "p", extra_config='[experiments]\n"experiments/triage_prompts.yaml" = ["triage-tickets"]\n')
+    shutil.copytree(REPO / "experiments", project / "experiments")
     (project / "tasks" / "broken.json").write_text("[{]")
     shutil.copy(REPO / "definitions.py", project / "definitions.py")
     shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
@@ -109,6 +140,7 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
         collected = nodes[("artifacts", "reply_to_dana", "collect")]
         assert ["artifacts", "inbox"] in [d["path"] for d in collected["dependencyKeys"]]
         assert collected["assetMaterializations"]
+        launch_a_row_and_see_the_partitions(client, project)
         if CHROMIUM:
             look_at_the_ui(tmp_path, f"http://127.0.0.1:{port}")
     finally:
