@@ -27,7 +27,7 @@ from .schedules import task_schedules
 from .review_tags import review_tag_sensor
 from .retries import span_tags
 from .sensors import task_sensors
-from .suites import suite_asset
+from .suites import suite_asset, suites_sensor
 from .translator import TAG_STEP_ASSETS, TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
@@ -160,7 +160,8 @@ def build_definitions(
         assets=[*specs, *suites],
         asset_checks=checks,
         resources=location_resources(config),
-        sensors=[*task_sensors(tasks_dir, config, report.plans, jobs, translator), review_tag_sensor()],
+        sensors=[*task_sensors(tasks_dir, config, report.plans, jobs, translator), review_tag_sensor(),
+                 *suites_sensor(suites)],
         schedules=task_schedules(report.plans, config, jobs, translator),
     )
 

@@ -21,6 +21,13 @@ from ..steps.base import VERIFICATION
 from .rows import latest_metadata
 from .translator import TaskTranslator
 
+SUITES_SENSOR = "agentenv_suites"
+# Rolled up again once rows were updated and none is running any more. Unlike ``eager()``, a
+# row never run (outside a sample, or not reached yet) does not hold the suite back.
+ROWS_UPDATED = (dg.AutomationCondition.any_deps_updated().since_last_handled()
+                & ~dg.AutomationCondition.any_deps_in_progress() & ~dg.AutomationCondition.in_progress()
+                ).with_label("rows updated, none running")
+
 
 def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefinition | None:
     document = plan.document
@@ -40,6 +47,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
 
     @dg.asset(
         key=key, check_specs=checks, group_name=translator.get_group_name(plan), kinds={"agentenv"},
+        automation_condition=ROWS_UPDATED,
         partitions_def=dg.StaticPartitionsDefinition(variants) if variants else None,
         deps=[verification],  # a variant's partition reads its variant x row ones: Dagster infers the mapping
         description=f"The suite of {what} rolled up.",
@@ -67,6 +75,17 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
         )
 
     return _suite
+
+
+def suites_sensor(suites: list[dg.AssetsDefinition]) -> list[dg.AutomationConditionSensorDefinition]:
+    """Keeps the suites current: whatever updated the rows (a run, a backfill of the failed
+    ones, a schedule's tick), the daemon materializes the suite after it."""
+    if not suites:
+        return []
+    return [dg.AutomationConditionSensorDefinition(
+        SUITES_SENSOR, target=dg.AssetSelection.assets(*suites), default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Rolls a dataset's suite up again once its rows were updated and none is running.",
+    )]
 
 
 def _check_name(index: int, metric: str) -> str:

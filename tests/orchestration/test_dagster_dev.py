@@ -31,6 +31,9 @@ ASSETS_QUERY = """{
   }
 }"""
 JOBS_QUERY = """{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }"""
+SUITE_QUERY = """{ assetNodeOrError(assetKey: {path: ["suites", "triage-tickets"]}) { ... on AssetNode {
+  assetMaterializations(limit: 1) { runId metadataEntries { label ... on IntMetadataEntry { intValue } } }
+} } }"""
 PARTITIONS_QUERY = """query ($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
   partitionKeysByDimension { name partitionKeys }
   assetPartitionStatuses { ... on DefaultPartitionStatuses { materializedPartitions failedPartitions } }
@@ -76,7 +79,8 @@ def look_at_the_ui(tmp_path, base: str) -> None:
 def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -> None:
     """A dataset task's row launched as its partition (the launchpad's partition config and
     tag), and the partitions as the asset page reads them: the row materialized, the others
-    not; the experiment's suite has a partition per variant."""
+    not; the experiment's suite has a partition per variant. Then the daemon rolls the
+    task's suite up by itself."""
     from agentenv_dagster import build_definitions
 
     job = build_definitions(project / "tasks").get_job_def("triage_tickets")
@@ -96,6 +100,12 @@ def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -
     assert rows["assetPartitionStatuses"] == {"materializedPartitions": ["t2"], "failedPartitions": []}
     suite = node("suites", "triage-tickets__triage-prompts")
     assert [d["partitionKeys"] for d in suite["partitionKeysByDimension"]] == [["full", "terse"]]
+
+    def rolled_up() -> dict | None:  # by the daemon's automation sensor, on its own
+        done = client._execute(SUITE_QUERY)["assetNodeOrError"]["assetMaterializations"]
+        return done and {e["label"]: e.get("intValue") for e in done[0]["metadataEntries"]}
+
+    assert wait_until(rolled_up, 180, "the suite's automatic roll-up")["rows_run"] == 1
 
 
 @pytest.mark.slow

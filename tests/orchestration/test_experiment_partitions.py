@@ -231,3 +231,23 @@ def test_the_example_dataset_task_and_its_experiment_run_as_the_readme_says(tmp_
     assert {r.asset_materialization.partition: r.asset_materialization.metadata["rows_run"].value for r in records} == {
         "full": 6, "terse": 6}
     assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_the_daemon_rolls_a_suite_up_again_after_its_rows_ran(project):
+    """The suites' automation sensor (running by default) requests a variant's suite once
+    rows of that variant were updated, and only then."""
+    defs = build_definitions(project / "tasks", strict=True)
+    sensor = defs.get_repository_def().get_sensor_def("agentenv_suites")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    suites = dg.AssetSelection.keys(SUITE, dg.AssetKey(["suites", "words"]))
+    with dg.instance_for_test() as instance:
+        first = dg.evaluate_automation_conditions(defs, instance, asset_selection=suites)
+        job = defs.get_job_def("words__compare")
+        for key in ("r1|strict", "r2|strict"):
+            assert job.execute_in_process(instance=instance, partition_key=key).success
+        after_rows = dg.evaluate_automation_conditions(defs, instance, asset_selection=suites, cursor=first.cursor)
+        requested = {key: after_rows.get_requested_partitions(key) for key in (SUITE, dg.AssetKey(["suites", "words"]))}
+        again = dg.evaluate_automation_conditions(defs, instance, asset_selection=suites, cursor=after_rows.cursor)
+    assert first.total_requested == 0  # nothing ran yet
+    assert requested == {SUITE: {"strict"}, dg.AssetKey(["suites", "words"]): set()}  # the variant whose rows ran
+    assert again.total_requested == 0  # requested once

@@ -63,6 +63,7 @@ def test_the_teardown_sensors_run_by_default_and_the_file_sensor_does_not(projec
         RETRY_SENSOR: dg.DefaultSensorStatus.RUNNING,  # retry_config spans re-executed in child runs
         TASK_FILES_SENSOR: dg.DefaultSensorStatus.STOPPED,
         REVIEW_TAGS_SENSOR: dg.DefaultSensorStatus.RUNNING,  # a review decided by a run tag
+        "agentenv_suites": dg.DefaultSensorStatus.RUNNING,  # tasks/triage_tickets.yaml's suite kept current
     }
     assert isinstance(defs.get_repository_def().get_sensor_def(FAILED_RUNS_SENSOR), dg.RunStatusSensorDefinition)
 
