@@ -1,6 +1,7 @@
 """A Coder Eval task under an experiment is a job of its own, partitioned by variant x row:
 each partition runs its variant's resolved steps on its row, and the CLI's experiment runs
-materialize the same partitions."""
+materialize the same partitions. Each variant's rows are a suite (a partition of the suite
+asset), and schedules and the task-file sensor launch a run per variant and replicate."""
 
 from __future__ import annotations
 
