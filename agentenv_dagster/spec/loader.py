@@ -53,7 +53,8 @@ class TaskDocument:
     # ``steps``, the first variant's); ``partitions`` are then keyed ``<row>|<variant>``.
     variant_steps: dict[str, tuple["TaskStep", ...]] | None = None
     # How many replicates a launch runs (a simulation's ``n_trials``; under an experiment, a
-    # variant's ``repeats`` x trials), by variant (``""``: the task itself); absent is 1.
+    # variant's ``repeats``, or its trials in a simulation), by variant (``""``: the task
+    # itself); absent is 1.
     replicates: dict[str, int] | None = None
 
     def step_documents(self) -> list[dict[str, Any]]:

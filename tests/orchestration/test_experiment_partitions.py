@@ -196,22 +196,25 @@ def test_a_schedule_or_the_task_file_sensor_launches_a_run_per_variant(project):
 def test_a_launch_runs_each_replicate_repeats_and_trials_ask_for(project):
     (project / "experiments" / "compare.yaml").write_text(
         COMPARE.replace("  - variant_id: strict\n", "  - variant_id: strict\n    repeats: 2\n"))
-    words = project / "tasks" / "words.yaml"
-    words.write_text(WORDS_TASK.format(extra="").replace(
-        "sandbox: {python: null}", "sandbox: {python: null}\nsimulation: {enabled: true, persona: a user, goal: say hi, n_trials: 3}"))
     sensor = build_definitions(project / "tasks", strict=True).get_repository_def().get_sensor_def("agentenv_task_files")
+
+    def launched(tick) -> list[tuple[str, str | None, str | None]]:
+        return sorted((r.job_name, r.tags.get("agentenv/variant"), r.tags.get("agentenv/replicate"))
+                      for r in tick.run_requests)
+
     with dg.instance_for_test() as instance:
         first = sensor.evaluate_tick(dg.build_sensor_context(instance=instance))
-        (project / "experiments" / "compare.yaml").write_text(COMPARE)  # no repeats: a changed experiment
-        changed = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=first.cursor))
-    launched = sorted((r.job_name, r.tags.get("agentenv/variant"), r.tags.get("agentenv/replicate"))
-                      for r in first.run_requests)
-    assert launched == sorted(
-        [("words", None, str(i)) for i in range(3)]  # the simulation's trials
-        + [("words__compare", v, str(i)) for v in ("base", "strict") for i in range(6 if v == "strict" else 3)])
-    assert len({r.run_key for r in first.run_requests}) == len(launched)
-    assert sorted((r.tags["agentenv/variant"], r.tags["agentenv/replicate"]) for r in changed.run_requests) == [
-        (v, str(i)) for v in ("base", "strict") for i in range(3)]
+        (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra="").replace(  # a simulation now:
+            "sandbox: {python: null}", "sandbox: {python: null}\nsimulation: {enabled: true, persona: a user, goal: say hi, n_trials: 3}"))
+        reloaded = build_definitions(project / "tasks", strict=True)  # other steps: the location is reloaded
+        trials = reloaded.get_repository_def().get_sensor_def("agentenv_task_files").evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=first.cursor))
+    assert launched(first) == [("words", None, None), ("words__compare", "base", None),
+                               ("words__compare", "strict", "0"), ("words__compare", "strict", "1")]
+    assert len({r.run_key for r in first.run_requests}) == 4
+    # a simulation's trials are its replicates, and take precedence over an experiment's repeats
+    assert launched(trials) == sorted([("words", None, str(i)) for i in range(3)]
+                                      + [("words__compare", v, str(i)) for v in ("base", "strict") for i in range(3)])
 
 
 def test_the_example_dataset_task_and_its_experiment_run_as_the_readme_says(tmp_path):

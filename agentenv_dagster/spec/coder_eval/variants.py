@@ -33,7 +33,7 @@ def experiment_variants(
 ) -> list[tuple[str | None, TaskDefinition, int]]:
     """(variant id, resolved task, replicates) for each variant of ``experiment`` (with the
     ``default.yaml`` beside it as the lowest layer); the task alone, id None, without one. A
-    simulation's ``n_trials`` multiplies the replicates (each trial is one, as upstream)."""
+    simulation's ``n_trials`` are its replicates, taking precedence over ``repeats`` (as upstream)."""
     if experiment is None:
         resolved = apply_overrides(task, overrides) if overrides else task
         return [(None, resolved, trials(resolved))]
@@ -43,7 +43,7 @@ def experiment_variants(
     variants = []
     for variant in active.variants:
         resolved, repeats = resolve_for_variant(task, active, variant, base=base, overrides=overrides)
-        variants.append((variant.variant_id, resolved, repeats * trials(resolved)))
+        variants.append((variant.variant_id, resolved, trials(resolved) if resolved.in_simulation else repeats))
     return variants
 
 
