@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -17,6 +17,7 @@ from .compiler import compile_paths, discover, load_plan, step_registry
 from .config import AgentEnvConfig, ConfigError, load_config
 from .errors import SpecError, TaskLoadError
 from .plan import TaskPlan
+from .spec.coder_eval.loader import YAML_SUFFIXES, coder_eval_kind
 from .spec.store import TaskStore
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
@@ -44,7 +45,7 @@ def validate(paths: tuple[Path, ...]) -> None:
 
 
 @main.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--output-dir", type=click.Path(path_type=Path), help="where the context / reports are written")
 @click.option("-D", "defines", multiple=True, metavar="KEY=VALUE",
               help="agent-env: a value in the initial context (-D metadata.seed.name=acme); "
@@ -62,21 +63,29 @@ def validate(paths: tuple[Path, ...]) -> None:
 @click.option("--failed-only", is_flag=True,
               help="Coder Eval dataset: only the rows that did not pass last time (failed partitions, "
               "unreached or failing verifications); Dagster's run tag agentenv/rows=failed does the same")
-def run(path: Path, output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
+@click.option("--include-skipped", is_flag=True, help="Coder Eval: run the tasks marked skip: true too")
+def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
         split: str | None, sample: int | None, experiment: Path | None, rows_in_flight: int, shards: int,
-        failed_only: bool) -> None:
-    """Compile PATH and execute it through Dagster. An agent-env task writes its final
-    redacted context.json; a Coder Eval task writes run.json, run.md, task.html."""
+        failed_only: bool, include_skipped: bool) -> None:
+    """Compile each PATH and execute it through Dagster. An agent-env task (one JSON file)
+    writes its final redacted context.json; Coder Eval tasks (YAML files, or folders of them:
+    every task under each) write one run.json, run.md, task.html for all of them."""
     config = _config()
-    if path.suffix.lower() in (".yaml", ".yml"):
-        from .orchestration.coder_eval import run_coder_eval_task  # Dagster only when running
+    if all(path.is_dir() or path.suffix.lower() in YAML_SUFFIXES for path in paths):
+        from .orchestration.coder_eval import run_coder_eval_tasks  # Dagster only when running
 
-        done = _load_or_exit(lambda: run_coder_eval_task(
-            path, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
+        tasks = _coder_eval_tasks(paths)
+        if grade_only and len(tasks) > 1:
+            _bad_input(f"--grade-only grades one task's workspace; {len(tasks)} tasks were given")
+        done = _load_or_exit(lambda: run_coder_eval_tasks(
+            tasks, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
             split=split, sample=sample, experiment=experiment, rows_in_flight=rows_in_flight, shards=shards,
-            failed_only=failed_only))
+            failed_only=failed_only, include_skipped=include_skipped))
         click.echo("\n".join(done.lines()))
         sys.exit(done.exit_code)
+    if len(paths) > 1:
+        _bad_input("an agent-env task document runs alone: give one JSON file (several paths are for Coder Eval tasks)")
+    path = paths[0]
     plan = _load_or_exit(lambda: load_plan(path, config))
     initial = _defines_to_context(defines)
     sys.exit(_execute(plan, config, output_dir, initial))
@@ -157,8 +166,7 @@ def review(run_id: str, decision: str | None, step_id: str | None, instance_id: 
         record = reviews.decide(decision, step_id=step_id, instance_id=instance_id, note=note,
                                 decided_by=decided_by)
     except ReviewError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _bad_input(str(exc))
     click.echo(f"review '{record['step_id']}': {record['decision']} ({record['decided_by']})")
 
 
@@ -186,8 +194,26 @@ def _config() -> AgentEnvConfig:
     try:
         return load_config()
     except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _bad_input(str(exc))
+
+
+def _coder_eval_tasks(paths: tuple[Path, ...]) -> list[Path]:
+    """The task files PATHS name, once each (a folder: every Coder Eval task under it). A path
+    that names none ends the run with exit 1, as upstream's unmatched task pattern does."""
+    files: list[Path] = []
+    for path in paths:
+        found = ([p for p in sorted(path.rglob("*")) if coder_eval_kind(p) == "task"] if path.is_dir()
+                 else [path] if path.is_file() else [])
+        if not found:
+            click.echo(f"error: {path}: no Coder Eval task {'under it' if path.is_dir() else 'there'}", err=True)
+            sys.exit(EXIT_FAILED)
+        files += [f for f in found if f.resolve() not in {g.resolve() for g in files}]
+    return files
+
+
+def _bad_input(message: str) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(EXIT_BAD_INPUT)
 
 
 def _load_or_exit(load):
@@ -206,8 +232,7 @@ def _defines_to_context(defines: tuple[str, ...]) -> dict[str, Any]:
     for define in defines:
         key, sep, raw = define.partition("=")
         if not sep or not key:
-            click.echo(f"error: -D expects KEY=VALUE, got {define!r}", err=True)
-            sys.exit(EXIT_BAD_INPUT)
+            _bad_input(f"-D expects KEY=VALUE, got {define!r}")
         try:
             value = json.loads(raw)
         except ValueError:

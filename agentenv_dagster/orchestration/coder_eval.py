@@ -1,6 +1,6 @@
-"""Run a Coder Eval task through Dagster and write its reports (the CLI's ``run TASK.yaml``).
+"""Run Coder Eval tasks through Dagster and write their reports (the CLI's ``run TASK.yaml...``).
 
-The task itself, or the selected rows of its dataset (partitions of the job, run together as
+Each task itself, or the selected rows of its dataset (partitions of the job, run together as
 one single-run backfill), is one Dagster run of the lowered job per variant and replicate;
 each row's finished context becomes a task.json record, summed up in run.json /
 run.md / task.html with upstream's exit code.
@@ -19,6 +19,7 @@ import dagster as dg
 
 from ..compiler import VariantsDiffer, checked_plan, coder_eval_document, experiment_document, step_registry
 from ..config import AgentEnvConfig
+from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..reports.evaluation import evaluation_result
 from ..reports.experiment import experiment_result
@@ -74,24 +75,66 @@ class CoderEvalRun:
 
 
 @fewer_full_sweeps()
-def run_coder_eval_task(
-    path: Path, config: AgentEnvConfig, *, overrides: Sequence[str] = (), grade_only_from: Path | None = None,
-    output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
+def run_coder_eval_tasks(
+    paths: Sequence[Path], config: AgentEnvConfig, *, overrides: Sequence[str] = (),
+    grade_only_from: Path | None = None, output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
     split: str | None = None, sample: int | None = None, experiment: Path | None = None,
-    rows_in_flight: int | None = None, shards: int = 1, failed_only: bool = False,
+    rows_in_flight: int | None = None, shards: int = 1, failed_only: bool = False, include_skipped: bool = False,
 ) -> CoderEvalRun:
-    """Every variant (or the task as it is) x replicate: one Dagster run over the selected rows
-    of a dataset (a partition each, ``rows_in_flight`` at a time), or ``shards`` concurrent runs
-    over slices of them.
-    Raises ``TaskLoadError`` for a bad task (exit 2 in the CLI)."""
-    loaded = load_coder_eval_task(path)
-    task = loaded.task
-    out = output_dir or config.root / "out" / job_name(task.task_id)
+    """Every task x variant (or the task as it is) x replicate: one Dagster run over the
+    selected rows of a dataset (a partition each, ``rows_in_flight`` at a time), or ``shards``
+    concurrent runs over slices of them; one run.json (and experiment.json) for them all.
+    Tasks with ``skip: true`` are reported as skipped unless ``include_skipped``.
+    Raises ``TaskLoadError`` for a bad task or two tasks with one id, before anything runs
+    (exit 2 in the CLI)."""
+    tasks = [load_coder_eval_task(path) for path in paths]
+    _refuse_shared_ids(tasks)
     started = _now()
-    if task.skip:
-        summary = RunSummary.from_results(_run_id(started), started, _now(), [],
-                                          skipped=[{"path": str(path), "reason": "skip: true"}])
-        return CoderEvalRun(summary, [], write_reports(out, summary, []))
+    out = output_dir or config.root / "out" / (job_name(tasks[0].task.task_id) if len(tasks) == 1 else _run_id(started))
+    results: list[EvaluationResult] = []
+    suites: list[dict[str, Any]] = []
+    skipped = []
+    for loaded in tasks:
+        if loaded.task.skip and not include_skipped:
+            skipped.append({"path": str(loaded.source), "reason": "skip: true"})
+            continue
+        task_results, task_suites = _run_task(
+            loaded, config, out, instance, overrides=overrides, grade_only_from=grade_only_from, split=split,
+            sample=sample, experiment=experiment, rows_in_flight=rows_in_flight, shards=shards, failed_only=failed_only)
+        results += task_results
+        suites += task_suites
+    summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
+    reports = write_reports(out, summary, results)
+    if experiment is not None:
+        definition = load_coder_eval_experiment(experiment).experiment
+        _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
+    return CoderEvalRun(summary, results, reports, suites)
+
+
+def run_coder_eval_task(path: Path, config: AgentEnvConfig, **options: Any) -> CoderEvalRun:
+    """One task file: :func:`run_coder_eval_tasks` of ``[path]``."""
+    return run_coder_eval_tasks([path], config, **options)
+
+
+def _refuse_shared_ids(tasks) -> None:
+    """Two files with one task id would write over each other's results (upstream refuses too)."""
+    first: dict[str, Path] = {}
+    errors = [
+        SpecError(f"task id '{t.task.task_id}' is also the id of {first[t.task.task_id]}", file=str(t.source),
+                  field="task_id")
+        for t in tasks if first.setdefault(t.task.task_id, t.source) != t.source
+    ]
+    if errors:
+        raise TaskLoadError(errors)
+
+
+def _run_task(
+    loaded, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *, overrides: Sequence[str],
+    grade_only_from: Path | None, split: str | None, sample: int | None, experiment: Path | None,
+    rows_in_flight: int | None, shards: int, failed_only: bool,
+) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
+    """One task's results (every variant and replicate) and its suites (a dataset's, per variant)."""
+    task, path = loaded.task, loaded.source
     registry = step_registry(config)
     results = []
     variants = experiment_variants(task, experiment, overrides)
@@ -108,8 +151,8 @@ def run_coder_eval_task(
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant_id, str(replicate) if repeats > 1 else None) if p)
             tags = {VARIANT_TAG: variant_id or "default", REPLICATE_TAG: str(replicate)}
-            contexts = run_rows(plan, config, keys, output_dir=out / "contexts" / (label or "task"), instance=instance,
-                                rows_in_flight=rows_in_flight, tags=tags, shards=shards)
+            contexts = run_rows(plan, config, keys, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"),
+                                instance=instance, rows_in_flight=rows_in_flight, tags=tags, shards=shards)
             for key, context in contexts.items():
                 row_id = plan.document.row_of(key)
                 row_started, row_completed = _span(context)
@@ -123,7 +166,6 @@ def run_coder_eval_task(
                     resolved_task=resolved.model_dump(mode="json", exclude_none=True), source_file=str(path),
                     prices=config.model.prices, variant_id=variant_id or "default", replicate_index=replicate,
                 ))
-    summary = RunSummary.from_results(_run_id(started), started, _now(), results)
     suites = []
     if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
         for variant_id, resolved, _ in variants:
@@ -136,10 +178,7 @@ def run_coder_eval_task(
             suites.append(suite)
         if experiment is None or shared is not None:  # the rows are partitions of one job: its asset rolls them up too
             materialize_suite(shared or plan, config, instance, [v for v, _, _ in variants] if shared else None)
-    reports = write_reports(out, summary, results)
-    if experiment is not None:
-        _write_experiment(out, load_coder_eval_experiment(experiment).experiment, [v for v, _, _ in variants], results)
-    return CoderEvalRun(summary, results, reports, suites)
+    return results, suites
 
 
 def _project_instance(config: AgentEnvConfig) -> dg.DagsterInstance:

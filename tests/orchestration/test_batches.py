@@ -253,14 +253,14 @@ def test_the_cli_runs_a_dataset_with_bounded_rows_in_flight(project):
     (project / "tasks" / "words.yaml").write_text(slow)
     unbounded = cli(project, "run", "tasks/words.yaml", "--output-dir", "free")
     assert unbounded.returncode == 1, unbounded.stdout + unbounded.stderr  # r3 errs, as upstream's exit code says
-    free = json.loads((project / "free" / "contexts" / "task" / "context.json").read_text())
+    free = json.loads((project / "free" / "contexts" / "words" / "task" / "context.json").read_text())
     assert most_at_once(free, "prompt") == 3  # the default (32) lets every row prompt at once
     # the bound holds across shards too: never more shards than rows in flight
     done = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "1", "--shards", "2", "--output-dir", "out")
     assert done.returncode == 1, done.stdout + done.stderr
     summary = json.loads((project / "out" / "run.json").read_text())
     assert (summary["tasks_run"], summary["tasks_succeeded"], summary["tasks_error"]) == (3, 2, 1)
-    contexts = json.loads((project / "out" / "contexts" / "task" / "context.json").read_text())
+    contexts = json.loads((project / "out" / "contexts" / "words" / "task" / "context.json").read_text())
     assert [most_at_once(contexts, step) for step in ("agent", "prompt", "criteria")] == [1, 1, 1]
     bad = cli(project, "run", "tasks/words.yaml", "--rows-in-flight", "0")
     assert bad.returncode == 2 and "--rows-in-flight" in bad.stderr

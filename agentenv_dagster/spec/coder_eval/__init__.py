@@ -24,6 +24,7 @@ from .limits import RunLimits
 from .loader import (
     LoadedCoderEvalTask,
     LoadedExperiment,
+    coder_eval_kind,
     is_coder_eval_document,
     load_coder_eval_experiment,
     load_coder_eval_task,
@@ -39,7 +40,7 @@ __all__ = [
     "ExperimentDefinition", "ExperimentVariant", "LoadedCoderEvalTask", "LoadedExperiment", "OverrideError",
     "PostRunCommand", "PreRunCommand", "RecordedCli", "ReferenceSource", "RepoSource", "ReplayAgentConfig",
     "ReplayEpisode", "RunLimits", "SandboxConfig", "SimulationConfig", "StarterFilesSource", "TaskDefinition",
-    "TemplateDirSource", "apply_overrides", "check_row_ids", "effective_ignore_patterns", "is_coder_eval_document",
+    "TemplateDirSource", "apply_overrides", "check_row_ids", "coder_eval_kind", "effective_ignore_patterns", "is_coder_eval_document",
     "load_coder_eval_experiment", "load_coder_eval_task", "load_dataset_rows", "parse_agent_config",
     "parse_override",
 ]

@@ -59,18 +59,25 @@ def load_coder_eval_experiment(path: str | Path) -> LoadedExperiment:
 
 
 def is_coder_eval_document(path: str | Path) -> bool:
-    """Whether ``path`` is a Coder Eval task (a YAML mapping with ``task_id`` and
-    ``success_criteria``) or experiment (``experiment_id`` and ``variants``), by content."""
+    """Whether ``path`` is a Coder Eval task or experiment, by content."""
+    return coder_eval_kind(path) is not None
+
+
+def coder_eval_kind(path: str | Path) -> str | None:
+    """``"task"`` for a Coder Eval task (a YAML mapping with ``task_id`` and
+    ``success_criteria``), ``"experiment"`` (``experiment_id`` and ``variants``), else None."""
     path = Path(path)
     if path.suffix.lower() not in YAML_SUFFIXES or not path.is_file():
-        return False
+        return None
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and (
-        {"task_id", "success_criteria"} <= data.keys() or {"experiment_id", "variants"} <= data.keys()
-    )
+        return None
+    if not isinstance(data, dict):
+        return None
+    if {"task_id", "success_criteria"} <= data.keys():
+        return "task"
+    return "experiment" if {"experiment_id", "variants"} <= data.keys() else None
 
 
 def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
