@@ -24,7 +24,7 @@ from ..naming import job_name
 from ..reports.evaluation import evaluation_result
 from ..reports.experiment import experiment_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
-from ..reports.render import WrittenReports, write_reports
+from ..reports.render import WrittenReports, write_reports, write_suite
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
 from ..runtime.collector import fewer_full_sweeps
@@ -172,9 +172,7 @@ def _run_task(
             variant = variant_id or "default"
             thresholds = [getattr(c, "suite_thresholds", None) for c in resolved.success_criteria]
             suite = suite_rollup(task.task_id, [r for r in results if r.variant_id == variant], thresholds, variant)
-            folder = out / variant / task.task_id
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str))
+            write_suite(out / variant / task.task_id, suite)
             suites.append(suite)
         if experiment is None or shared is not None:  # the rows are partitions of one job: its asset rolls them up too
             materialize_suite(shared or plan, config, instance, [v for v, _, _ in variants] if shared else None)

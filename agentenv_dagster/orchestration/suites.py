@@ -53,6 +53,8 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
         description=f"The suite of {what} rolled up.",
     )
     def _suite(context):
+        from ..reports.render import suite_markdown  # Jinja: not on every run worker's import path
+
         variant = context.partition_key if variants else None
         rows = [k for k in document.partitions if document.variant_of(k) == variant]
         results = _row_results(context.instance, verification, plan.task_id, document, rows)
@@ -69,7 +71,9 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
                 **({"variant": variant} if variant else {}),
                 "rows_run": len(results), "rows_total": len(rows), "pass_rate": suite["pass_rate"],
                 "average_weighted_score": suite["average_weighted_score"], "passed": suite["passed"],
+                **_metric_series(suite),
                 "criterion_aggregates": dg.MetadataValue.json(suite["criterion_aggregates"]),
+                "summary": dg.MetadataValue.md(suite_markdown(suite)),
             },
             check_results=check_results,
         )
@@ -86,6 +90,13 @@ def suites_sensor(suites: list[dg.AssetsDefinition]) -> list[dg.AutomationCondit
         SUITES_SENSOR, target=dg.AssetSelection.assets(*suites), default_status=dg.DefaultSensorStatus.RUNNING,
         description="Rolls a dataset's suite up again once its rows were updated and none is running.",
     )]
+
+
+def _metric_series(suite: dict[str, Any]) -> dict[str, float]:
+    """Each criterion's metrics as numbers of their own (``criterion_1/accuracy``), which the
+    asset's Plots tab charts across materializations: accuracy over time, per label too."""
+    return {f"criterion_{a['criterion_index'] + 1}/{name}": float(value)
+            for a in suite["criterion_aggregates"] for name, value in a["metrics"].items()}
 
 
 def _check_name(index: int, metric: str) -> str:

@@ -1,4 +1,5 @@
-"""Writes a run's reports: run.json, run.md and task.html at the root, task.json per replicate.
+"""Writes a run's reports: run.json, run.md and task.html at the root, task.json per replicate,
+suite.json and suite.md per dataset suite.
 
 run.md is shaped for a GitHub job summary; task.html is one self-contained page (inline CSS,
 no scripts, no external assets) so it opens straight from a CI artifact.
@@ -67,6 +68,18 @@ def write_reports(
     written.run_md.write_text(_render("run.md", summary, results), encoding="utf-8")
     written.task_html.write_text(_render("task.html", summary, results), encoding="utf-8")
     return written
+
+
+def write_suite(folder: Path, suite: dict[str, Any]) -> None:
+    """A suite's suite.json and suite.md, in ``<variant>/<suite_id>/`` as upstream writes them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str), encoding="utf-8")
+    (folder / "suite.md").write_text(suite_markdown(suite), encoding="utf-8")
+
+
+def suite_markdown(suite: dict[str, Any]) -> str:
+    """The suite as Markdown: counts, each criterion's thresholds, metrics and confusion matrix."""
+    return _environment().get_template("suite.md").render(suite=suite)
 
 
 def _write_judge_transcripts(result: EvaluationResult, folder: Path) -> None:
