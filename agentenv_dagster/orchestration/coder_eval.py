@@ -21,6 +21,7 @@ from ..compiler import VariantsDiffer, checked_plan, coder_eval_document, experi
 from ..config import AgentEnvConfig
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
+from ..plan import TaskPlan
 from ..reports.evaluation import evaluation_result
 from ..reports.experiment import experiment_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
@@ -28,7 +29,9 @@ from ..reports.render import WrittenReports, write_reports, write_suite
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
 from ..runtime.collector import fewer_full_sweeps
-from ..spec.coder_eval import load_coder_eval_experiment, load_coder_eval_task, load_dataset_rows
+from ..spec.coder_eval import (
+    LoadedCoderEvalTask, TaskDefinition, load_coder_eval_experiment, load_coder_eval_task, load_dataset_rows,
+)
 from ..spec.coder_eval.dataset import select_rows
 from ..spec.coder_eval.variants import experiment_variants
 from ..spec.loader import variant_key
@@ -91,16 +94,17 @@ def run_coder_eval_tasks(
     _refuse_shared_ids(tasks)
     started = _now()
     out = output_dir or config.root / "out" / (job_name(tasks[0].task.task_id) if len(tasks) == 1 else _run_id(started))
+    skipped = [{"path": str(t.source), "reason": "skip: true"} for t in tasks if t.task.skip and not include_skipped]
+    prepared = [  # every task resolved (variants, -D, rows) before any runs: a problem stops them all
+        _prepare(loaded, config, instance, overrides=overrides, grade_only_from=grade_only_from, split=split,
+                 sample=sample, experiment=experiment, failed_only=failed_only)
+        for loaded in tasks if include_skipped or not loaded.task.skip
+    ]
     results: list[EvaluationResult] = []
     suites: list[dict[str, Any]] = []
-    skipped = []
-    for loaded in tasks:
-        if loaded.task.skip and not include_skipped:
-            skipped.append({"path": str(loaded.source), "reason": "skip: true"})
-            continue
-        task_results, task_suites = _run_task(
-            loaded, config, out, instance, overrides=overrides, grade_only_from=grade_only_from, split=split,
-            sample=sample, experiment=experiment, rows_in_flight=rows_in_flight, shards=shards, failed_only=failed_only)
+    for task_run in prepared:
+        task_results, task_suites = _run_task(task_run, config, out, instance, rows_in_flight=rows_in_flight,
+                                              shards=shards)
         results += task_results
         suites += task_suites
     summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
@@ -128,29 +132,58 @@ def _refuse_shared_ids(tasks) -> None:
         raise TaskLoadError(errors)
 
 
-def _run_task(
-    loaded, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *, overrides: Sequence[str],
-    grade_only_from: Path | None, split: str | None, sample: int | None, experiment: Path | None,
-    rows_in_flight: int | None, shards: int, failed_only: bool,
-) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
-    """One task's results (every variant and replicate) and its suites (a dataset's, per variant)."""
-    task, path = loaded.task, loaded.source
+@dataclass(frozen=True)
+class _VariantRun:
+    """A task under one variant (or as it is), resolved: its plan and the partitions it runs."""
+
+    variant_id: str | None
+    task: TaskDefinition
+    repeats: int
+    plan: TaskPlan
+    keys: list[str] | None  # None: the task has no dataset
+
+
+@dataclass(frozen=True)
+class _TaskRun:
+    loaded: LoadedCoderEvalTask
+    variants: list[_VariantRun]
+    shared: TaskPlan | None  # the experiment's own job, when its variants share one
+
+
+def _prepare(
+    loaded: LoadedCoderEvalTask, config: AgentEnvConfig, instance: dg.DagsterInstance | None, *,
+    overrides: Sequence[str], grade_only_from: Path | None, split: str | None, sample: int | None,
+    experiment: Path | None, failed_only: bool,
+) -> _TaskRun:
+    """Everything a task's runs need, resolved without running anything."""
     registry = step_registry(config)
-    results = []
-    variants = experiment_variants(task, experiment, overrides)
     shared = _experiment_plan(loaded, experiment, registry, overrides, grade_only_from)
-    for variant_id, resolved, repeats in variants:
+    variants = []
+    for variant_id, resolved, repeats in experiment_variants(loaded.task, experiment, overrides):
         plan = shared or checked_plan(coder_eval_document(replace(loaded, task=resolved), registry,
                                                           grade_only_from=grade_only_from))
-        rows = _selected_rows(resolved, path, split, sample)
+        rows = _selected_rows(resolved, loaded.source, split, sample)
         # under an experiment's job, the partitions are this variant's rows (or the variant alone)
         keys = rows if shared is None else [variant_key(r, variant_id) for r in rows] if rows is not None else [variant_id]
         if failed_only and keys:
             with nullcontext(instance) if instance is not None else _project_instance(config) as active:
                 keys = rows_not_passed(active, build_job(plan), keys)
+        variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys))
+    return _TaskRun(loaded, variants, shared)
+
+
+def _run_task(
+    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
+    rows_in_flight: int | None, shards: int,
+) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
+    """One task's results (every variant and replicate) and its suites (a dataset's, per variant)."""
+    task, path = task_run.loaded.task, task_run.loaded.source
+    results = []
+    for variant in task_run.variants:
+        resolved, plan, keys, repeats = variant.task, variant.plan, variant.keys, variant.repeats
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
-            label = "/".join(p for p in (variant_id, str(replicate) if repeats > 1 else None) if p)
-            tags = {VARIANT_TAG: variant_id or "default", REPLICATE_TAG: str(replicate)}
+            label = "/".join(p for p in (variant.variant_id, str(replicate) if repeats > 1 else None) if p)
+            tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate)}
             contexts = run_rows(plan, config, keys, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"),
                                 instance=instance, rows_in_flight=rows_in_flight, tags=tags, shards=shards)
             for key, context in contexts.items():
@@ -164,18 +197,21 @@ def _run_task(
                     started=row_started, completed=row_completed, verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
                     trajectory=json.loads(ObjectStore.read(url)) if url else None,
                     resolved_task=resolved.model_dump(mode="json", exclude_none=True), source_file=str(path),
-                    prices=config.model.prices, variant_id=variant_id or "default", replicate_index=replicate,
+                    prices=config.model.prices, variant_id=variant.variant_id or "default", replicate_index=replicate,
                 ))
     suites = []
     if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
-        for variant_id, resolved, _ in variants:
-            variant = variant_id or "default"
-            thresholds = [getattr(c, "suite_thresholds", None) for c in resolved.success_criteria]
-            suite = suite_rollup(task.task_id, [r for r in results if r.variant_id == variant], thresholds, variant)
-            write_suite(out / variant / task.task_id, suite)
+        for variant in task_run.variants:
+            variant_id = variant.variant_id or "default"
+            thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
+            suite = suite_rollup(task.task_id, [r for r in results if r.variant_id == variant_id], thresholds, variant_id)
+            write_suite(out / variant_id / task.task_id, suite)
             suites.append(suite)
-        if experiment is None or shared is not None:  # the rows are partitions of one job: its asset rolls them up too
-            materialize_suite(shared or plan, config, instance, [v for v, _, _ in variants] if shared else None)
+        # the rows are partitions of one job (the task's, or the experiment's): its asset rolls them up too
+        if task_run.shared is not None:
+            materialize_suite(task_run.shared, config, instance, [v.variant_id for v in task_run.variants])
+        elif len(task_run.variants) == 1 and task_run.variants[0].variant_id is None:
+            materialize_suite(task_run.variants[0].plan, config, instance)
     return results, suites
 
 

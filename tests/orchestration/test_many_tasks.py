@@ -63,3 +63,8 @@ def test_a_path_without_tasks_exits_1_and_one_id_twice_or_two_agent_env_files_ex
     assert not (root / "out").exists()  # refused before anything ran
     two = cli(root, "run", "a.json", "b.json")
     assert two.returncode == 2 and "an agent-env task document runs alone" in two.stderr
+    (root / "tasks" / "again.yaml").unlink()
+    (root / "tasks" / "z_triage.yaml").write_text(TRIAGE.replace(", label:", ", split: train, label:"))  # after hello
+    no_rows = cli(root, "run", "tasks", "--split", "dev")  # hello has no dataset; triage has no dev rows
+    assert no_rows.returncode == 2 and "dev" in no_rows.stderr, no_rows.stdout + no_rows.stderr
+    assert not (root / "out").exists() and "hello-python" not in no_rows.stdout  # resolved first: nothing ran
