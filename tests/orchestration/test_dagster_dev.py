@@ -61,14 +61,18 @@ def look_at_the_ui(tmp_path, base: str) -> None:
     JavaScript app: Chromium runs it for a virtual 20 s), kept as screenshots."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pages = {"verification": "/assets/verifications/reply_to_dana/sent",
-             "lineage": "/assets/verifications/reply_to_dana/sent?view=lineage"}
+             "lineage": "/assets/verifications/reply_to_dana/sent?view=lineage",
+             "suite": "/assets/suites/triage-tickets"}
     for name, path in pages.items():
         dom = chromium(tmp_path / f"profile-{name}", base + path, "--virtual-time-budget=20000", "--dump-dom",
                        timeout=120)
-        assert "sent" in dom and "reply_to_dana" in dom, dom[-2000:]
-        if name == "verification":
+        if name == "suite":  # the dataset's suite, rolled up by the daemon
+            assert "triage-tickets" in dom and "pass_rate" in dom, dom[-2000:]
+        elif name == "verification":
+            assert "sent" in dom and "reply_to_dana" in dom, dom[-2000:]
             assert "score" in dom and "passed" in dom  # the materialization's metadata
         else:
+            assert "sent" in dom and "reply_to_dana" in dom, dom[-2000:]
             assert "inbox" in dom  # the loaded artifact upstream of the verification
         shot = ARTIFACTS / f"dagster-ui-{name}.png"
         chromium(tmp_path / f"profile-{name}-shot", base + path, "--virtual-time-budget=20000",
