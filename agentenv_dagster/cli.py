@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 the run failed (or a document is invalid, for ``validat
 
 from __future__ import annotations
 
+import glob
 import json
 import sys
 from pathlib import Path
@@ -198,12 +199,17 @@ def _config() -> AgentEnvConfig:
 
 
 def _coder_eval_tasks(paths: tuple[Path, ...]) -> list[Path]:
-    """The task files PATHS name, once each (a folder: every Coder Eval task under it). A path
-    that names none ends the run with exit 1, as upstream's unmatched task pattern does."""
+    """The task files PATHS name, once each: a file, a folder (every Coder Eval task under it)
+    or a quoted glob pattern (``'tasks/**/*.yaml'``). A path that names none ends the run with
+    exit 1, as upstream's unmatched task pattern does."""
     files: list[Path] = []
     for path in paths:
-        found = ([p for p in sorted(path.rglob("*")) if coder_eval_kind(p) == "task"] if path.is_dir()
-                 else [path] if path.is_file() else [])
+        if path.is_dir():
+            found = [p for p in sorted(path.rglob("*")) if coder_eval_kind(p) == "task"]
+        elif path.is_file():
+            found = [path]
+        else:
+            found = [Path(p) for p in sorted(glob.glob(str(path), recursive=True)) if coder_eval_kind(p) == "task"]
         if not found:
             click.echo(f"error: {path}: no Coder Eval task {'under it' if path.is_dir() else 'there'}", err=True)
             sys.exit(EXIT_FAILED)
