@@ -23,7 +23,9 @@ from ..steps.scoring import verification_passed
 from .io_manager import FAILED_SUFFIX, FINAL_STEP
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
-from .rows import ROWS, UNPARTITIONED, batch, merge_upstream, node_assets, row_seed, rows_of, run_keys
+from .rows import (
+    REPLICATE_TAG, ROWS, UNPARTITIONED, batch, merge_upstream, node_assets, row_seed, rows_of, run_keys,
+)
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_TASK_ID
 from .usage import usage_metadata
 
@@ -116,6 +118,7 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
                       **({"failed_rows": sorted(failed)} if len(failed) > 1 else {})},
         )
     assets = node_assets(context.op.tags)
+    replicate = int(context.run.tags[REPLICATE_TAG]) if REPLICATE_TAG in context.run.tags else None
     prices = resource.load_config().model.prices if assets["produced"] else {}
     many = len(outcomes) > 1
     for key, outcome in outcomes.items():
@@ -126,7 +129,8 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
             context.log.warning(
                 f"step '{step.id}' failed (tolerated, fail_task_on_error=false){_row(key)}: {outcome.failure['error']}"
             )
-        yield from asset_events(assets, outcome.step, contexts[key], key or None, checks=not many, prices=prices)
+        yield from asset_events(assets, outcome.step, contexts[key], key or None, checks=not many, prices=prices,
+                                replicate=replicate)
     done = {key: contexts[key].to_dict() for key in outcomes if key not in failed}
     if many:
         yield from batch_check_evaluations(assets, step, {key: contexts[key] for key in done})
@@ -227,11 +231,11 @@ def teardown_op() -> dg.OpDefinition:
 
 def asset_events(
     assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
-    *, checks: bool = True, prices: dict[str, dict[str, float]] | None = None,
+    *, checks: bool = True, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
 ) -> Iterator[Any]:
     """Materializations (and, with ``checks``, check evaluations) for what the step wrote,
     observations of what it read (the version loaded), under the keys the translator gave
-    the step's node."""
+    the step's node; a verification says which replicate of its row it is."""
     for artifact_id, path in assets["loaded"].items():
         loaded = _loaded_version(ctx, step.id, artifact_id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
@@ -242,7 +246,8 @@ def asset_events(
             entry = (ctx.metadata.get("verifications") or {}).get(name)
             if entry is not None:
                 metadata = {**verification_metadata(entry),
-                            **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None))}
+                            **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None)),
+                            **({"replicate": replicate} if replicate is not None else {})}
                 yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition)
                 if checks:
                     yield from _check_evaluations(key, entry, step, partition)

@@ -125,6 +125,34 @@ def latest_metadata(instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[s
     return by_row
 
 
+def latest_replicates(
+    instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], replicates: int,
+) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each (row, replicate)'s latest materialization metadata of ``key``, for a task whose
+    launches run every row ``replicates`` times (each verification says which replicate it is).
+    The newest records of all the rows first; a row that ran but whose replicates are not all
+    among them (other rows re-run since, more often) is read on its own."""
+    ran = set(instance.event_log_storage.get_latest_storage_id_by_partition(
+        key, dg.DagsterEventType.ASSET_MATERIALIZATION))
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+
+    def keep(partitions: list[str], limit: int) -> None:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=partitions), limit=limit, ascending=False).records
+        for record in records:
+            materialization = record.asset_materialization
+            replicate = int(_value(materialization.metadata.get("replicate")) or 0)
+            found.setdefault((materialization.partition, replicate), dict(materialization.metadata))
+
+    for start in range(0, len(rows), 500):  # SQLite caps a query's bound parameters
+        chunk = rows[start:start + 500]
+        keep(chunk, len(chunk) * replicates)
+    for row in rows:
+        if row in ran and any((row, r) not in found for r in range(replicates)):
+            keep([row], 10 * replicates)
+    return found
+
+
 def _value(metadata_value: Any) -> Any:
     return getattr(metadata_value, "value", metadata_value)
 

@@ -1,7 +1,8 @@
 """The suite asset of a dataset task: its row partitions' verifications rolled up.
 
 Materialize it after the rows ran (or a backfill of the failed ones): it reads each
-partition's latest verification, aggregates per criterion (accuracy, per-label F1, confusion
+partition's latest verification (each replicate's, when the task runs several, as upstream's
+suite counts every replicate), aggregates per criterion (accuracy, per-label F1, confusion
 ...) and gates ``suite_thresholds`` as blocking asset checks. Under an experiment a suite is
 one variant's rows (upstream's ``<variant>/<suite_id>/suite.json``), so the asset is
 partitioned by variant, each partition rolling up the variant x row partitions of its variant.
@@ -18,7 +19,7 @@ from ..reports.results import EvaluationResult, FinalStatus
 from ..reports.suite import suite_rollup
 from ..spec.loader import TaskDocument
 from ..steps.base import VERIFICATION
-from .rows import latest_metadata
+from .rows import latest_metadata, latest_replicates
 from .translator import TaskTranslator
 
 SUITES_SENSOR = "agentenv_suites"
@@ -57,7 +58,8 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
 
         variant = context.partition_key if variants else None
         rows = [k for k in document.partitions if document.variant_of(k) == variant]
-        results = _row_results(context.instance, verification, plan.task_id, document, rows)
+        results = _row_results(context.instance, verification, plan.task_id, document, rows,
+                               document.replicates_of(variant))
         suite = suite_rollup(plan.task_id, results, thresholds, variant_id=variant or "default")
         check_results = [
             dg.AssetCheckResult(
@@ -105,12 +107,18 @@ def _check_name(index: int, metric: str) -> str:
 
 def _row_results(
     instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, document: TaskDocument, rows: list[str],
+    replicates: int,
 ) -> list[EvaluationResult]:
-    """Each row's latest verification as a task result, in dataset order (rows that never ran
-    are left out)."""
-    latest = latest_metadata(instance, key, rows)
-    return [_result(f"{task_id}/{document.row_of(row)}", {k: v.value for k, v in latest[row].items()})
-            for row in rows if row in latest]
+    """Each row's latest verification (of each replicate, for a task that runs several, as
+    upstream's suite counts every replicate's row-task) as a task result, in dataset order;
+    rows that never ran are left out."""
+    if replicates == 1:
+        latest = latest_metadata(instance, key, rows)
+        found = {(row, 0): metadata for row, metadata in latest.items()}
+    else:
+        found = latest_replicates(instance, key, rows, replicates)
+    return [_result(f"{task_id}/{document.row_of(row)}", {k: v.value for k, v in found[(row, r)].items()})
+            for row in rows for r in range(replicates) if (row, r) in found]
 
 
 def _result(task_id: str, metadata: dict[str, Any]) -> EvaluationResult:

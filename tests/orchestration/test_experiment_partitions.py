@@ -257,3 +257,21 @@ def test_the_daemon_rolls_a_suite_up_again_after_its_rows_ran(project):
     assert first.total_requested == 0  # nothing ran yet
     assert requested == {SUITE: {"strict"}, dg.AssetKey(["suites", "words"]): set()}  # the variant whose rows ran
     assert again.total_requested == 0  # requested once
+
+
+def test_a_variant_s_suite_counts_every_replicate_as_upstream_s_does(project):
+    (project / "experiments" / "compare.yaml").write_text(
+        COMPARE.replace("  - variant_id: base\n", "  - variant_id: base\n    repeats: 2\n"))
+    with dg.instance_for_test() as instance:
+        done = run_coder_eval_task(project / "tasks" / "words.yaml", load_config(project), instance=instance,
+                                   output_dir=project / "out", experiment=project / "experiments" / "compare.yaml")
+        replicates = sorted((r.asset_materialization.partition, r.asset_materialization.metadata["replicate"].value)
+                            for r in instance.fetch_materializations(VERIFICATION, limit=20).records)
+        rolled = {r.asset_materialization.partition: r.asset_materialization.metadata
+                  for r in instance.fetch_materializations(SUITE, limit=10).records}
+    assert replicates == sorted([(f"{row}|base", i) for row in ("r1", "r2", "r3") for i in (0, 1)]
+                                + [(f"{row}|strict", 0) for row in ("r1", "r2", "r3")])  # each says which it is
+    by_variant = {suite["variant_id"]: suite for suite in done.suites}
+    assert by_variant["base"]["rows_total"] == rolled["base"]["rows_run"].value == 6  # 3 rows x 2 replicates
+    assert by_variant["strict"]["rows_total"] == rolled["strict"]["rows_run"].value == 3
+    assert rolled["base"]["pass_rate"].value == pytest.approx(by_variant["base"]["pass_rate"])
