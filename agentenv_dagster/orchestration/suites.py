@@ -58,8 +58,8 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
 
         variant = context.partition_key if variants else None
         rows = [k for k in document.partitions if document.variant_of(k) == variant]
-        results = _row_results(context.instance, verification, plan.task_id, document, rows,
-                               document.replicates_of(variant))
+        replicates = document.replicates_of(variant)
+        results = _row_results(context.instance, verification, plan.task_id, document, rows, replicates)
         suite = suite_rollup(plan.task_id, results, thresholds, variant_id=variant or "default")
         check_results = [
             dg.AssetCheckResult(
@@ -71,7 +71,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
         return dg.MaterializeResult(
             metadata={
                 **({"variant": variant} if variant else {}),
-                "rows_run": len(results), "rows_total": len(rows), "pass_rate": suite["pass_rate"],
+                "rows_run": len(results), "rows_total": len(rows) * replicates, "pass_rate": suite["pass_rate"],
                 "average_weighted_score": suite["average_weighted_score"], "passed": suite["passed"],
                 **_metric_series(suite),
                 "criterion_aggregates": dg.MetadataValue.json(suite["criterion_aggregates"]),

@@ -273,5 +273,6 @@ def test_a_variant_s_suite_counts_every_replicate_as_upstream_s_does(project):
                                 + [(f"{row}|strict", 0) for row in ("r1", "r2", "r3")])  # each says which it is
     by_variant = {suite["variant_id"]: suite for suite in done.suites}
     assert by_variant["base"]["rows_total"] == rolled["base"]["rows_run"].value == 6  # 3 rows x 2 replicates
+    assert rolled["base"]["rows_total"].value == 6  # row-tasks, as upstream counts them
     assert by_variant["strict"]["rows_total"] == rolled["strict"]["rows_run"].value == 3
     assert rolled["base"]["pass_rate"].value == pytest.approx(by_variant["base"]["pass_rate"])
