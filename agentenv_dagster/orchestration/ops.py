@@ -24,7 +24,7 @@ from .io_manager import FAILED_SUFFIX, FINAL_STEP
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
 from .rows import (
-    REPLICATE_TAG, ROWS, UNPARTITIONED, batch, merge_upstream, node_assets, row_seed, rows_of, run_keys,
+    REPLICATE_TAG, ROWS, UNPARTITIONED, batch, merge_upstream, node_assets, row_seed, rows_of, run_keys, step_fields,
 )
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_TASK_ID
 from .usage import usage_metadata
@@ -73,7 +73,7 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     run_id = context.run_id
     task_id = context.run.tags.get(TAG_TASK_ID) or context.job_name
     refuse_changed_task(context)
-    step = resource.parse_step(step_type, context.op_config["step"])
+    step = resource.parse_step(step_type, step_fields(context))
     if upstream:
         contexts = merge_upstream(upstream, every=True)
     else:

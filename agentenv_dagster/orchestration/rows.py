@@ -157,6 +157,18 @@ def _value(metadata_value: Any) -> Any:
     return getattr(metadata_value, "value", metadata_value)
 
 
+def step_fields(context: dg.OpExecutionContext) -> dict[str, Any]:
+    """The op's step fields: its config, or, for a run of a dataset job launched with nothing
+    but a partition (``dg launch --job J --partition P``, a run request or tags without run
+    config), that partition's, as the launchpad would have filled them in."""
+    fields = context.op_config["step"]
+    partitioned = context.job_def.partitioned_config
+    if fields or partitioned is None or not (context.has_partition_key or context.has_partition_key_range):
+        return fields
+    key = context.partition_keys[0] if context.has_partition_key_range else context.partition_key
+    return partitioned.get_run_config_for_partition_key(key)["ops"][context.op_handle.name]["config"]["step"]
+
+
 def row_seed(context: dg.OpExecutionContext, seeds: dict[str, Any], key: str) -> dict[str, Any] | None:
     """A row's dataset values: from the op config, else from the job's partitioned config."""
     if key in seeds or key == UNPARTITIONED:

@@ -379,6 +379,16 @@ def test_a_dataset_task_is_a_job_partitioned_by_row(project):
     assert scores == {"r1": True, "r3": False}  # r3 has no scripted reply: graded, and fails
 
 
+def test_a_run_with_nothing_but_a_partition_tag_runs_that_row_with_its_partition_s_steps(project):
+    """What `dg launch --job words --partition r2` or `dagster job execute --tags` send: no run
+    config, so the steps come from the partition, as the launchpad would have filled them."""
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
+    job = build_definitions(project / "tasks").get_job_def("words")
+    with dg.instance_for_test() as instance:
+        assert job.execute_in_process(instance=instance, tags={"dagster/partition": "r2"}).success
+        assert instance.get_materialized_partitions(dg.AssetKey(["verifications", "words", "success_criteria"])) == {"r2"}
+
+
 def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(project, tmp_path):
     (project / "tasks" / "labels.yaml").write_text(textwrap.dedent("""
         task_id: labels

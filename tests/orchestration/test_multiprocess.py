@@ -75,3 +75,44 @@ def test_dagster_cli_validates_and_executes_reply_to_dana(tmp_path):
     assert final["metadata"]["verifications"]["sent"]["score"] == 1.0
     assert final["metadata"]["collected_artifacts"]["collect"]["artifacts"]
     assert leaked_servers(project / ".agentenv" / "state") == []
+
+
+@pytest.mark.slow
+def test_the_dg_cli_checks_the_location_and_launches_a_dataset_row(tmp_path):
+    """`dg` (dagster-dg-cli), which supersedes `dagster definitions validate` / `job execute`:
+    the project's `[tool.dg]` names the root definitions.py, and a row launched by its
+    partition alone runs with that partition's steps."""
+    project = make_project(tmp_path / "p")
+    shutil.copy(REPO / "definitions.py", project / "definitions.py")
+    (project / "evals").mkdir()  # dg wants a package of the project's own: an empty one will do
+    (project / "evals" / "__init__.py").write_text("")
+    (project / "pyproject.toml").write_text(textwrap.dedent("""
+        [project]
+        name = "evals"
+        version = "0"
+
+        [tool.dg]
+        directory_type = "project"
+
+        [tool.dg.project]
+        root_module = "evals"
+        defs_module = "evals"
+        code_location_target_module = "definitions"
+    """))
+    env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), "PYTHONPATH": str(project)}
+    (project / ".dagster_home").mkdir()
+    dg = shutil.which("dg", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+    def run(*args):
+        return subprocess.run([dg, *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+
+    checked = run("check", "defs")
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-3000:]
+    assert "All definitions loaded successfully" in checked.stdout + checked.stderr
+    launched = run("launch", "--job", "triage_tickets", "--partition", "t3")
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "RUN_SUCCESS" in launched.stderr + launched.stdout
+    (run_dir,) = (project / ".agentenv" / "state" / "runs").iterdir()
+    final = json.loads((run_dir / "context" / "teardown_run.json").read_text())["rows"]
+    assert list(final) == ["t3"] and final["t3"]["metadata"]["verifications"]["success_criteria"]["score"] == 1.0
+    assert leaked_servers(project / ".agentenv" / "state") == []
