@@ -31,6 +31,9 @@ ASSETS_QUERY = """{
   }
 }"""
 JOBS_QUERY = """{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }"""
+SUITES_SENSOR_TICKS = """{ sensorOrError(sensorSelector: {repositoryLocationName: "agentenv_tasks",
+  repositoryName: "__repository__", sensorName: "agentenv_suites"}) {
+  ... on Sensor { sensorState { ticks(limit: 1) { status } } } } }"""
 SUITE_QUERY = """{ assetNodeOrError(assetKey: {path: ["suites", "triage-tickets"]}) { ... on AssetNode {
   assetMaterializations(limit: 1) { runId metadataEntries { label ... on IntMetadataEntry { intValue } } }
 } } }"""
@@ -89,6 +92,9 @@ def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -
 
     job = build_definitions(project / "tasks").get_job_def("triage_tickets")
     config = job.partitioned_config.get_run_config_for_partition_key("t2")
+    # the automation sensor's first tick only takes stock: rows updated before it do not count
+    wait_until(lambda: client._execute(SUITES_SENSOR_TICKS)["sensorOrError"]["sensorState"]["ticks"], 180,
+               "the suites sensor's first tick")
     run_id = client.submit_job_execution("triage_tickets", repository_location_name="agentenv_tasks",
                                          run_config=config, tags={"dagster/partition": "t2"})
     status = wait_until(
