@@ -203,6 +203,7 @@ def _coder_eval_tasks(paths: tuple[Path, ...]) -> list[Path]:
     or a quoted glob pattern (``'tasks/**/*.yaml'``). A path that names none ends the run with
     exit 1, as upstream's unmatched task pattern does."""
     files: list[Path] = []
+    seen: set[Path] = set()
     for path in paths:
         if path.is_dir():
             found = [p for p in sorted(path.rglob("*")) if coder_eval_kind(p) == "task"]
@@ -213,7 +214,10 @@ def _coder_eval_tasks(paths: tuple[Path, ...]) -> list[Path]:
         if not found:
             click.echo(f"error: {path}: no Coder Eval task {'under it' if path.is_dir() else 'there'}", err=True)
             sys.exit(EXIT_FAILED)
-        files += [f for f in found if f.resolve() not in {g.resolve() for g in files}]
+        for file in found:
+            if file.resolve() not in seen:
+                seen.add(file.resolve())
+                files.append(file)
     return files
 
 
