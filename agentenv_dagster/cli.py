@@ -215,8 +215,8 @@ def _coder_eval_tasks(paths: tuple[Path, ...]) -> list[Path]:
             click.echo(f"error: {path}: no Coder Eval task {'under it' if path.is_dir() else 'there'}", err=True)
             sys.exit(EXIT_FAILED)
         for file in found:
-            if file.resolve() not in seen:
-                seen.add(file.resolve())
+            if (resolved := file.resolve()) not in seen:
+                seen.add(resolved)
                 files.append(file)
     return files
 

@@ -95,8 +95,9 @@ def run_coder_eval_tasks(
     started = _now()
     out = output_dir or config.root / "out" / (job_name(tasks[0].task.task_id) if len(tasks) == 1 else _run_id(started))
     skipped = [{"path": str(t.source), "reason": "skip: true"} for t in tasks if t.task.skip and not include_skipped]
+    registry = step_registry(config)
     prepared = [  # every task resolved (variants, -D, rows) before any runs: a problem stops them all
-        _prepare(loaded, config, instance, overrides=overrides, grade_only_from=grade_only_from, split=split,
+        _prepare(loaded, config, registry, instance, overrides=overrides, grade_only_from=grade_only_from, split=split,
                  sample=sample, experiment=experiment, failed_only=failed_only)
         for loaded in tasks if include_skipped or not loaded.task.skip
     ]
@@ -123,11 +124,12 @@ def run_coder_eval_task(path: Path, config: AgentEnvConfig, **options: Any) -> C
 def _refuse_shared_ids(tasks) -> None:
     """Two files with one task id would write over each other's results (upstream refuses too)."""
     first: dict[str, Path] = {}
-    errors = [
-        SpecError(f"task id '{t.task.task_id}' is also the id of {first[t.task.task_id]}", file=str(t.source),
-                  field="task_id")
-        for t in tasks if first.setdefault(t.task.task_id, t.source) != t.source
-    ]
+    errors = []
+    for t in tasks:
+        if t.task.task_id in first:
+            errors.append(SpecError(f"task id '{t.task.task_id}' is also the id of {first[t.task.task_id]}",
+                                    file=str(t.source), field="task_id"))
+        first.setdefault(t.task.task_id, t.source)
     if errors:
         raise TaskLoadError(errors)
 
@@ -151,12 +153,11 @@ class _TaskRun:
 
 
 def _prepare(
-    loaded: LoadedCoderEvalTask, config: AgentEnvConfig, instance: dg.DagsterInstance | None, *,
+    loaded: LoadedCoderEvalTask, config: AgentEnvConfig, registry, instance: dg.DagsterInstance | None, *,
     overrides: Sequence[str], grade_only_from: Path | None, split: str | None, sample: int | None,
     experiment: Path | None, failed_only: bool,
 ) -> _TaskRun:
     """Everything a task's runs need, resolved without running anything."""
-    registry = step_registry(config)
     shared = _experiment_plan(loaded, experiment, registry, overrides, grade_only_from)
     variants = []
     for variant_id, resolved, repeats in experiment_variants(loaded.task, experiment, overrides):
@@ -184,8 +185,8 @@ def _run_task(
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant.variant_id, str(replicate) if repeats > 1 else None) if p)
             tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate)}
-            contexts = run_rows(plan, config, keys, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"),
-                                instance=instance, rows_in_flight=rows_in_flight, tags=tags, shards=shards)
+            contexts = run_rows(plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
+                                shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))
             for key, context in contexts.items():
                 row_id = plan.document.row_of(key)
                 row_started, row_completed = _span(context)
@@ -204,14 +205,14 @@ def _run_task(
         for variant in task_run.variants:
             variant_id = variant.variant_id or "default"
             thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
-            suite = suite_rollup(task.task_id, [r for r in results if r.variant_id == variant_id], thresholds, variant_id)
+            rows = [r for r in results if r.variant_id == variant_id]
+            suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
             write_suite(out / variant_id / task.task_id, suite)
             suites.append(suite)
         # the rows are partitions of one job (the task's, or the experiment's): its asset rolls them up too
-        if task_run.shared is not None:
-            materialize_suite(task_run.shared, config, instance, [v.variant_id for v in task_run.variants])
-        elif len(task_run.variants) == 1 and task_run.variants[0].variant_id is None:
-            materialize_suite(task_run.variants[0].plan, config, instance)
+        if task_run.shared is not None or task_run.variants[0].variant_id is None:
+            materialize_suite(task_run.shared or task_run.variants[0].plan, config, instance,
+                              [v.variant_id for v in task_run.variants] if task_run.shared else None)
     return results, suites
 
 

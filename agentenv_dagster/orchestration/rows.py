@@ -132,6 +132,8 @@ def latest_replicates(
     launches run every row ``replicates`` times (each verification says which replicate it is).
     The newest records of all the rows first; a row that ran but whose replicates are not all
     among them (other rows re-run since, more often) is read on its own."""
+    if replicates == 1:
+        return {(row, 0): metadata for row, metadata in latest_metadata(instance, key, rows).items()}
     ran = set(instance.event_log_storage.get_latest_storage_id_by_partition(
         key, dg.DagsterEventType.ASSET_MATERIALIZATION))
     found: dict[tuple[str, int], dict[str, Any]] = {}

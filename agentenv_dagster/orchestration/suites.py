@@ -19,7 +19,7 @@ from ..reports.results import EvaluationResult, FinalStatus
 from ..reports.suite import suite_rollup
 from ..spec.loader import TaskDocument
 from ..steps.base import VERIFICATION
-from .rows import latest_metadata, latest_replicates
+from .rows import latest_replicates
 from .translator import TaskTranslator
 
 SUITES_SENSOR = "agentenv_suites"
@@ -44,7 +44,8 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
         for index, gate in enumerate(thresholds) for metric, minimum in (gate or {}).items()
     ]
     variants = list(document.variant_steps or ())
-    what = f"experiment job `{plan.task_id}`: each variant's rows" if variants else f"dataset task `{plan.task_id}`: its rows"
+    what = (f"experiment job `{plan.task_id}`: each variant's rows" if variants
+            else f"dataset task `{plan.task_id}`: its rows")
 
     @dg.asset(
         key=key, check_specs=checks, group_name=translator.get_group_name(plan), kinds={"agentenv"},
@@ -112,11 +113,7 @@ def _row_results(
     """Each row's latest verification (of each replicate, for a task that runs several, as
     upstream's suite counts every replicate's row-task) as a task result, in dataset order;
     rows that never ran are left out."""
-    if replicates == 1:
-        latest = latest_metadata(instance, key, rows)
-        found = {(row, 0): metadata for row, metadata in latest.items()}
-    else:
-        found = latest_replicates(instance, key, rows, replicates)
+    found = latest_replicates(instance, key, rows, replicates)
     return [_result(f"{task_id}/{document.row_of(row)}", {k: v.value for k, v in found[(row, r)].items()})
             for row in rows for r in range(replicates) if (row, r) in found]
 
