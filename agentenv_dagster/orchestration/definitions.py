@@ -8,6 +8,7 @@ explains the problem (lenient, the default) or stops the load (``strict=True``, 
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 import dagster as dg
@@ -36,10 +37,12 @@ POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared
 
 def build_job(
     plan: TaskPlan, translator: TaskTranslator | None = None, executor_def: dg.ExecutorDefinition | None = None,
+    resource_defs: dict | None = None,
 ) -> dg.JobDefinition:
     """One job per task: a node per step (aliases of the shared per-type ops), the
     ``depends_on`` edges, a final teardown node, the step fields as default op config. A
-    dataset task is partitioned by row: each partition's config is its row's fields."""
+    dataset task is partitioned by row: each partition's config is its row's fields.
+    ``resource_defs`` bound here spare ``Definitions`` a copy of every job to bind them."""
     translator = translator or TaskTranslator()
     deps: dict[dg.NodeInvocation, dict] = {}
     node_defs = {}
@@ -68,12 +71,12 @@ def build_job(
         description=translator.get_job_description(plan),
     )
     return graph.to_job(config=_job_config(plan, translator), tags=translator.get_job_tags(plan),
-                        executor_def=executor_def or FORKSERVER_EXECUTOR)
+                        executor_def=executor_def or FORKSERVER_EXECUTOR, resource_defs=resource_defs)
 
 
-def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dict | dg.PartitionedConfig:
+def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping | dg.PartitionedConfig:
     if not plan.document.partitions:
-        return run_config(plan, translator)
+        return step_defaults(run_config(plan, translator))
     rows = RowConfig(plan, translator)
     return dg.PartitionedConfig(partitions_def=translator.get_partitions_def(plan),
                                 run_config_for_partition_key_fn=rows, tags_for_partition_key_fn=rows.tags)
@@ -92,6 +95,26 @@ class RowConfig:
     def tags(self, key: str) -> dict[str, str]:
         variant = self.plan.document.variant_of(key)
         return {VARIANT_TAG: variant} if variant is not None else {}
+
+
+def step_defaults(defaults: dict) -> dg.ConfigMapping:
+    """A job's step fields as defaults the launchpad shows, without Dagster's dict ``config=``.
+
+    A dict makes Dagster build the job's whole run-config schema twice (once to copy the
+    defaults into it) and snapshot every resource, executor and logger type, with defaults,
+    in every job: a third of a location's load and of each job snapshot, for types that are
+    the same in every job. Here only ``ops`` carries the defaults (a node given in the run
+    config replaces that node's default); ``execution``, ``resources`` and ``loggers`` pass
+    through and are checked against the job's own schema when a run is validated.
+    """
+    untyped = dg.Field(dg.Permissive(), is_required=False)
+    schema = {"ops": dg.Field(dg.Permissive(), default_value=defaults["ops"]),
+              "execution": untyped, "resources": untyped, "loggers": untyped}
+    return dg.ConfigMapping(config_fn=partial(_over_defaults, defaults["ops"]), config_schema=schema)
+
+
+def _over_defaults(ops: dict, config: dict) -> dict:
+    return {**config, "ops": {**ops, **config.get("ops", {})}}
 
 
 def run_config(plan: TaskPlan, translator: TaskTranslator, rows: dict[str, dict] | None = None) -> dict:
@@ -146,7 +169,8 @@ def build_definitions(
         log.warning(problem)
 
     executor = job_executor(config)  # forkserver, or the project's choice ([dagster] executor)
-    jobs = [build_job(plan, translator, executor) for plan in report.plans]
+    resources = location_resources(config)
+    jobs = [build_job(plan, translator, executor, resources) for plan in report.plans]
     suites = [a for a in (suite_asset(plan, translator) for plan in report.plans) if a is not None]
     jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
     specs = translator.get_artifact_specs(report.plans)
@@ -159,7 +183,7 @@ def build_definitions(
         jobs=jobs,
         assets=[*specs, *suites],
         asset_checks=checks,
-        resources=location_resources(config),
+        resources=resources,
         sensors=[*task_sensors(tasks_dir, config, report.plans, jobs, translator), review_tag_sensor(),
                  *suites_sensor(suites)],
         schedules=task_schedules(report.plans, config, jobs, translator),

@@ -6,6 +6,8 @@ import json
 
 import dagster as dg
 import pytest
+import yaml
+from dagster_graphql.schema.run_config import default_values_yaml_from_type_snap
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.errors import TaskLoadError
@@ -59,9 +61,32 @@ def test_a_chain_node_loads_one_context_and_is_ordered_after_the_rest(project):
 
 def test_step_fields_are_launchpad_config(project):
     job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
-    config = job.run_config_schema.config_type.fields["ops"].config_type.fields["reply"]
-    default = config.default_value["config"]["step"]
-    assert default["prompt"] == "Reply to Dana." and default["agent_name"] == "assistant"
+    # what the launchpad opens with: the webserver's rootDefaultYaml, from the job snapshot
+    snap = job.get_job_snapshot()
+    root = snap.config_schema_snapshot.get_config_snap(snap.mode_def_snaps[0].root_config_key)
+    prefilled = yaml.safe_load(default_values_yaml_from_type_snap(snap.config_schema_snapshot, root))
+    step = prefilled["ops"]["reply"]["config"]["step"]
+    assert step["prompt"] == "Reply to Dana." and step["agent_name"] == "assistant"
+
+
+def test_a_step_edited_in_the_launchpad_replaces_that_step_and_keeps_the_others(project):
+    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    edited = {"id": "reply", "type": "prompt_agent", "agent_name": "assistant", "prompt": "Reply to Sam."}
+    resolved = dg.validate_run_config(job, {"ops": {"reply": {"config": {"step": edited}}},
+                                            "resources": {"agentenv": {"config": {"project_dir": str(project),
+                                                                                   "rows_in_flight": 3}}}})
+    assert resolved["ops"]["reply"]["config"]["step"] == edited
+    assert resolved["ops"]["tone"]["config"]["step"]["id"] == "tone"
+    assert resolved["resources"]["agentenv"]["config"]["rows_in_flight"] == 3
+
+
+def test_run_config_outside_the_steps_is_checked_against_the_job(project):
+    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    with pytest.raises(dg.DagsterInvalidConfigError, match="rows_in_flght"):
+        dg.validate_run_config(job, {"resources": {"agentenv": {"config": {"project_dir": str(project),
+                                                                           "rows_in_flght": 3}}}})
+    with pytest.raises(dg.DagsterInvalidConfigError, match="confg"):
+        dg.validate_run_config(job, {"ops": {"reply": {"confg": {}}}})
 
 
 def test_assets_and_checks_are_declared_with_lineage_from_the_loaded_artifact(project):
