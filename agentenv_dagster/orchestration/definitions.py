@@ -134,7 +134,7 @@ def run_config(plan: TaskPlan, translator: TaskTranslator, rows: dict[str, dict]
 
 def step_config(step: TaskStep) -> dict:
     """The fields a step sets (a default is filled again when the op parses them): what the
-    task document says, and what every job snapshot, preset and run carries — a thousand
+    task document says, and what every job snapshot and run carries — a thousand
     tasks' worth of defaults is megabytes the webserver loads for nothing."""
     return {"id": step.id, "type": step.type,
             **step.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)}

@@ -13,6 +13,7 @@ import time
 
 import httpx
 import pytest
+import yaml
 from dagster_graphql import DagsterGraphQLClient
 
 from agentenv_dagster.runtime.processes import is_running, terminate
@@ -30,6 +31,8 @@ ASSETS_QUERY = """{
     }
   }
 }"""
+LAUNCHPAD_QUERY = """{ runConfigSchemaOrError(selector: {repositoryLocationName: "agentenv_tasks",
+    repositoryName: "__repository__", pipelineName: "reply_to_dana"}) { ... on RunConfigSchema { rootDefaultYaml } } }"""
 JOBS_QUERY = """{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }"""
 SUITES_SENSOR_TICKS = """{ sensorOrError(sensorSelector: {repositoryLocationName: "agentenv_tasks",
   repositoryName: "__repository__", sensorName: "agentenv_suites"}) {
@@ -145,7 +148,11 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
         jobs = client._execute(JOBS_QUERY)["repositoriesOrError"]["nodes"][0]["jobs"]
         assert {"reply_to_dana", "broken__invalid"} <= {j["name"] for j in jobs}
 
-        run_id = client.submit_job_execution("reply_to_dana", repository_location_name="agentenv_tasks")
+        # the launchpad opens with the steps' fields, and launches what its editor holds
+        prefilled = yaml.safe_load(client._execute(LAUNCHPAD_QUERY)["runConfigSchemaOrError"]["rootDefaultYaml"])
+        assert prefilled["ops"]["reply"]["config"]["step"]["prompt"] == "Reply to Dana."
+        run_id = client.submit_job_execution("reply_to_dana", repository_location_name="agentenv_tasks",
+                                             run_config=prefilled)
         status = wait_until(
             lambda: (s := client.get_run_status(run_id)).value in ("SUCCESS", "FAILURE", "CANCELED") and s,
             240, "the launched run")
