@@ -24,11 +24,6 @@ TASK_SUFFIXES = (".json", ".yaml", ".yml")
 EXPERIMENT_SEPARATOR = "__"  # <task_id>__<experiment_id>: a task under an experiment (its job, its assets)
 
 
-class VariantsDiffer(TaskLoadError):
-    """An experiment's variants lower to different graphs: no one job holds them (the CLI
-    runs each variant as a job of its own)."""
-
-
 class SkippedTask(Exception):
     """A Coder Eval task marked ``skip: true``: listed, never compiled or run."""
 
@@ -85,13 +80,15 @@ def coder_eval_document(loaded, registry: StepRegistry, *, grade_only_from: Path
     return replace(document, partitions=partitions, sampling=sampling, replicates={"": count} if count > 1 else None)
 
 
-def experiment_document(
+def experiment_documents(
     loaded, experiment: Path, registry: StepRegistry, *, overrides: Sequence[str] = (),
     grade_only_from: Path | None = None,
-) -> TaskDocument:
-    """A Coder Eval task under every variant of an experiment, as one document: its partitions
-    are rows x variants (the variants alone without a dataset), each variant running its own
-    resolved steps. Its id is ``<task_id>__<experiment_id>``, so its job and assets are its own."""
+) -> list[TaskDocument]:
+    """A Coder Eval task under every variant of an experiment: one document per group of
+    variants that lower to the same steps (one job holds one graph). Its partitions are rows x
+    variants (the variants alone without a dataset), each variant running its own resolved
+    steps. The first group's id is ``<task_id>__<experiment_id>``; a group whose variants
+    change the steps (a ``simulation``, say) adds ``__<its first variant>``."""
     from .spec.coder_eval import load_coder_eval_experiment
     from .spec.coder_eval.variants import experiment_variants
 
@@ -103,28 +100,28 @@ def experiment_document(
         raise
     except ValueError as exc:
         raise TaskLoadError([SpecError(f"task '{loaded.task.task_id}': {exc}", file=source, field="variants")]) from None
-    documents = {variant_id: coder_eval_document(replace(loaded, task=resolved), registry, grade_only_from=grade_only_from)
-                 for variant_id, resolved, _ in variants}
-    (first_id, first), *others = documents.items()
-    shape = _shape(first)
-    for variant_id, document in others:
-        if (other := _shape(document)) != shape:
-            raise VariantsDiffer([SpecError(
-                f"task '{first.task_id}': variant '{variant_id}' lowers to other steps than variant '{first_id}' "
-                f"(steps {[x[:2] for x in other]} against {[x[:2] for x in shape]}); one job holds one graph, "
-                "so run this experiment with `agentenv-dagster run --experiment`",
-                file=source, field=f"variants.{variant_id}")])
+    groups: dict[tuple, dict[str, TaskDocument]] = {}
+    for variant_id, resolved, _ in variants:
+        document = coder_eval_document(replace(loaded, task=resolved), registry, grade_only_from=grade_only_from)
+        groups.setdefault(_shape(document), {})[variant_id] = document
+    counts = {variant_id: count for variant_id, _, count in variants if count > 1}
+    base = f"{loaded.task.task_id}{EXPERIMENT_SEPARATOR}{experiment_id}"
+    return [_variant_group(documents, base if i == 0 else f"{base}{EXPERIMENT_SEPARATOR}{next(iter(documents))}", counts)
+            for i, documents in enumerate(groups.values())]
+
+
+def _variant_group(documents: dict[str, TaskDocument], task_id: str, counts: dict[str, int]) -> TaskDocument:
+    first = next(iter(documents.values()))
     rows = first.partitions
     partitions = ({variant_key(row, v): seed for row, seed in rows.items() for v in documents} if rows
                   else {v: {} for v in documents})
-    return replace(first, task_id=f"{first.task_id}{EXPERIMENT_SEPARATOR}{experiment_id}", partitions=partitions,
-                   variant_steps={v: d.steps for v, d in documents.items()},
-                   replicates={v: count for v, _, count in variants if count > 1} or None)
+    return replace(first, task_id=task_id, partitions=partitions, variant_steps={v: d.steps for v, d in documents.items()},
+                   replicates={v: counts[v] for v in documents if v in counts} or None)
 
 
-def _shape(document: TaskDocument) -> list[tuple[str, str, str]]:
+def _shape(document: TaskDocument) -> tuple[tuple[str, str, str], ...]:
     """What a job's graph is made of: each step's id, type and joins."""
-    return [(s.id, s.type, repr(s.depends_on)) for s in document.steps]
+    return tuple((s.id, s.type, repr(s.depends_on)) for s in document.steps)
 
 
 def load_plan(
@@ -192,7 +189,7 @@ def compile_experiments(report: CompileReport, config: AgentEnvConfig) -> None:
                 continue
             try:
                 loaded = load_coder_eval_task(Path(tasks[task_id].document.source))
-                plan = checked_plan(experiment_document(loaded, experiment, registry))
+                plans = [checked_plan(d) for d in experiment_documents(loaded, experiment, registry)]
             except TaskLoadError as exc:
                 report.errors.extend(exc.errors)
                 continue
@@ -200,13 +197,14 @@ def compile_experiments(report: CompileReport, config: AgentEnvConfig) -> None:
                 report.errors.append(SpecError(
                     f"task '{task_id}': could not compile: {type(exc).__name__}: {exc}", file=str(experiment)))
                 continue
-            name = job_name(plan.task_id)
-            if name in taken:
-                report.errors.append(SpecError(f"'{plan.task_id}' compiles to job '{name}', already taken",
-                                               file=str(experiment)))
-                continue
-            taken.add(name)
-            report.plans.append(plan)
+            for plan in plans:
+                name = job_name(plan.task_id)
+                if name in taken:
+                    report.errors.append(SpecError(f"'{plan.task_id}' compiles to job '{name}', already taken",
+                                                   file=str(experiment)))
+                    continue
+                taken.add(name)
+                report.plans.append(plan)
 
 
 def compile_paths(paths: list[Path], config: AgentEnvConfig, *, shadowing: set[Path] | None = None) -> CompileReport:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import dagster as dg
 
-from ..compiler import VariantsDiffer, checked_plan, coder_eval_document, experiment_document, step_registry
+from ..compiler import checked_plan, coder_eval_document, experiment_documents, step_registry
 from ..config import AgentEnvConfig
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
@@ -149,7 +149,7 @@ class _VariantRun:
 class _TaskRun:
     loaded: LoadedCoderEvalTask
     variants: list[_VariantRun]
-    shared: TaskPlan | None  # the experiment's own job, when its variants share one
+    grouped: bool  # under an experiment: each variant runs in its group's job (partitions variant x row)
 
 
 def _prepare(
@@ -158,19 +158,19 @@ def _prepare(
     experiment: Path | None, failed_only: bool,
 ) -> _TaskRun:
     """Everything a task's runs need, resolved without running anything."""
-    shared = _experiment_plan(loaded, experiment, registry, overrides, grade_only_from)
+    groups = _experiment_plans(loaded, experiment, registry, overrides, grade_only_from)
     variants = []
     for variant_id, resolved, repeats in experiment_variants(loaded.task, experiment, overrides):
-        plan = shared or checked_plan(coder_eval_document(replace(loaded, task=resolved), registry,
-                                                          grade_only_from=grade_only_from))
+        plan = groups.get(variant_id) or checked_plan(coder_eval_document(replace(loaded, task=resolved), registry,
+                                                                          grade_only_from=grade_only_from))
         rows = _selected_rows(resolved, loaded.source, split, sample)
         # under an experiment's job, the partitions are this variant's rows (or the variant alone)
-        keys = rows if shared is None else [variant_key(r, variant_id) for r in rows] if rows is not None else [variant_id]
+        keys = rows if not groups else [variant_key(r, variant_id) for r in rows] if rows is not None else [variant_id]
         if failed_only and keys:
             with nullcontext(instance) if instance is not None else _project_instance(config) as active:
                 keys = rows_not_passed(active, build_job(plan), keys)
         variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys))
-    return _TaskRun(loaded, variants, shared)
+    return _TaskRun(loaded, variants, bool(groups))
 
 
 def _run_task(
@@ -209,10 +209,13 @@ def _run_task(
             suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
             write_suite(out / variant_id / task.task_id, suite)
             suites.append(suite)
-        # the rows are partitions of one job (the task's, or the experiment's): its asset rolls them up too
-        if task_run.shared is not None or task_run.variants[0].variant_id is None:
-            materialize_suite(task_run.shared or task_run.variants[0].plan, config, instance,
-                              [v.variant_id for v in task_run.variants] if task_run.shared else None)
+        # the rows are partitions of the task's job, or of the experiment's (one per group of
+        # variants): each job's suite asset rolls them up too
+        if task_run.grouped:
+            for plan in {id(v.plan): v.plan for v in task_run.variants}.values():
+                materialize_suite(plan, config, instance, [v.variant_id for v in task_run.variants if v.plan is plan])
+        else:
+            materialize_suite(task_run.variants[0].plan, config, instance)
     return results, suites
 
 
@@ -244,16 +247,16 @@ def _write_experiment(out: Path, experiment, variant_ids: list[str], results: li
         (out / variant_id / "variant.json").write_text(json.dumps(aggregate, indent=2))
 
 
-def _experiment_plan(loaded, experiment: Path | None, registry, overrides: Sequence[str], grade_only_from):
-    """The experiment's own job (partitions variant x row), as the code location has it; None
-    without an experiment, or when its variants lower to different steps (a job each, then)."""
+def _experiment_plans(
+    loaded, experiment: Path | None, registry, overrides: Sequence[str], grade_only_from,
+) -> dict[str, TaskPlan]:
+    """Each variant's job under the experiment, as the code location has them (one per group of
+    variants that lower to the same steps); empty without an experiment."""
     if experiment is None:
-        return None
-    try:
-        return checked_plan(experiment_document(loaded, experiment, registry, overrides=overrides,
-                                                grade_only_from=grade_only_from))
-    except VariantsDiffer:
-        return None
+        return {}
+    plans = [checked_plan(d) for d in experiment_documents(loaded, experiment, registry, overrides=overrides,
+                                                           grade_only_from=grade_only_from)]
+    return {variant: plan for plan in plans for variant in plan.document.variant_steps}
 
 
 def _selected_rows(task, path: Path, split: str | None, sample: int | None) -> list[str] | None:

@@ -103,18 +103,45 @@ def test_the_cli_runs_an_experiment_as_the_partitions_of_its_job(project):
     assert "words/r3" in again.stdout
 
 
-def test_variants_that_lower_to_other_steps_are_an_error_of_the_experiment_file(project, caplog):
-    (project / "experiments" / "compare.yaml").write_text(
-        COMPARE + "  - variant_id: talk\n    simulation: {enabled: true, persona: a user, goal: say hi}\n")
+TALK = """  - variant_id: talk
+    simulation:
+      enabled: true
+      persona: a user
+      goal: say hi
+      max_turns: 2
+      simulator: {type: replay, episodes: [{match: ".", reply: "bye <<<END>>>"}]}
+"""
+
+
+def test_variants_that_lower_to_other_steps_are_a_job_of_their_own(project, caplog):
+    (project / "experiments" / "compare.yaml").write_text(COMPARE + TALK)
     (project / ".agentenv" / "config.toml").write_text(
         (project / ".agentenv" / "config.toml").read_text().replace('["words"]', '["words", "nope"]'))
     defs = build_definitions(project / "tasks")
-    assert defs.get_job_def("words").partitions_def is not None  # the task's own job is untouched
-    assert "compare__invalid" in {j.name for j in defs.jobs}
-    assert "variant 'talk' lowers to other steps than variant 'base'" in caplog.text
     assert "[experiments] no Coder Eval task 'nope' in the code location" in caplog.text
-    with pytest.raises(TaskLoadError, match="compare.yaml.*variants.talk"):
-        build_definitions(project / "tasks", strict=True)
+    shared, talk = defs.get_job_def("words__compare"), defs.get_job_def("words__compare__talk")
+    assert sorted(shared.partitions_def.get_partition_keys()) == sorted(
+        f"{row}|{variant}" for row in ("r1", "r2", "r3") for variant in ("base", "strict"))
+    assert talk.partitions_def.get_partition_keys() == ["r1|talk", "r2|talk", "r3|talk"]
+    simulator = {n.name for n in talk.graph.nodes} - {n.name for n in shared.graph.nodes}
+    assert simulator, "the simulation's own steps"
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey(["suites", "words__compare__talk"])).partitions_def.get_partition_keys() == ["talk"]
+    # the CLI runs each variant in its group's job, and each job's suite rolls its variants up
+    with dg.instance_for_test() as instance:
+        done = run_coder_eval_task(project / "tasks" / "words.yaml", load_config(project), instance=instance,
+                                   output_dir=project / "out", experiment=project / "experiments" / "compare.yaml")
+        runs = {(r.job_name, r.tags["agentenv/variant"]) for r in instance.get_runs()
+                if r.job_name.startswith("words__")}
+        talked = instance.fetch_materializations(
+            dg.AssetKey(["verifications", "words__compare__talk", "success_criteria"]), limit=10).records
+        suites = {name: instance.fetch_materializations(dg.AssetKey(["suites", name]), limit=10).records
+                  for name in ("words__compare", "words__compare__talk")}
+    assert runs == {("words__compare", "base"), ("words__compare", "strict"), ("words__compare__talk", "talk")}
+    assert sorted(r.asset_materialization.partition for r in talked) == ["r1|talk", "r2|talk", "r3|talk"]
+    assert sorted(r.asset_materialization.partition for r in suites["words__compare"]) == ["base", "strict"]
+    assert [r.asset_materialization.partition for r in suites["words__compare__talk"]] == ["talk"]
+    assert sorted({r.variant_id for r in done.results}) == ["base", "strict", "talk"]
 
 
 SUITE = dg.AssetKey(["suites", "words__compare"])
