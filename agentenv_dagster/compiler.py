@@ -106,8 +106,8 @@ def experiment_documents(
         groups.setdefault(_shape(document), {})[variant_id] = document
     counts = {variant_id: count for variant_id, _, count in variants if count > 1}
     base = f"{loaded.task.task_id}{EXPERIMENT_SEPARATOR}{experiment_id}"
-    return [_variant_group(documents, base if i == 0 else f"{base}{EXPERIMENT_SEPARATOR}{next(iter(documents))}", counts)
-            for i, documents in enumerate(groups.values())]
+    names = [base, *(f"{base}{EXPERIMENT_SEPARATOR}{next(iter(group))}" for group in list(groups.values())[1:])]
+    return [_variant_group(group, name, counts) for name, group in zip(names, groups.values())]
 
 
 def _variant_group(documents: dict[str, TaskDocument], task_id: str, counts: dict[str, int]) -> TaskDocument:
@@ -115,7 +115,8 @@ def _variant_group(documents: dict[str, TaskDocument], task_id: str, counts: dic
     rows = first.partitions
     partitions = ({variant_key(row, v): seed for row, seed in rows.items() for v in documents} if rows
                   else {v: {} for v in documents})
-    return replace(first, task_id=task_id, partitions=partitions, variant_steps={v: d.steps for v, d in documents.items()},
+    return replace(first, task_id=task_id, partitions=partitions,
+                   variant_steps={v: d.steps for v, d in documents.items()},
                    replicates={v: counts[v] for v in documents if v in counts} or None)
 
 
