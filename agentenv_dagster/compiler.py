@@ -106,8 +106,11 @@ def experiment_documents(
         groups.setdefault(_shape(document), {})[variant_id] = document
     counts = {variant_id: count for variant_id, _, count in variants if count > 1}
     base = f"{loaded.task.task_id}{EXPERIMENT_SEPARATOR}{experiment_id}"
-    names = [base, *(f"{base}{EXPERIMENT_SEPARATOR}{next(iter(group))}" for group in list(groups.values())[1:])]
-    return [_variant_group(group, name, counts) for name, group in zip(names, groups.values())]
+    documents = []
+    for i, group in enumerate(groups.values()):
+        name = f"{base}{EXPERIMENT_SEPARATOR}{next(iter(group))}" if i else base
+        documents.append(_variant_group(group, name, counts))
+    return documents
 
 
 def _variant_group(documents: dict[str, TaskDocument], task_id: str, counts: dict[str, int]) -> TaskDocument:

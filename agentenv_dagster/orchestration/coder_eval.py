@@ -212,8 +212,11 @@ def _run_task(
         # the rows are partitions of the task's job, or of the experiment's (one per group of
         # variants): each job's suite asset rolls them up too
         if task_run.grouped:
-            for plan in {id(v.plan): v.plan for v in task_run.variants}.values():
-                materialize_suite(plan, config, instance, [v.variant_id for v in task_run.variants if v.plan is plan])
+            jobs: dict[str, list[_VariantRun]] = {}
+            for variant in task_run.variants:
+                jobs.setdefault(variant.plan.task_id, []).append(variant)
+            for runs in jobs.values():
+                materialize_suite(runs[0].plan, config, instance, [v.variant_id for v in runs])
         else:
             materialize_suite(task_run.variants[0].plan, config, instance)
     return results, suites
