@@ -5,7 +5,10 @@ tasks/reply_to_dana.json (distinct ids) to a temporary project and measures, eac
 Python process, in the same run:
 
 - **agentenv (lazy)**: ``build_repository(tasks/)`` after ``sweep_rarely()``, what the root
-  ``definitions.py`` does;
+  ``definitions.py`` does, on a first load (no snapshot ids remembered);
+- **agentenv (reload)**: the same again, as the code server does on every later start or
+  reload: with the job snapshot ids the first load remembered
+  (``orchestration/snapshot_ids.py``), for tasks that did not change since;
 - **agentenv (eager)**: ``build_definitions(tasks/)``, the ``Definitions`` of the Python API;
 - **hand-built**: N ``@dg.job`` jobs, a distinct ``@dg.op`` per step wired as the task's
   ``depends_on`` says, with the same default op config (the step fields), in a
@@ -17,9 +20,11 @@ Columns:
 
 - ``run load s``: import to one job ready — what every run worker and every multiprocess
   step process pays, as each re-imports the code location;
-- ``server load s``: everything built and snapshotted, as the code server does for the
-  webserver (``RepositorySnap`` with deferred job snapshots, then one ``JobDataSnap`` per job,
-  serialized);
+- ``loaded s``: what the code server does before the webserver shows the location as
+  loaded: everything built, and the repository snapshot (with deferred job snapshots: each
+  job's snapshot id, not its snapshot) serialized;
+- ``+ every job s``: then one ``JobDataSnap`` per job, serialized, as if someone opened every
+  job in the UI (the webserver fetches a job's snapshot when it is opened);
 - ``repo MB``: the repository message (one gRPC message, limit 100 MB unless
   ``DAGSTER_GRPC_MAX_RX_BYTES`` / ``DAGSTER_GRPC_MAX_SEND_BYTES`` raise it);
 - ``jobs MB``: all job snapshots (one message each); ratios are against hand-built.
@@ -43,8 +48,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "tasks" / "reply_to_dana.json"
-MODES = {"lazy": "agentenv (lazy)", "eager": "agentenv (eager)", "hand": "hand-built",
-         "bare": "hand, no config"}
+MODES = {"lazy": "agentenv (lazy)", "warm": "agentenv (reload)", "eager": "agentenv (eager)",
+         "hand": "hand-built", "bare": "hand, no config"}
 
 
 def make_project(root: Path, n: int) -> Path:
@@ -108,7 +113,7 @@ def hand_built_definitions(n: int, with_config: bool = True):
 
 def measure(mode: str, tasks_dir: Path, n: int) -> dict:
     started = time.process_time()
-    if mode == "lazy":
+    if mode in ("lazy", "warm"):
         from agentenv_dagster import build_repository
         from agentenv_dagster.runtime.collector import sweep_rarely
 
@@ -129,10 +134,11 @@ def measure(mode: str, tasks_dir: Path, n: int) -> dict:
 
     repo.load_all_definitions()  # as the code server does when it starts
     repo_bytes = len(serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True)))
+    loaded = time.process_time() - started
     job_bytes = [len(serialize_value(JobDataSnap.from_job_def(job, include_parent_snapshot=True)))
                  for job in repo.get_all_jobs()]
     return {
-        "run_load": run_load, "server_load": time.process_time() - started,
+        "run_load": run_load, "loaded": loaded, "server_load": time.process_time() - started,
         "repo_bytes": repo_bytes, "jobs_bytes": sum(job_bytes), "largest_job": max(job_bytes),
         "jobs": len(job_bytes), "limit": min(max_rx_bytes(), max_send_bytes()),
     }
@@ -160,7 +166,8 @@ def mb(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,1000,10000", help="comma-separated task counts")
-    parser.add_argument("--modes", default="lazy,eager,hand,bare", help=f"comma-separated, of {','.join(MODES)}")
+    parser.add_argument("--modes", default="lazy,warm,eager,hand,bare",
+                        help=f"comma-separated, of {','.join(MODES)} (warm after lazy or eager)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "TASKS_DIR", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -171,18 +178,22 @@ def main() -> None:
     sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; CPU seconds; ratios vs hand-built")
-    header = (f"{'tasks':>6}  {'location':<17}{'run load s':>11}{'ratio':>7}{'server load s':>14}{'ratio':>7}"
-              f"{'repo MB':>9}{'jobs MB':>9}{'ratio':>7}  gRPC")
+    header = (f"{'tasks':>6}  {'location':<18}{'run load s':>11}{'ratio':>7}{'loaded s':>10}{'ratio':>7}"
+              f"{'+ every job s':>14}{'ratio':>7}{'repo MB':>9}{'jobs MB':>9}{'ratio':>7}  gRPC")
     print(header)
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             tasks_dir = make_project(Path(tmp), n)
-            results = {mode: run_child(mode, tasks_dir, n, args.timeout) for mode in modes}
+            results = {}
+            for mode in modes:
+                if mode != "warm":  # a first load: nothing remembered from an earlier one
+                    shutil.rmtree(tasks_dir.parent / ".agentenv" / "state" / "snapshot_ids", ignore_errors=True)
+                results[mode] = run_child(mode, tasks_dir, n, args.timeout)
         base = results.get("hand", {})
         for mode in modes:
             r = results[mode]
             if "error" in r:
-                print(f"{n:>6}  {MODES[mode]:<17}{r['error']}")
+                print(f"{n:>6}  {MODES[mode]:<18}{r['error']}")
                 continue
 
             def ratio(key: str) -> str:
@@ -191,8 +202,9 @@ def main() -> None:
             size = r["repo_bytes"] + r["jobs_bytes"]
             base_size = (base.get("repo_bytes") or 0) + (base.get("jobs_bytes") or 0)
             fits = "ok" if max(r["repo_bytes"], r["largest_job"]) < r["limit"] else f"exceeds {mb(r['limit'])} MB"
-            print(f"{n:>6}  {MODES[mode]:<17}{r['run_load']:>11.2f}{ratio('run_load'):>7}"
-                  f"{r['server_load']:>14.2f}{ratio('server_load'):>7}{mb(r['repo_bytes']):>9}{mb(r['jobs_bytes']):>9}"
+            print(f"{n:>6}  {MODES[mode]:<18}{r['run_load']:>11.2f}{ratio('run_load'):>7}"
+                  f"{r['loaded']:>10.2f}{ratio('loaded'):>7}{r['server_load']:>14.2f}{ratio('server_load'):>7}"
+                  f"{mb(r['repo_bytes']):>9}{mb(r['jobs_bytes']):>9}"
                   f"{(f'{size / base_size:.2f}' if base_size else '-'):>7}  {fits}")
         sys.stdout.flush()
 

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 import dagster as dg
+from dagster._core.execution.build_resources import wrap_resources_for_execution
 
 from ..compiler import compile_location
 from ..config import AgentEnvConfig, load_config
@@ -28,6 +29,7 @@ from .schedules import task_schedules
 from .review_tags import review_tag_sensor
 from .retries import span_tags
 from .sensors import task_sensors
+from .snapshot_ids import SnapshotIds, TaskJob
 from .suites import suite_asset, suites_sensor
 from .translator import TAG_STEP_ASSETS, TaskTranslator
 
@@ -46,6 +48,7 @@ def build_job(
     translator = translator or TaskTranslator()
     deps: dict[dg.NodeInvocation, dict] = {}
     node_defs = {}
+    nodes = []  # what each node is, for the job's recipe
     for step in plan.steps:
         op_def = step_op(step.type)
         node_defs[op_def.name] = op_def
@@ -62,6 +65,8 @@ def build_job(
             [translator.get_node_name(plan.step_by_id[d]) for d in sources],
             after=[translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id] if d not in sources],
         )
+        nodes.append([op_def.name, invocation.alias, invocation.tags, repr(invocation.retry_policy),
+                      sources, plan.edges[step.id]])
     teardown = teardown_op()
     node_defs[teardown.name] = teardown
     sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
@@ -70,8 +75,19 @@ def build_job(
         name=translator.get_job_name(plan), node_defs=list(node_defs.values()), dependencies=deps,
         description=translator.get_job_description(plan),
     )
-    return graph.to_job(config=_job_config(plan, translator), tags=translator.get_job_tags(plan),
-                        executor_def=executor_def or FORKSERVER_EXECUTOR, resource_defs=resource_defs)
+    config, tags = _job_config(plan, translator), translator.get_job_tags(plan)
+    recipe = {"name": graph.name, "description": graph.description, "tags": tags, "nodes": nodes, "sinks": sinks,
+              "config": _config_recipe(config, plan)}
+    return TaskJob(graph_def=graph, config=config, tags=tags, executor_def=executor_def or FORKSERVER_EXECUTOR,
+                   resource_defs=wrap_resources_for_execution(resource_defs), recipe=recipe)
+
+
+def _config_recipe(config: dg.ConfigMapping | dg.PartitionedConfig, plan: TaskPlan) -> dict:
+    """What the job's config schema is made of: the steps' defaults, or (by partition) the
+    partitions and the plan they are read from."""
+    if isinstance(config, dg.PartitionedConfig):
+        return {"partitions": config.partitions_def.get_partition_keys(), "plan": plan.document.content_hash}
+    return {"defaults": config.config_schema.as_field().default_value}
 
 
 def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping | dg.PartitionedConfig:
@@ -171,6 +187,7 @@ def build_definitions(
     executor = job_executor(config)  # forkserver, or the project's choice ([dagster] executor)
     resources = location_resources(config)
     jobs = [build_job(plan, translator, executor, resources) for plan in report.plans]
+    SnapshotIds.of_location(config, tasks_dir, resources, executor).attach(jobs)
     suites = [a for a in (suite_asset(plan, translator) for plan in report.plans) if a is not None]
     jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
     specs = translator.get_artifact_specs(report.plans)
