@@ -86,8 +86,15 @@ def _config_recipe(config: dg.ConfigMapping | dg.PartitionedConfig, plan: TaskPl
     """What the job's config schema is made of: the steps' defaults, or (by partition) the
     partitions and the plan they are read from."""
     if isinstance(config, dg.PartitionedConfig):
-        return {"partitions": config.partitions_def.get_partition_keys(), "plan": plan.document.content_hash}
+        return {"partitions": _partition_keys(config.partitions_def), "plan": plan.document.content_hash}
     return {"defaults": config.config_schema.as_field().default_value}
+
+
+def _partition_keys(partitions: dg.PartitionsDefinition) -> list[str] | str:
+    try:
+        return partitions.get_partition_keys()
+    except Exception:  # a custom translator's dynamic partitions: known to the instance only
+        return repr(partitions)
 
 
 def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping | dg.PartitionedConfig:

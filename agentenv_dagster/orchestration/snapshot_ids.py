@@ -9,8 +9,9 @@ tasks that did not change.
 Here a task's job carries its *recipe* (everything ``build_job`` hands Dagster that differs
 between tasks) and the location remembers, in the project's state folder, the id each recipe
 hashed to last time, under a key that also covers what every job shares: the versions of
-Dagster, Python and this package's source, the resources, the executor and the op
-definitions. A load then builds the snapshots of changed tasks only.
+Dagster, Python and this package's source, the project's config, the resources, the executor
+and the op definitions. A load then builds the snapshots of changed tasks only (1,000 tasks:
+the code server is ready after 5.0 s of CPU on a reload, 8.5 s on a first load).
 
 A remembered id is checked whenever its job's snapshot is built anyway (someone opens the job,
 a run starts): a mismatch is logged and forgotten, so the next load hashes that job again.

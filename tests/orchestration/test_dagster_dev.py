@@ -62,6 +62,17 @@ def wait_until(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def launch_and_wait(client: DagsterGraphQLClient, job: str, run_config: dict, **options) -> str:
+    """Launches ``job`` as the launchpad does; its run id, once the run has succeeded."""
+    run_id = client.submit_job_execution(job, repository_location_name="agentenv_tasks", run_config=run_config,
+                                         **options)
+    status = wait_until(
+        lambda: (s := client.get_run_status(run_id)).value in ("SUCCESS", "FAILURE", "CANCELED") and s,
+        240, f"the launched run of {job}")
+    assert status.value == "SUCCESS"
+    return run_id
+
+
 def look_at_the_ui(tmp_path, base: str) -> None:
     """The verification asset's page and its lineage as a browser renders them (the UI is a
     JavaScript app: Chromium runs it for a virtual 20 s), kept as screenshots."""
@@ -98,12 +109,7 @@ def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -
     # the automation sensor's first tick only takes stock: rows updated before it do not count
     wait_until(lambda: client._execute(SUITES_SENSOR_TICKS)["sensorOrError"]["sensorState"]["ticks"], 180,
                "the suites sensor's first tick")
-    run_id = client.submit_job_execution("triage_tickets", repository_location_name="agentenv_tasks",
-                                         run_config=config, tags={"dagster/partition": "t2"})
-    status = wait_until(
-        lambda: (s := client.get_run_status(run_id)).value in ("SUCCESS", "FAILURE", "CANCELED") and s,
-        240, "the launched row")
-    assert status.value == "SUCCESS"
+    launch_and_wait(client, "triage_tickets", config, tags={"dagster/partition": "t2"})
 
     def node(*path: str) -> dict:
         return client._execute(PARTITIONS_QUERY, {"path": list(path)})["assetNodeOrError"]
@@ -151,12 +157,7 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
         # the launchpad opens with the steps' fields, and launches what its editor holds
         prefilled = yaml.safe_load(client._execute(LAUNCHPAD_QUERY)["runConfigSchemaOrError"]["rootDefaultYaml"])
         assert prefilled["ops"]["reply"]["config"]["step"]["prompt"] == "Reply to Dana."
-        run_id = client.submit_job_execution("reply_to_dana", repository_location_name="agentenv_tasks",
-                                             run_config=prefilled)
-        status = wait_until(
-            lambda: (s := client.get_run_status(run_id)).value in ("SUCCESS", "FAILURE", "CANCELED") and s,
-            240, "the launched run")
-        assert status.value == "SUCCESS"
+        launch_and_wait(client, "reply_to_dana", prefilled)
 
         nodes = {tuple(n["assetKey"]["path"]): n for n in client._execute(ASSETS_QUERY)["assetNodes"]}
         sent = nodes[("verifications", "reply_to_dana", "sent")]

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
+import yaml
 from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
 from dagster._core.remote_representation.job_index import JobIndex
 from dagster._core.snap import JobSnap
@@ -108,3 +112,61 @@ def test_an_unreadable_file_means_hashing_every_job(project):
     repo, ids = load(project)
     assert ids == first == hashed(repo)
     assert json.loads(saved.read_text())["ids"]  # written again
+
+
+RELOAD = """mutation { reloadRepositoryLocation(repositoryLocationName: "agentenv_tasks") {
+  __typename ... on WorkspaceLocationEntry { loadStatus } } }"""
+JOB_SNAPSHOT = """{ pipelineOrError(params: {repositoryLocationName: "agentenv_tasks",
+  repositoryName: "__repository__", pipelineName: "reply_to_dana"}) { ... on Pipeline { pipelineSnapshotId } } }"""
+RUN_SNAPSHOT = """query ($id: ID!) { runOrError(runId: $id) { ... on Run { pipelineSnapshotId } } }"""
+
+
+@pytest.mark.slow
+def test_after_the_uis_reload_a_launch_runs_the_snapshot_the_webserver_showed(tmp_path):
+    """The UI's Reload starts a code server that answers from the remembered ids (it learns
+    nothing new, so it leaves the file alone); a launch from it stores the job snapshot its
+    run executes under the id the webserver listed, with no snapshot mismatch logged."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    from agentenv_dagster.orchestration.execute import dagster_yaml
+    from agentenv_dagster.runtime.processes import is_running, terminate
+    from projects import REPO
+    from test_dagster_dev import LAUNCHPAD_QUERY, free_port, launch_and_wait, wait_until
+
+    project = make_project(tmp_path / "p")
+    for name in ("definitions.py", "workspace.yaml"):
+        shutil.copy(REPO / name, project / name)
+    (project / ".dagster_home").mkdir()
+    (project / ".dagster_home" / "dagster.yaml").write_text(dagster_yaml(project / ".dagster_home"))
+    port, log = free_port(), tmp_path / "dev.log"
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)], cwd=project,
+        env={**os.environ, "DAGSTER_HOME": str(project / ".dagster_home")}, stdout=log.open("w"),
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+
+        def listed() -> str | None:
+            try:
+                return client._execute(JOB_SNAPSHOT)["pipelineOrError"].get("pipelineSnapshotId")
+            except Exception:  # the webserver or the location is not up yet
+                return None
+
+        first = wait_until(listed, 180, "the job list")
+        (saved,) = wait_until(lambda: list((project / ".agentenv" / "state" / "snapshot_ids").glob("*.json")),
+                              60, "the remembered ids")
+        written = saved.stat().st_mtime_ns
+        assert client._execute(RELOAD)["reloadRepositoryLocation"] == {
+            "__typename": "WorkspaceLocationEntry", "loadStatus": "LOADED"}
+        assert listed() == first
+        prefilled = yaml.safe_load(client._execute(LAUNCHPAD_QUERY)["runConfigSchemaOrError"]["rootDefaultYaml"])
+        run_id = launch_and_wait(client, "reply_to_dana", prefilled)
+        run = client._execute(RUN_SNAPSHOT, {"id": run_id})["runOrError"]
+        assert run["pipelineSnapshotId"] == first
+        assert saved.stat().st_mtime_ns == written
+    finally:
+        terminate(dev.pid, grace_seconds=20)
+        dev.wait(timeout=30)
+    wait_until(lambda: not is_running(dev.pid), 30, "dagster dev to stop")
+    assert "Snapshot mismatch" not in log.read_text()
