@@ -14,7 +14,7 @@ and the op definitions. A load then builds the snapshots of changed tasks only (
 the code server is ready after 5.0 s of CPU on a reload, 8.5 s on a first load).
 
 A remembered id is checked whenever its job's snapshot is built anyway (someone opens the job,
-a run starts): a mismatch is logged and forgotten, so the next load hashes that job again.
+a run starts): a mismatch is logged and the id corrected for the next load.
 """
 
 from __future__ import annotations
@@ -116,10 +116,9 @@ class SnapshotIds:
             if remembered is None or remembered == actual:
                 return
             log.warning("job '%s': remembered snapshot id %s is not its snapshot's (%s); "
-                        "forgotten, the next load hashes the job again", job_name, remembered, actual)
-            self._known.pop(key, None)
-            self._used.pop(key)
-            self._save(drop=key)
+                        "corrected for the next load", job_name, remembered, actual)
+            self._used[key] = actual
+            self._save()
 
     def _key(self, job: TaskJob, ops: dict[str, str]) -> str:
         for op_def in job.graph.node_defs:
@@ -129,13 +128,12 @@ class SnapshotIds:
         canonical = json.dumps(recipe, sort_keys=True, default=repr)
         return hashlib.sha256(f"{self.shared}\n{canonical}".encode()).hexdigest()
 
-    def _save(self, drop: str | None = None) -> None:
+    def _save(self) -> None:
         """The ids of this load's jobs (a removed task's id goes with it); whole or not at all."""
-        entries = {k: v for k, v in self._used.items() if k != drop}
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", dir=self.path.parent, suffix=".tmp", delete=False) as tmp:
-                json.dump({"format": FORMAT, "ids": entries}, tmp)
+                json.dump({"format": FORMAT, "ids": self._used}, tmp)
             os.replace(tmp.name, self.path)
         except OSError as exc:  # a read-only project still loads, hashing every job each time
             log.warning("snapshot ids not saved to %s: %s", self.path, exc)

@@ -87,7 +87,7 @@ def test_a_changed_task_is_hashed_again_and_only_it(project, monkeypatch):
     assert ids == hashed(repo)
 
 
-def test_a_wrong_remembered_id_is_forgotten_once_the_snapshot_is_built(project, caplog):
+def test_a_wrong_remembered_id_is_corrected_once_the_snapshot_is_built(project, caplog):
     _, first = load(project)
     (saved,) = (project / ".agentenv" / "state" / "snapshot_ids").glob("*.json")
     data = json.loads(saved.read_text())
@@ -100,7 +100,7 @@ def test_a_wrong_remembered_id_is_forgotten_once_the_snapshot_is_built(project, 
     with caplog.at_level(logging.WARNING, logger="agentenv_dagster"):
         JobDataSnap.from_job_def(repo.get_job("reply_to_dana"), include_parent_snapshot=True)  # the job is opened
     assert "job 'reply_to_dana': remembered snapshot id 0000" in caplog.text
-    assert key not in json.loads(saved.read_text())["ids"]
+    assert json.loads(saved.read_text())["ids"][key] == first["reply_to_dana"]
     _, fixed = load(project)
     assert fixed == first
 
