@@ -48,7 +48,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "tasks" / "reply_to_dana.json"
-MODES = {"lazy": "agentenv (lazy)", "warm": "agentenv (reload)", "eager": "agentenv (eager)",
+MODES = {"lazy": "agentenv (lazy)", "reload": "agentenv (reload)", "eager": "agentenv (eager)",
          "hand": "hand-built", "bare": "hand, no config"}
 
 
@@ -113,7 +113,7 @@ def hand_built_definitions(n: int, with_config: bool = True):
 
 def measure(mode: str, tasks_dir: Path, n: int) -> dict:
     started = time.process_time()
-    if mode in ("lazy", "warm"):
+    if mode in ("lazy", "reload"):
         from agentenv_dagster import build_repository
         from agentenv_dagster.runtime.collector import sweep_rarely
 
@@ -166,8 +166,8 @@ def mb(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,1000,10000", help="comma-separated task counts")
-    parser.add_argument("--modes", default="lazy,warm,eager,hand,bare",
-                        help=f"comma-separated, of {','.join(MODES)} (warm after lazy or eager)")
+    parser.add_argument("--modes", default="lazy,reload,eager,hand,bare",
+                        help=f"comma-separated, of {','.join(MODES)} (reload after lazy or eager)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "TASKS_DIR", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -186,7 +186,7 @@ def main() -> None:
             tasks_dir = make_project(Path(tmp), n)
             results = {}
             for mode in modes:
-                if mode != "warm":  # a first load: nothing remembered from an earlier one
+                if mode != "reload":  # a first load: nothing remembered from an earlier one
                     shutil.rmtree(tasks_dir.parent / ".agentenv" / "state" / "snapshot_ids", ignore_errors=True)
                 results[mode] = run_child(mode, tasks_dir, n, args.timeout)
         base = results.get("hand", {})
