@@ -194,7 +194,7 @@ def build_definitions(
     executor = job_executor(config)  # forkserver, or the project's choice ([dagster] executor)
     resources = location_resources(config)
     jobs = [build_job(plan, translator, executor, resources) for plan in report.plans]
-    SnapshotIds.of_location(config, tasks_dir, resources, executor).attach(jobs)
+    SnapshotIds.of_location(config, tasks_dir, translator, resources, executor).attach(jobs)
     suites = [a for a in (suite_asset(plan, translator) for plan in report.plans) if a is not None]
     jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
     specs = translator.get_artifact_specs(report.plans)

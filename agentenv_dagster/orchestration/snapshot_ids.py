@@ -79,9 +79,12 @@ class SnapshotIds:
 
     @classmethod
     def of_location(
-        cls, config: AgentEnvConfig, tasks_dir: Path, resources: Mapping[str, Any], executor: dg.ExecutorDefinition,
+        cls, config: AgentEnvConfig, tasks_dir: Path, translator: object, resources: Mapping[str, Any],
+        executor: dg.ExecutorDefinition,
     ) -> "SnapshotIds":
-        folder_key = hashlib.sha256(str(tasks_dir).encode()).hexdigest()[:12]
+        """A file per task folder and translator: two locations of one folder keep their own."""
+        kind = type(translator)
+        folder_key = hashlib.sha256(f"{tasks_dir}\n{kind.__module__}.{kind.__qualname__}".encode()).hexdigest()[:12]
         shared = _shared_digest(config, resources, executor)
         return cls(config.state_dir / "snapshot_ids" / f"{folder_key}.json", shared)
 

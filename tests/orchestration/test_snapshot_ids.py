@@ -18,6 +18,7 @@ from dagster._core.remote_representation.job_index import JobIndex
 from dagster._core.snap import JobSnap
 
 from agentenv_dagster import build_repository
+from agentenv_dagster.orchestration.translator import TaskTranslator
 from projects import SHARED, make_project
 
 CORPUS = SHARED / "corpus" / "coder_eval"
@@ -45,9 +46,9 @@ class SnapshotsBuilt:
         monkeypatch.setattr(JobSnap, "from_job_def", classmethod(counting))
 
 
-def load(root):
+def load(root, translator: TaskTranslator | None = None):
     """What the code server sends first: each job's name and snapshot id."""
-    repo = build_repository(root / "tasks")
+    repo = build_repository(root / "tasks", translator=translator)
     repo.load_all_definitions()
     return repo, {ref.name: ref.snapshot_id for ref in RepositorySnap.from_def(repo, defer_snapshots=True).job_refs}
 
@@ -103,6 +104,23 @@ def test_a_wrong_remembered_id_is_corrected_once_the_snapshot_is_built(project, 
     assert json.loads(saved.read_text())["ids"][key] == first["reply_to_dana"]
     _, fixed = load(project)
     assert fixed == first
+
+
+class TaggingTranslator(TaskTranslator):
+    def get_job_tags(self, plan):
+        return {**super().get_job_tags(plan), "team": "evals"}
+
+
+def test_two_locations_of_one_folder_keep_their_own_ids(project, monkeypatch):
+    load(project)
+    load(project, TaggingTranslator())
+    assert len(list((project / ".agentenv" / "state" / "snapshot_ids").glob("*.json"))) == 2
+    built = SnapshotsBuilt(monkeypatch)
+    repo, ids = load(project)
+    tagged_repo, tagged_ids = load(project, TaggingTranslator())
+    assert not [name for name in built.jobs if is_task_job(name)]
+    assert ids == hashed(repo) and tagged_ids == hashed(tagged_repo)
+    assert ids["reply_to_dana"] != tagged_ids["reply_to_dana"]
 
 
 def test_an_unreadable_file_means_hashing_every_job(project):
