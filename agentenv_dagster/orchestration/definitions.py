@@ -76,18 +76,21 @@ def build_job(
         description=translator.get_job_description(plan),
     )
     config, tags = _job_config(plan, translator), translator.get_job_tags(plan)
-    recipe = {"name": graph.name, "description": graph.description, "tags": tags, "nodes": nodes, "sinks": sinks,
-              "config": _config_recipe(config, plan)}
     return TaskJob(graph_def=graph, config=config, tags=tags, executor_def=executor_def or FORKSERVER_EXECUTOR,
-                   resource_defs=wrap_resources_for_execution(resource_defs), recipe=recipe)
+                   resource_defs=wrap_resources_for_execution(resource_defs),
+                   recipe=partial(_recipe, graph, nodes, tags, config, plan))
 
 
-def _config_recipe(config: dg.ConfigMapping | dg.PartitionedConfig, plan: TaskPlan) -> dict:
-    """What the job's config schema is made of: the steps' defaults, or (by partition) the
-    partitions and the plan they are read from."""
+def _recipe(graph: dg.GraphDefinition, nodes: list, tags: dict, config, plan: TaskPlan) -> dict:
+    """What ``build_job`` gave Dagster that differs between tasks (see ``snapshot_ids``): the
+    names, tags and edges, and the steps' defaults or (by partition) the partitions and the plan
+    they are read from."""
     if isinstance(config, dg.PartitionedConfig):
-        return {"partitions": _partition_keys(config.partitions_def), "plan": plan.document.content_hash}
-    return {"defaults": config.config_schema.as_field().default_value}
+        config_made_of = {"partitions": _partition_keys(config.partitions_def), "plan": plan.document.content_hash}
+    else:
+        config_made_of = {"defaults": config.config_schema.as_field().default_value}
+    return {"name": graph.name, "description": graph.description, "tags": tags, "nodes": nodes,
+            "config": config_made_of}
 
 
 def _partition_keys(partitions: dg.PartitionsDefinition) -> list[str] | str:

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import dagster as dg
 from dagster._config.snap import snap_from_field
@@ -46,9 +46,9 @@ FORMAT = 1
 class TaskJob(dg.JobDefinition):
     """A task's job, whose snapshot id may be known before its snapshot is built."""
 
-    def __init__(self, *, recipe: Mapping[str, Any], **job_args: Any):
+    def __init__(self, *, recipe: Callable[[], Mapping[str, Any]], **job_args: Any):
         super().__init__(**job_args)
-        self.recipe = recipe
+        self.recipe = recipe  # computed only where ids are remembered: a run worker never asks
         self.remembered: tuple[SnapshotIds, str] | None = None  # set by SnapshotIds.attach
 
     def get_job_snapshot_id(self) -> str:
@@ -127,7 +127,7 @@ class SnapshotIds:
         for op_def in job.graph.node_defs:
             if op_def.name not in ops:
                 ops[op_def.name] = create_snapshot_id(build_op_def_snap(op_def, job))
-        recipe = {**job.recipe, "op_snapshots": sorted(ops[d.name] for d in job.graph.node_defs)}
+        recipe = {**job.recipe(), "op_snapshots": sorted(ops[d.name] for d in job.graph.node_defs)}
         canonical = json.dumps(recipe, sort_keys=True, default=repr)
         return hashlib.sha256(f"{self.shared}\n{canonical}".encode()).hexdigest()
 
