@@ -10,8 +10,8 @@ Here a task's job carries its *recipe* (everything ``build_job`` hands Dagster t
 between tasks) and the location remembers, in the project's state folder, the id each recipe
 hashed to last time, under a key that also covers what every job shares: the versions of
 Dagster, Python and this package's source, the project's config, the resources, the executor
-and the op definitions. A load then builds the snapshots of changed tasks only (1,000 tasks:
-the code server is ready after 5.0 s of CPU on a reload, 8.5 s on a first load).
+and the op definitions. A load then hashes the snapshots of changed tasks only, and those
+from the parts their snapshots share (``snapshot_hash``).
 
 A remembered id is checked whenever its job's snapshot is built anyway (someone opens the job,
 a run starts): a mismatch is logged and the id corrected for the next load.
@@ -38,6 +38,7 @@ from dagster._core.snap.node import build_op_def_snap
 from dagster._serdes import create_snapshot_id, serialize_value
 
 from ..config import AgentEnvConfig
+from .snapshot_hash import SnapshotHasher
 
 log = logging.getLogger("agentenv_dagster")
 FORMAT = 1
@@ -55,7 +56,7 @@ class TaskJob(dg.JobDefinition):
         if self.remembered is None:
             return super().get_job_snapshot_id()
         ids, key = self.remembered
-        return ids.known(key) or ids.learn(key, super().get_job_snapshot_id())
+        return ids.known(key) or ids.learn(key, ids.hashed(self) or super().get_job_snapshot_id())
 
     def get_job_snapshot(self):
         snapshot = super().get_job_snapshot()
@@ -75,6 +76,7 @@ class SnapshotIds:
         self._known = _read(path)
         self._used: dict[str, str] = {}
         self._pending = 0
+        self._hasher: SnapshotHasher | None = SnapshotHasher()  # until every job has its id
         self._lock = threading.Lock()
 
     @classmethod
@@ -104,6 +106,12 @@ class SnapshotIds:
     def known(self, key: str) -> str | None:
         return self._used.get(key)
 
+    def hashed(self, job: TaskJob) -> str | None:
+        """The job's snapshot id from the parts its snapshot shares with the others', or None
+        (Dagster's own way applies)."""
+        hasher = self._hasher
+        return hasher.snapshot_id(job) if hasher is not None else None
+
     def learn(self, key: str, snapshot_id: str) -> str:
         with self._lock:
             if key not in self._used:
@@ -111,6 +119,7 @@ class SnapshotIds:
                 self._pending -= 1
                 if self._pending == 0:
                     self._save()
+                    self._hasher = None  # (and the parts it kept): every job of the load has its id
         return snapshot_id
 
     def check(self, key: str, actual: str, job_name: str) -> None:

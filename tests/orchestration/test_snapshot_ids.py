@@ -16,8 +16,10 @@ import yaml
 from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
 from dagster._core.remote_representation.job_index import JobIndex
 from dagster._core.snap import JobSnap
+from dagster._record import copy
 
 from agentenv_dagster import build_repository
+from agentenv_dagster.orchestration.snapshot_hash import SnapshotHasher
 from agentenv_dagster.orchestration.translator import TaskTranslator
 from projects import SHARED, make_project
 
@@ -104,6 +106,27 @@ def test_a_wrong_remembered_id_is_corrected_once_the_snapshot_is_built(project, 
     assert json.loads(saved.read_text())["ids"][key] == first["reply_to_dana"]
     _, fixed = load(project)
     assert fixed == first
+
+
+def test_a_first_load_builds_dagsters_snapshot_of_one_job_of_each_kind(project, monkeypatch):
+    """The rest are hashed from the parts their snapshots share (``snapshot_hash``): one job
+    whose config maps to step defaults and one dataset job check that against Dagster."""
+    built = SnapshotsBuilt(monkeypatch)
+    repo, ids = load(project)
+    assert len([name for name in ids if is_task_job(name)]) > 20
+    assert len([name for name in built.jobs if is_task_job(name)]) == 2
+    assert ids == hashed(repo)
+
+
+def test_a_snapshot_dagster_hashes_differently_hands_the_load_back_to_dagster(project, monkeypatch, caplog):
+    """As after a Dagster upgrade that changed what a job snapshot holds."""
+    shared_parts = SnapshotHasher._snapshot
+    monkeypatch.setattr(SnapshotHasher, "_snapshot",
+                        lambda self, job: copy(shared_parts(self, job), description="an upgrade's new field"))
+    with caplog.at_level(logging.WARNING, logger="agentenv_dagster"):
+        repo, ids = load(project)
+    assert caplog.text.count("the load hashes every job Dagster's way") == 1
+    assert ids == hashed(repo)
 
 
 class TaggingTranslator(TaskTranslator):
