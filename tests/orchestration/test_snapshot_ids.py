@@ -118,11 +118,18 @@ def test_a_first_load_builds_dagsters_snapshot_of_one_job_of_each_kind(project, 
     assert ids == hashed(repo)
 
 
-def test_a_snapshot_dagster_hashes_differently_hands_the_load_back_to_dagster(project, monkeypatch, caplog):
-    """As after a Dagster upgrade that changed what a job snapshot holds."""
+@pytest.mark.parametrize("upgrade", ["changed the snapshot", "changed a signature"])
+def test_a_shortcut_an_upgrade_broke_hands_the_load_back_to_dagster(project, monkeypatch, caplog, upgrade):
+    """As after a Dagster upgrade that changed what a job snapshot holds, or an internal the
+    shortcut calls: one warning, and every id is Dagster's own."""
     shared_parts = SnapshotHasher._snapshot
-    monkeypatch.setattr(SnapshotHasher, "_snapshot",
-                        lambda self, job: copy(shared_parts(self, job), description="an upgrade's new field"))
+
+    def upgraded(self, job):
+        if upgrade == "changed a signature":
+            raise TypeError("build_node_defs_snapshot() missing 1 required positional argument")
+        return copy(shared_parts(self, job), description="an upgrade's new field")
+
+    monkeypatch.setattr(SnapshotHasher, "_snapshot", upgraded)
     with caplog.at_level(logging.WARNING, logger="agentenv_dagster"):
         repo, ids = load(project)
     assert caplog.text.count("the load hashes every job Dagster's way") == 1
