@@ -5,8 +5,8 @@ It writes N copies of tasks/reply_to_dana.json (as bench/load.py does), starts
 and asks the webserver's GraphQL API, as the UI does:
 
 - **loaded**: seconds until the code location's status is LOADED, and how many jobs it lists;
-- **one job**: seconds to open the last task's job (its ops), the deferred job snapshot the
-  webserver fetches from the code server when a user clicks on it;
+- **one job**: seconds to open the last task's job (its ops); the webserver already holds
+  its snapshot (Dagster 1.13's webserver fetches every job's snapshot as it loads a location);
 - **reloaded**: seconds for the UI's "Reload" of the location (a new code server, which
   finds the job snapshot ids the first one remembered), and to open that job again.
 

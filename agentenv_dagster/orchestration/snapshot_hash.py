@@ -1,4 +1,4 @@
-"""Dagster's snapshot ids of many task jobs, hashing what they share once.
+"""Task jobs' snapshots built from the parts they share, and the ids Dagster hashes them to.
 
 A job's snapshot id is the sha1 of its serialized snapshot. Task jobs are aliases of a few
 shared op definitions, with shared resources, executor and loggers, so most of every snapshot
@@ -8,9 +8,10 @@ Dagster builds the job's whole run-config schema only to read the mapping's type
 
 :class:`SnapshotHasher` builds each job's snapshot from the shared parts (built, and
 serialized, once per load) and the job's own (its name, tags, edges and config defaults), and
-serializes only the job's own. What it builds is ``JobSnap.from_job_def``'s snapshot, field
-by field. The first job of each kind in a load is also hashed Dagster's way; a disagreement
-(a Dagster upgrade that changed the snapshot) hands the rest of the load back to Dagster.
+hashes it serializing only the job's own part. What it builds is ``JobSnap.from_job_def``'s
+snapshot, field by field: the code server serves it to the webserver and the daemon. The
+first job of each kind in a load is also built Dagster's way; a disagreement (a Dagster
+upgrade that changed the snapshot) hands the rest of the load back to Dagster.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ log = logging.getLogger("agentenv_dagster")
 
 
 class SnapshotHasher:
-    """The snapshot ids of one load's task jobs (thread-safe: the code server may ask from
-    several threads)."""
+    """The snapshots, and their ids, of one load's task jobs (thread-safe: the code server
+    answers from several threads)."""
 
     def __init__(self) -> None:
         self.trusted = True  # until a job hashes differently from Dagster's own way
@@ -52,31 +53,33 @@ class SnapshotHasher:
         self._marker = re.compile(r'"\\u0000' + self._nonce + r':(\d+)\\u0000"')  # as JSON escapes it
         self._lock = threading.Lock()
 
-    def snapshot_id(self, job: dg.JobDefinition) -> str | None:
-        """The id Dagster would hash ``job``'s snapshot to; None where only Dagster's own way
-        applies (a subset job, a job of graphs, or a load whose check failed)."""
+    def snapshot(self, job: dg.JobDefinition) -> tuple[JobSnap, str] | None:
+        """``job``'s snapshot, built from the shared parts, and the id Dagster hashes it to;
+        None where only Dagster's own way applies (a subset job, a job of graphs, a load whose
+        check failed)."""
         if not self.trusted or job.op_selection_data or job.asset_selection_data:
             return None
         if not all(isinstance(d, dg.OpDefinition) for d in job.all_node_defs):
             return None
         with self._lock:
             try:
-                snapshot_id = hash_str(self._serialize(self._snapshot(job)))
+                snapshot = self._snapshot(job)
+                snapshot_id = hash_str(self._serialize(snapshot))
             except Exception:  # a shortcut must never fail a load: Dagster's way, from here on
-                log.warning("job '%s': its snapshot could not be hashed from the shared parts; the "
-                            "load hashes every job Dagster's way", job.name, exc_info=True)
+                log.warning("job '%s': its snapshot could not be built from the shared parts; the "
+                            "load builds every job's snapshot Dagster's way", job.name, exc_info=True)
                 self.trusted = False
                 return None
             mapped = job.config_mapping is not None
             if mapped not in self._checked:
                 self._checked.add(mapped)
-                dagster_id = job.get_job_index().job_snapshot_id  # (kept: a run or the UI reuses it)
+                dagster_id = job.get_job_index().job_snapshot_id  # Dagster's way (cached on the job)
                 if dagster_id != snapshot_id:
                     log.warning("job '%s': snapshot hashed to %s, Dagster hashes it to %s; the load "
-                                "hashes every job Dagster's way", job.name, snapshot_id, dagster_id)
+                                "builds every job's snapshot Dagster's way", job.name, snapshot_id, dagster_id)
                     self.trusted = False
-                    return dagster_id
-        return snapshot_id
+                    return None
+        return snapshot, snapshot_id
 
     # -- the snapshot: JobSnap.from_job_def with the shared parts built once -------------------
     def _snapshot(self, job: dg.JobDefinition) -> JobSnap:

@@ -2,19 +2,19 @@
 
 The code server's first answer to the webserver lists every job with its snapshot id: a hash
 of the job's whole snapshot. So on every load Dagster builds and serializes every job's
-snapshot just to hash it, though the webserver fetches a job's snapshot only when someone opens
-the job. At 1,000 tasks that is about half of the location's load, again on each reload, for
-tasks that did not change.
+snapshot to hash it, before the webserver and the daemon fetch every job's snapshot (Dagster
+1.13 fetches them all as it loads a location, ``ExternalJob``, four at a time).
 
 Here a task's job carries its *recipe* (everything ``build_job`` hands Dagster that differs
 between tasks) and the location remembers, in the project's state folder, the id each recipe
 hashed to last time, under a key that also covers what every job shares: the versions of
 Dagster, Python and this package's source, the project's config, the resources, the executor
-and the op definitions. A load then hashes the snapshots of changed tasks only, and those
-from the parts their snapshots share (``snapshot_hash``).
+and the op definitions. A load then hashes the snapshots of changed tasks only. Every task
+job's snapshot, hashed or fetched, is built once, from the parts task jobs share
+(``snapshot_hash``).
 
-A remembered id is checked whenever its job's snapshot is built anyway (someone opens the job,
-a run starts): a mismatch is logged and the id corrected for the next load.
+A remembered id is checked whenever its job's snapshot is built (fetched, or a run starts): a
+mismatch is logged and the id corrected for the next load.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Mapping
 import dagster as dg
 from dagster._config.snap import snap_from_field
 from dagster._core.execution.build_resources import wrap_resources_for_execution
+from dagster._core.snap import JobSnap
 from dagster._core.snap.mode import build_resource_def_snap
 from dagster._core.snap.node import build_op_def_snap
 from dagster._serdes import create_snapshot_id, serialize_value
@@ -45,25 +46,37 @@ FORMAT = 1
 
 
 class TaskJob(dg.JobDefinition):
-    """A task's job, whose snapshot id may be known before its snapshot is built."""
+    """A task's job, whose snapshot id may be known before its snapshot is built, and whose
+    snapshot is built from the parts task jobs share."""
 
     def __init__(self, *, recipe: Callable[[], Mapping[str, Any]], **job_args: Any):
         super().__init__(**job_args)
         self.recipe = recipe  # computed only where ids are remembered: a run worker never asks
         self.remembered: tuple[SnapshotIds, str] | None = None  # set by SnapshotIds.attach
+        self._built: tuple[JobSnap, str] | None = None
 
     def get_job_snapshot_id(self) -> str:
         if self.remembered is None:
             return super().get_job_snapshot_id()
         ids, key = self.remembered
-        return ids.known(key) or ids.learn(key, ids.hashed(self) or super().get_job_snapshot_id())
+        return ids.known(key) or ids.learn(key, self._snapshot_and_id()[1])
 
-    def get_job_snapshot(self):
-        snapshot = super().get_job_snapshot()
-        if self.remembered is not None:
-            ids, key = self.remembered
-            ids.check(key, super().get_job_snapshot_id(), self.name)
+    def get_job_snapshot(self) -> JobSnap:
+        if self.remembered is None:
+            return super().get_job_snapshot()
+        snapshot, snapshot_id = self._snapshot_and_id()
+        ids, key = self.remembered
+        ids.check(key, snapshot_id, self.name)
         return snapshot
+
+    def _snapshot_and_id(self) -> tuple[JobSnap, str]:
+        """Built once, from the shared parts (or Dagster's way): the code server hashes it
+        for the job list, then the webserver and the daemon each fetch it as they load the
+        location."""
+        if self._built is None:
+            ids, _ = self.remembered
+            self._built = ids.hasher.snapshot(self) or (super().get_job_snapshot(), super().get_job_snapshot_id())
+        return self._built
 
 
 class SnapshotIds:
@@ -76,7 +89,7 @@ class SnapshotIds:
         self._known = _read(path)
         self._used: dict[str, str] = {}
         self._pending = 0
-        self._hasher: SnapshotHasher | None = SnapshotHasher()  # until every job has its id
+        self.hasher = SnapshotHasher()  # the jobs' snapshots, from the parts they share
         self._lock = threading.Lock()
 
     @classmethod
@@ -106,12 +119,6 @@ class SnapshotIds:
     def known(self, key: str) -> str | None:
         return self._used.get(key)
 
-    def hashed(self, job: TaskJob) -> str | None:
-        """The job's snapshot id from the parts its snapshot shares with the others', or None
-        (Dagster's own way applies)."""
-        hasher = self._hasher
-        return hasher.snapshot_id(job) if hasher is not None else None
-
     def learn(self, key: str, snapshot_id: str) -> str:
         with self._lock:
             if key not in self._used:
@@ -119,7 +126,6 @@ class SnapshotIds:
                 self._pending -= 1
                 if self._pending == 0:
                     self._save()
-                    self._hasher = None  # (and the parts it kept): every job of the load has its id
         return snapshot_id
 
     def check(self, key: str, actual: str, job_name: str) -> None:

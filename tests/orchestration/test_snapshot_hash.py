@@ -1,12 +1,13 @@
-"""A task job's snapshot id hashed from the parts task jobs share is the id Dagster hashes
-from the job itself, for every task of this repo and of the upstream corpus."""
+"""A task job's snapshot built from the parts task jobs share is the one Dagster builds
+from the job itself, and hashes to the same id, for every task of this repo and of the
+upstream corpus."""
 
 from __future__ import annotations
 
 import shutil
 
 from dagster._core.snap import JobSnap
-from dagster._serdes import create_snapshot_id
+from dagster._serdes import create_snapshot_id, serialize_value
 
 from agentenv_dagster import build_repository
 from agentenv_dagster.orchestration.snapshot_hash import SnapshotHasher
@@ -23,6 +24,10 @@ def test_every_task_job_hashes_to_dagsters_own_id(tmp_path):
     assert {job.config_mapping is None for job in jobs} == {True, False}  # dataset partitions, step defaults
 
     hasher = SnapshotHasher()
-    ids = {job.name: hasher.snapshot_id(job) for job in jobs}
+    built = {job.name: hasher.snapshot(job) for job in jobs}
     assert hasher.trusted
-    assert ids == {job.name: create_snapshot_id(JobSnap.from_job_def(job)) for job in jobs}
+    for job in jobs:
+        snapshot, snapshot_id = built[job.name]
+        dagsters = JobSnap.from_job_def(job)
+        assert serialize_value(snapshot) == serialize_value(dagsters), job.name
+        assert snapshot_id == create_snapshot_id(dagsters), job.name

@@ -17,6 +17,7 @@ from dagster._core.remote_representation.external_data import JobDataSnap, Repos
 from dagster._core.remote_representation.job_index import JobIndex
 from dagster._core.snap import JobSnap
 from dagster._record import copy
+from dagster._serdes import serialize_value
 
 from agentenv_dagster import build_repository
 from agentenv_dagster.orchestration.snapshot_hash import SnapshotHasher
@@ -118,6 +119,17 @@ def test_a_first_load_builds_dagsters_snapshot_of_one_job_of_each_kind(project, 
     assert ids == hashed(repo)
 
 
+def test_the_snapshots_the_webserver_and_daemon_fetch_are_built_once_and_are_dagsters(project, monkeypatch):
+    """Both fetch every job's snapshot as they load the location (``ExternalJob``)."""
+    built = SnapshotsBuilt(monkeypatch)
+    repo, _ = load(project)
+    fetched = [{job.name: serialize_value(JobDataSnap.from_job_def(job, include_parent_snapshot=True).job)
+                for job in repo.get_all_jobs() if is_task_job(job.name)} for _client in ("webserver", "daemon")]
+    assert len([name for name in built.jobs if is_task_job(name)]) == 2  # the check of each kind
+    assert fetched[0] == fetched[1]
+    assert fetched[0] == {name: serialize_value(JobSnap.from_job_def(repo.get_job(name))) for name in fetched[0]}
+
+
 @pytest.mark.parametrize("upgrade", ["changed the snapshot", "changed a signature"])
 def test_a_shortcut_an_upgrade_broke_hands_the_load_back_to_dagster(project, monkeypatch, caplog, upgrade):
     """As after a Dagster upgrade that changed what a job snapshot holds, or an internal the
@@ -132,7 +144,7 @@ def test_a_shortcut_an_upgrade_broke_hands_the_load_back_to_dagster(project, mon
     monkeypatch.setattr(SnapshotHasher, "_snapshot", upgraded)
     with caplog.at_level(logging.WARNING, logger="agentenv_dagster"):
         repo, ids = load(project)
-    assert caplog.text.count("the load hashes every job Dagster's way") == 1
+    assert caplog.text.count("the load builds every job's snapshot Dagster's way") == 1
     assert ids == hashed(repo)
 
 
