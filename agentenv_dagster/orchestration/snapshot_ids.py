@@ -73,9 +73,10 @@ class TaskJob(dg.JobDefinition):
         """Built once, from the shared parts (or Dagster's way): the code server hashes it
         for the job list, then the webserver and the daemon each fetch it as they load the
         location."""
-        if self._built is None:
-            ids, _ = self.remembered
-            self._built = ids.hasher.snapshot(self) or (super().get_job_snapshot(), super().get_job_snapshot_id())
+        ids, _ = self.remembered
+        with ids.building:  # the webserver and the daemon fetch the same jobs at the same time
+            if self._built is None:
+                self._built = ids.hasher.snapshot(self) or (super().get_job_snapshot(), super().get_job_snapshot_id())
         return self._built
 
 
@@ -90,6 +91,7 @@ class SnapshotIds:
         self._used: dict[str, str] = {}
         self._pending = 0
         self.hasher = SnapshotHasher()  # the jobs' snapshots, from the parts they share
+        self.building = threading.Lock()  # one job's snapshot at a time: each is built once
         self._lock = threading.Lock()
 
     @classmethod

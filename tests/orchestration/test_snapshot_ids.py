@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
@@ -128,6 +129,17 @@ def test_the_snapshots_the_webserver_and_daemon_fetch_are_built_once_and_are_dag
     assert len([name for name in built.jobs if is_task_job(name)]) == 2  # the check of each kind
     assert fetched[0] == fetched[1]
     assert fetched[0] == {name: serialize_value(JobSnap.from_job_def(repo.get_job(name))) for name in fetched[0]}
+
+
+def test_after_a_reload_both_fetches_at_once_build_each_snapshot_once(project, monkeypatch):
+    load(project)
+    repo, _ = load(project)  # every id remembered: the snapshots are built as they are fetched
+    jobs = [job for job in repo.get_all_jobs() if is_task_job(job.name)]
+    shared_parts, built = SnapshotHasher._snapshot, []
+    monkeypatch.setattr(SnapshotHasher, "_snapshot", lambda self, job: built.append(job.name) or shared_parts(self, job))
+    with ThreadPoolExecutor(8) as pool:  # the webserver's four threads and the daemon's, in the same order
+        list(pool.map(lambda job: JobDataSnap.from_job_def(job, include_parent_snapshot=True), jobs + jobs))
+    assert sorted(built) == sorted(job.name for job in jobs)
 
 
 @pytest.mark.parametrize("upgrade", ["changed the snapshot", "changed a signature"])
