@@ -58,15 +58,19 @@ def start_dev(project: Path, port: int, timeout: float) -> subprocess.Popen:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """End dagster dev and its children (webserver, daemon, code server) together."""
+    """End dagster dev and its children (webserver, daemon, code server) together. A code
+    server still loading can miss the first SIGTERM and outlive its parent: the group is asked
+    again until it is gone, then killed."""
+    deadline = time.monotonic() + 60
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
+        while time.monotonic() < deadline:
+            os.killpg(proc.pid, signal.SIGTERM)
+            time.sleep(5)
+            proc.poll()
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
+    except ProcessLookupError:  # no process of the group is left
         pass
+    proc.wait()
 
 
 def graphql(client: httpx.Client, query: str, **variables) -> dict:
