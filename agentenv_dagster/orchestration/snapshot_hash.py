@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-import threading
 from typing import Any, Callable
 
 import dagster as dg
@@ -41,8 +40,8 @@ log = logging.getLogger("agentenv_dagster")
 
 
 class SnapshotHasher:
-    """The snapshots, and their ids, of one load's task jobs (thread-safe: the code server
-    answers from several threads)."""
+    """The snapshots, and their ids, of one load's task jobs (one job at a time: the caller,
+    ``TaskJob``, holds its location's lock)."""
 
     def __init__(self) -> None:
         self.trusted = True  # until a job hashes differently from Dagster's own way
@@ -51,7 +50,6 @@ class SnapshotHasher:
         self._checked: set[bool] = set()  # the kinds of job (mapped config or not) checked against Dagster
         self._nonce = secrets.token_hex(8)  # a marker no snapshot's own text can contain
         self._marker = re.compile(r'"\\u0000' + self._nonce + r':(\d+)\\u0000"')  # as JSON escapes it
-        self._lock = threading.Lock()
 
     def snapshot(self, job: dg.JobDefinition) -> tuple[JobSnap, str] | None:
         """``job``'s snapshot, built from the shared parts, and the id Dagster hashes it to;
@@ -61,24 +59,23 @@ class SnapshotHasher:
             return None
         if not all(isinstance(d, dg.OpDefinition) for d in job.all_node_defs):
             return None
-        with self._lock:
-            try:
-                snapshot = self._snapshot(job)
-                snapshot_id = hash_str(self._serialize(snapshot))
-            except Exception:  # a shortcut must never fail a load: Dagster's way, from here on
-                log.warning("job '%s': its snapshot could not be built from the shared parts; the "
-                            "load builds every job's snapshot Dagster's way", job.name, exc_info=True)
+        try:
+            snapshot = self._snapshot(job)
+            snapshot_id = hash_str(self._serialize(snapshot))
+        except Exception:  # a shortcut must never fail a load: Dagster's way, from here on
+            log.warning("job '%s': its snapshot could not be built from the shared parts; the "
+                        "load builds every job's snapshot Dagster's way", job.name, exc_info=True)
+            self.trusted = False
+            return None
+        mapped = job.config_mapping is not None
+        if mapped not in self._checked:
+            self._checked.add(mapped)
+            dagster_id = job.get_job_index().job_snapshot_id  # Dagster's way (cached on the job)
+            if dagster_id != snapshot_id:
+                log.warning("job '%s': snapshot hashed to %s, Dagster hashes it to %s; the load "
+                            "builds every job's snapshot Dagster's way", job.name, snapshot_id, dagster_id)
                 self.trusted = False
                 return None
-            mapped = job.config_mapping is not None
-            if mapped not in self._checked:
-                self._checked.add(mapped)
-                dagster_id = job.get_job_index().job_snapshot_id  # Dagster's way (cached on the job)
-                if dagster_id != snapshot_id:
-                    log.warning("job '%s': snapshot hashed to %s, Dagster hashes it to %s; the load "
-                                "builds every job's snapshot Dagster's way", job.name, snapshot_id, dagster_id)
-                    self.trusted = False
-                    return None
         return snapshot, snapshot_id
 
     # -- the snapshot: JobSnap.from_job_def with the shared parts built once -------------------

@@ -39,7 +39,6 @@ from dagster._core.snap.node import build_op_def_snap
 from dagster._serdes import create_snapshot_id, serialize_value
 
 from ..config import AgentEnvConfig
-from .snapshot_hash import SnapshotHasher
 
 log = logging.getLogger("agentenv_dagster")
 FORMAT = 1
@@ -90,6 +89,8 @@ class SnapshotIds:
         self._known = _read(path)
         self._used: dict[str, str] = {}
         self._pending = 0
+        from .snapshot_hash import SnapshotHasher  # (Dagster's snapshot internals: not for a run worker's import)
+
         self.hasher = SnapshotHasher()  # the jobs' snapshots, from the parts they share
         self.building = threading.Lock()  # one job's snapshot at a time: each is built once
         self._lock = threading.Lock()
