@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import nullcontext
 from functools import lru_cache
 from typing import Any, Iterator
 
@@ -121,16 +122,16 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     replicate = int(context.run.tags[REPLICATE_TAG]) if REPLICATE_TAG in context.run.tags else None
     prices = resource.load_config().model.prices if assets["produced"] else {}
     many = len(outcomes) > 1
-    for key, outcome in outcomes.items():
-        if key in failed:
-            context.log.error(f"row '{key}': {outcome}")
-            continue
-        if outcome.failure:
-            context.log.warning(
-                f"step '{step.id}' failed (tolerated, fail_task_on_error=false){_row(key)}: {outcome.failure['error']}"
-            )
-        yield from asset_events(assets, outcome.step, contexts[key], key or None, checks=not many, prices=prices,
-                                replicate=replicate)
+    with _batched_event_writes(context.instance):  # a materialization a row, in one burst
+        for key, outcome in outcomes.items():
+            if key in failed:
+                context.log.error(f"row '{key}': {outcome}")
+                continue
+            if outcome.failure:
+                context.log.warning(f"step '{step.id}' failed (tolerated, fail_task_on_error=false){_row(key)}: "
+                                    f"{outcome.failure['error']}")
+            yield from asset_events(assets, outcome.step, contexts[key], key or None, checks=not many,
+                                    prices=prices, replicate=replicate)
     done = {key: contexts[key].to_dict() for key in outcomes if key not in failed}
     if many:
         yield from batch_check_evaluations(assets, step, {key: contexts[key] for key in done})
@@ -139,6 +140,13 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     if len(outcomes) > 1:
         metadata.update({"rows": len(outcomes), "failed_rows": sorted(failed)})
     yield dg.Output(batch(done), metadata=metadata)
+
+
+def _batched_event_writes(instance: dg.DagsterInstance):
+    """The project's local event log writes a burst of materializations together
+    (``sqlite_storage.LocalSqliteEventLogStorage.batched_writes``); other storages one by one."""
+    batched = getattr(instance.event_log_storage, "batched_writes", None)
+    return batched() if batched is not None else nullcontext()
 
 
 def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:

@@ -11,6 +11,12 @@ nothing, a power cut may lose the last commits but never corrupts the database. 
 commit now lands in the ``-wal`` file and not in the database file, the watcher that streams
 a run's events to the UI also watches the ``-wal`` file. Measured on this machine (1,000
 partitioned materializations): about 12.5 ms of CPU an event in Dagster's, 2.7 ms here.
+
+An op that materializes a partition per row yields them in one burst; inside
+``batched_writes()`` the storage holds a thread's materializations and writes them together
+(one transaction per database, the asset's latest-materialization entry updated once), about
+a quarter of the storage's CPU an event. Any other use of the storage writes what is held
+first, so every read, and the order of the events, is as if each had been written at once.
 Production uses PostgreSQL (``deploy/dagster.yaml``), where none of this applies.
 
 ``.dagster_home/dagster.yaml`` (written on first use) selects it::
@@ -25,6 +31,7 @@ Production uses PostgreSQL (``deploy/dagster.yaml``), where none of this applies
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -33,6 +40,9 @@ from typing import Any, Iterator
 
 import sqlalchemy as db
 import yaml
+from dagster._core.events import DagsterEventType
+from dagster._core.events.log import EventLogEntry
+from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorage,
     SqliteEventLogStorageWatchdog,
@@ -48,6 +58,7 @@ MODULE = __name__
 
 
 OPEN_DATABASES = 8  # a run's database and the asset index, for the few runs a process writes at once
+HELD_EVENTS = 500  # inside batched_writes(), written together at most this many at a time
 
 
 class LocalSqliteEventLogStorage(SqliteEventLogStorage):
@@ -56,6 +67,7 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
 
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None):
         self._engines: OrderedDict[str, db.engine.Engine] = OrderedDict()
+        self._held = threading.local()  # .events: this thread's materializations inside batched_writes()
         super().__init__(base_dir, inst_data=inst_data)
         _OPEN.add(self)
 
@@ -80,7 +92,52 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
         return engine
 
     @contextmanager
+    def batched_writes(self) -> Iterator[None]:
+        """Hold this thread's asset materializations and write them together (at the end, at
+        ``HELD_EVENTS``, or before anything else touches the storage)."""
+        if getattr(self._held, "events", None) is not None:  # nested: the outer one writes
+            yield
+            return
+        self._held.events = []
+        try:
+            yield
+        finally:
+            self._write_held()
+            self._held.events = None
+
+    def store_event(self, event: EventLogEntry) -> None:
+        held = getattr(self._held, "events", None)
+        if held is None or event.dagster_event_type != DagsterEventType.ASSET_MATERIALIZATION:
+            super().store_event(event)
+            return
+        held.append(event)
+        if len(held) >= HELD_EVENTS:
+            self._write_held()
+
+    def _write_held(self) -> None:
+        """Store the held materializations as Dagster's ``store_event`` would one by one: each
+        in its run's database and in the asset index with its tags; the asset's entry (its
+        latest materialization) from the last of them."""
+        events = getattr(self._held, "events", None)
+        if not events:
+            return
+        self._held.events = []  # taken before connecting: _connect writes what is held first
+        for run_id in dict.fromkeys(e.run_id for e in events):
+            of_run = [e for e in events if e.run_id == run_id]
+            rows = [self._event_to_row(e) for e in of_run]
+            with self.run_connection(run_id) as conn:
+                conn.execute(SqlEventLogStorageTable.insert(), rows)
+            with self.index_transaction() as conn:
+                ids = [conn.execute(SqlEventLogStorageTable.insert().values(**row)).inserted_primary_key[0]
+                       for row in rows]
+                self._store_asset_event_tags(conn, of_run, ids)
+                latest = {e.get_dagster_event().asset_key: (e, i) for e, i in zip(of_run, ids)}
+                for event, event_id in latest.values():
+                    self._store_asset_event(conn, event, event_id)
+
+    @contextmanager
     def _connect(self, shard: str) -> Iterator[db.engine.Connection]:
+        self._write_held()  # what this thread holds goes first: reads see it, events keep their order
         with self._db_lock:
             engine = self._engine(shard)
             if shard not in self._initialized_dbs:

@@ -17,8 +17,9 @@ from test_coder_eval_run import WORDS_TASK, cli
 from agentenv_dagster.compiler import checked_plan, load_document, step_registry
 from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
-from agentenv_dagster.orchestration.execute import execute_plan
+from agentenv_dagster.orchestration.execute import dagster_yaml, execute_plan
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG, ROWS_TAG
+from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
 from agentenv_dagster.runtime.local import Ledger
 from projects import leaked_servers, make_project
 
@@ -90,6 +91,32 @@ def test_a_dataset_is_one_run_over_its_rows(project):
     sandboxes = {r.sandbox_path for r in done.results}
     assert len(sandboxes) == 3
     assert all(r.started_at <= r.completed_at and r.duration_seconds < 60 for r in done.results)
+
+
+def test_a_dataset_op_writes_its_rows_materializations_together(project, tmp_path, monkeypatch):
+    """On the project's local instance, the verification op's materialization a row are held
+    and written in one go (``batched_writes``), and read back as usual."""
+    written: list[list[str]] = []
+    write_held = LocalSqliteEventLogStorage._write_held
+
+    def recording(self):
+        held = getattr(self._held, "events", None)
+        if held:
+            written.append([e.dagster_event.partition for e in held])
+        write_held(self)
+
+    monkeypatch.setattr(LocalSqliteEventLogStorage, "_write_held", recording)
+    path = project / "tasks" / "words.yaml"
+    path.write_text(WORDS_TASK.format(extra=""))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(dagster_yaml(home))
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance, rows_in_flight=2)
+        assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
+        latest = instance.get_latest_materialization_event(VERIFICATION)
+    assert ["r1", "r2", "r3"] in written
+    assert latest.dagster_event.partition == "r3"
 
 
 def test_a_row_that_fails_stops_there_and_the_others_go_on(project):

@@ -124,3 +124,85 @@ def test_no_open_database_is_carried_across_a_fork(tmp_path, monkeypatch):
         assert in_forked_child(lambda: "\n".join(open_databases())) == ""
         second = graded.execute_in_process(instance=instance)  # the parent reopens as it writes
         assert second.success and len(instance.all_logs(first.run_id)) > 3
+
+
+def _graded_events(tmp_path, monkeypatch) -> list:
+    """Every event of a run of ``graded``: three partition materializations among the step's
+    other events."""
+    home = tmp_path / "source"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(dagster_yaml(home))
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        result = graded.execute_in_process(instance=instance)
+        return instance.all_logs(result.run_id)
+
+
+def _stored(log: LocalSqliteEventLogStorage) -> dict:
+    """What the UI and the asset queries read back about ``KEY``."""
+    records = log.get_event_records(dg.EventRecordsFilter(event_type=dg.DagsterEventType.ASSET_MATERIALIZATION,
+                                                          asset_key=KEY), ascending=True)
+    (asset,) = log.get_asset_records([KEY])
+    return {
+        "events": [(e.dagster_event_type, e.dagster_event.partition if e.dagster_event else None, e.message)
+                   for e in (r.event_log_entry for r in log.get_records_for_run(records[0].run_id, limit=100).records)],
+        "materializations": [(r.partition_key, r.asset_materialization.metadata["score"].value) for r in records],
+        "partitions": log.get_materialized_partitions(KEY),
+        "latest": asset.asset_entry.last_materialization_record.storage_id == records[-1].storage_id,
+        "latest_by_partition": {k: v - records[0].storage_id for k, v in log.get_latest_storage_id_by_partition(
+            KEY, dg.DagsterEventType.ASSET_MATERIALIZATION).items()},
+    }
+
+
+def test_a_burst_of_materializations_written_together_reads_back_as_written_one_by_one(tmp_path, monkeypatch):
+    events = _graded_events(tmp_path, monkeypatch)
+    one_by_one = LocalSqliteEventLogStorage(str(tmp_path / "one"))
+    together = LocalSqliteEventLogStorage(str(tmp_path / "together"))
+    another_process = LocalSqliteEventLogStorage(str(tmp_path / "together"))  # another reader of the same files
+    for event in events:
+        one_by_one.store_event(event)
+    materializations = [e for e in events if e.dagster_event_type == dg.DagsterEventType.ASSET_MATERIALIZATION]
+    before = events[:events.index(materializations[0])]
+    with together.batched_writes():
+        for event in before:
+            together.store_event(event)
+        for event in materializations:
+            together.store_event(event)
+        assert another_process.get_materialized_partitions(KEY) == set()  # held, not yet written
+    assert another_process.get_materialized_partitions(KEY) == {"r1", "r2", "r3"}
+    for event in events[len(before) + len(materializations):]:
+        together.store_event(event)
+    assert _stored(together) == _stored(one_by_one)
+    assert _stored(together)["materializations"] == [("r1", 0.5), ("r2", 0.5), ("r3", 0.5)]
+
+
+def test_what_is_held_is_written_before_any_read_or_other_write(tmp_path, monkeypatch):
+    events = _graded_events(tmp_path, monkeypatch)
+    log = LocalSqliteEventLogStorage(str(tmp_path / "log"))
+    other = LocalSqliteEventLogStorage(str(tmp_path / "log"))
+    first, *rest = [e for e in events if e.dagster_event_type == dg.DagsterEventType.ASSET_MATERIALIZATION]
+    step_success = next(e for e in events if e.dagster_event_type == dg.DagsterEventType.STEP_SUCCESS)
+    with log.batched_writes():
+        log.store_event(first)
+        assert log.get_materialized_partitions(KEY) == {"r1"}  # a read through the storage sees it
+        log.store_event(rest[0])
+        log.store_event(step_success)  # another event: what was held goes first
+        assert other.get_materialized_partitions(KEY) == {"r1", "r2"}
+        log.store_event(rest[1])
+    run_order = [e.dagster_event_type for e in (r.event_log_entry for r in
+                                                 other.get_records_for_run(first.run_id, limit=10).records)]
+    assert run_order == [dg.DagsterEventType.ASSET_MATERIALIZATION] * 2 + [
+        dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.ASSET_MATERIALIZATION]
+
+
+def test_a_long_burst_is_written_in_parts(tmp_path, monkeypatch):
+    from agentenv_dagster.orchestration import sqlite_storage
+
+    monkeypatch.setattr(sqlite_storage, "HELD_EVENTS", 2)
+    events = _graded_events(tmp_path, monkeypatch)
+    log = LocalSqliteEventLogStorage(str(tmp_path / "log"))
+    other = LocalSqliteEventLogStorage(str(tmp_path / "log"))
+    with log.batched_writes():
+        for event in [e for e in events if e.dagster_event_type == dg.DagsterEventType.ASSET_MATERIALIZATION]:
+            log.store_event(event)
+        assert other.get_materialized_partitions(KEY) == {"r1", "r2"}
+    assert other.get_materialized_partitions(KEY) == {"r1", "r2", "r3"}
