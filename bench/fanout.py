@@ -14,7 +14,10 @@ after ``--latency`` seconds) and the same concurrency (``--in-flight``) on both 
 
 It prints both wall times, their ratio, each against the ideal (rows × latency / in flight),
 and the CPU seconds the machine was busy during each (every process: the runs, the agent host;
-steadier than wall time on a shared machine). Needs ``pip install -e '.[bench]'``.
+steadier than wall time on a shared machine), divided by the cores: the wall time the work
+would take with no waiting at all, against the ideal. Where that is near or above 1.2 the
+machine's cores, not the waiting, bound both tools (``--latency 1.0`` asks for a fifth of the
+CPU a second). Needs ``pip install -e '.[bench]'``.
 
     python bench/fanout.py [--rows 1000] [--latency 0.2] [--in-flight 32]
 """
@@ -150,6 +153,7 @@ def main() -> None:
     print(f"{args.rows} rows, {args.latency * 1000:.0f} ms per answer, {args.in_flight} in flight: "
           f"ideal {ideal:.2f} s; agentenv_dagster in {args.shards} shard run(s)", flush=True)
     times = {}
+    cores = os.cpu_count() or 1
     for name, run in (("agentenv_dagster", run_agentenv), ("inspect_ai", run_inspect)):
         if args.only and not name.startswith(args.only):
             continue
@@ -159,7 +163,8 @@ def main() -> None:
             elapsed, outcome = run(Path(tmp), args.rows, args.latency, args.in_flight, args.shards)
             busy = busy_cpu_seconds() - busy if busy is not None else None
         times[name] = elapsed
-        cpu = f"{busy:6.1f} s CPU" if busy is not None else ""
+        # the CPU alone, spread perfectly over every core, already takes busy / cores of wall time
+        cpu = f"{busy:6.1f} s CPU (/{cores} cores: {busy / cores / ideal:.2f}x ideal)" if busy is not None else ""
         print(f"  {name:<17} {elapsed:7.2f} s  ({elapsed / ideal:.2f}x ideal)  {cpu}  {outcome}", flush=True)
     if len(times) == 2:
         ratio = times["agentenv_dagster"] / times["inspect_ai"]

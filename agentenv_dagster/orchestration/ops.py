@@ -21,13 +21,14 @@ from ..naming import node_name
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.execution import StepFailed, default_seed
 from ..steps.scoring import verification_passed
+from .hosts_ahead import agent_hosts_ahead
 from .io_manager import FAILED_SUFFIX, FINAL_STEP
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
 from .rows import (
     REPLICATE_TAG, ROWS, UNPARTITIONED, batch, merge_upstream, node_assets, row_seed, rows_of, run_keys, step_fields,
 )
-from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_TASK_ID
+from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_TYPE, TAG_TASK_ID
 from .usage import usage_metadata
 
 IO_MANAGER_KEY = "task_context_io_manager"
@@ -57,7 +58,7 @@ def step_op(step_type: str) -> dg.OpDefinition:
                            description="root ops: row id -> the row's values (a dataset's partitions)"),
         },
         required_resource_keys={RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY, IO_MANAGER_KEY},  # + failed rows' contexts
-        tags={"agentenv/step_type": step_type},
+        tags={TAG_STEP_TYPE: step_type},
         description=f"Runs an agent-env `{step_type}` step.",
     )
     def _step(context, upstream):
@@ -95,10 +96,11 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     if len(contexts) == 1 and self_retry_pending(context, step):  # the budget comes before fail_task_on_error
         step = step.model_copy(update={"fail_task_on_error": True})
     try:
-        outcomes = resource.execute_rows(
-            step, contexts, run_id, task_id, context.log,
-            judge=getattr(context.resources, JUDGE_KEY), artifacts=getattr(context.resources, ARTIFACTS_KEY),
-        )
+        with agent_hosts_ahead(context, resource) if not upstream else nullcontext():
+            outcomes = resource.execute_rows(
+                step, contexts, run_id, task_id, context.log,
+                judge=getattr(context.resources, JUDGE_KEY), artifacts=getattr(context.resources, ARTIFACTS_KEY),
+            )
     except BaseException:
         # Interrupted (run terminated from the UI) or an unexpected error: nothing may leak.
         resource.teardown(run_id)

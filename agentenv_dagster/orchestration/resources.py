@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from pydantic import Field
@@ -21,7 +21,7 @@ from ..config import AgentEnvConfig, load_config
 from ..context import TaskStepContext
 from ..runtime.artifacts import FilesystemArtifactStore, ObjectStore
 from ..runtime.base import RunInfo, StepRuntime, artifact_store
-from ..runtime.local import Ledger
+from ..runtime.local import Ledger, LocalProvider
 from ..runtime.loop import run as run_loop
 from ..steps.base import TaskStep
 from ..steps.execution import StepFailed, StepOutcome, run_step
@@ -152,6 +152,17 @@ class AgentEnvResource(dg.ConfigurableResource):
                     return await asyncio.gather(*(one(lanes, ctx) for ctx in contexts.values()))
 
         return dict(zip(contexts, run_loop(go())))
+
+    def start_agent_hosts(self, run_id: str, hosts: list[dict[str, Any]], logger: logging.Logger) -> None:
+        """Find or start, ahead of their deploy_agent steps, the run's agent hosts they will
+        use (``DeployAgentStep.host_ahead``). Best effort: a host that cannot start now is
+        left to its step, which says why."""
+        provider = LocalProvider(self.load_config(), self.run_dir(run_id))
+        for host in hosts:
+            try:
+                provider.start_agent_host(**host)
+            except Exception as exc:  # the step will start it, or fail with the reason
+                logger.debug("agent host for %s not started ahead: %s", host["agent_id"], exc)
 
     def teardown(self, run_id: str) -> list[str]:
         """End everything the run deployed; later deployments of the run are refused."""

@@ -159,16 +159,23 @@ def _value(metadata_value: Any) -> Any:
     return getattr(metadata_value, "value", metadata_value)
 
 
-def step_fields(context: dg.OpExecutionContext) -> dict[str, Any]:
-    """The op's step fields: its config, or, for a run of a dataset job launched with nothing
-    but a partition (``dg launch --job J --partition P``, a run request or tags without run
-    config), that partition's, as the launchpad would have filled them in."""
-    fields = context.op_config["step"]
+def step_fields(context: dg.OpExecutionContext, node: str | None = None) -> dict[str, Any]:
+    """The op's step fields (or those of ``node``, another op of the run): its config, or,
+    for a run of a dataset job launched with nothing but a partition (``dg launch --job J
+    --partition P``, a run request or tags without run config), that partition's, as the
+    launchpad would have filled them in."""
+    name = node or context.op_handle.name
+    if node is None:
+        fields = context.op_config["step"]
+    else:  # the run's config as the op sees it: through the job's step defaults, if it has them
+        mapping = context.job_def.config_mapping
+        config = mapping.resolve_from_unvalidated_config(context.run_config) if mapping else context.run_config
+        fields = (((config.get("ops") or {}).get(name) or {}).get("config") or {}).get("step") or {}
     partitioned = context.job_def.partitioned_config
     if fields or partitioned is None or not (context.has_partition_key or context.has_partition_key_range):
         return fields
     key = context.partition_keys[0] if context.has_partition_key_range else context.partition_key
-    return partitioned.get_run_config_for_partition_key(key)["ops"][context.op_handle.name]["config"]["step"]
+    return partitioned.get_run_config_for_partition_key(key)["ops"][name]["config"]["step"]
 
 
 def row_seed(context: dg.OpExecutionContext, seeds: dict[str, Any], key: str) -> dict[str, Any] | None:

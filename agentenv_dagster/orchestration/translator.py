@@ -21,6 +21,7 @@ TAG_TASK_VERSION = "agentenv/task_version"
 TAG_CONTENT_HASH = "agentenv/content_hash"
 TAG_FORMAT = "agentenv/format"
 TAG_STEP_ASSETS = STEP_ASSETS_TAG
+TAG_STEP_TYPE = "agentenv/step_type"
 TAG_SEED = "agentenv/seed"  # the task's default token values (JSON); edit it in the launchpad to retarget a run
 
 log = logging.getLogger("agentenv_dagster")
@@ -46,7 +47,7 @@ class TaskTranslator:
         return f"{plan.document.format} task `{plan.task_id}` from `{plan.document.source}` ({len(plan.steps)} steps)"
 
     def get_op_tags(self, step: TaskStep) -> dict[str, str]:
-        return {"agentenv/step_type": step.type}
+        return {TAG_STEP_TYPE: step.type}
 
     def get_pool(self, plan: TaskPlan, step: TaskStep) -> str | None:
         """The Dagster pool of a step that talks to an agent: one per agent id (and model),

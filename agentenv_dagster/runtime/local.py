@@ -166,12 +166,7 @@ class LocalProvider:
     ) -> "HostedRequest | None":
         """What to ask the run's agent host for (finding or starting the host if need be;
         None without ``start_host`` when this process does not know the host yet)."""
-        entry = self.config.agent_entry(agent_id)
-        if entry is None:
-            known = sorted({*self.config.agents.registry, *BUILTIN_AGENTS})
-            raise DeploymentError(f"A2A agent '{agent_id}' is not registered (known agents: {known})")
-        if overrides:
-            entry = AgentEntry.model_validate({**entry.model_dump(exclude_unset=True), **overrides})
+        entry = self._agent_entry(agent_id, overrides)
         process_env = self._process_env(agent_id, entry, env_vars, container)
         instance_id = f"{agent_id}-{secrets.token_hex(4)}"
         sandbox = workspace or self.run_dir / "sandboxes" / instance_id
@@ -184,6 +179,33 @@ class LocalProvider:
         host_id, host_url = self._agent_host(process_env, ttl_seconds)
         return HostedRequest(agent_id, agent_name, host_id, host_url, str(sandbox),
                              {"id": instance_id, "sandbox": str(sandbox), "config": settings})
+
+    def start_agent_host(
+        self, agent_id: str, *, ttl_seconds: int, env_vars: dict[str, str] | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> bool:
+        """Find or start the host that ``deploy_agent(agent_id, ...)`` will use, ahead of the
+        step (its start, most of a second, then overlaps the steps before). False when that
+        host cannot be known ahead: a coding CLI's agent (its checks belong to its step), or
+        an agent its step would refuse (the step says why)."""
+        try:
+            entry = self._agent_entry(agent_id, overrides)
+            if entry.kind in CODING_CLI_KINDS or self.ledger.closed:
+                return False
+            self._agent_host(self._process_env(agent_id, entry, env_vars, None), ttl_seconds)
+        except DeploymentError:
+            return False
+        return True
+
+    def _agent_entry(self, agent_id: str, overrides: dict[str, Any] | None) -> AgentEntry:
+        """The registry entry of ``agent_id``, with a step's inline settings on top."""
+        entry = self.config.agent_entry(agent_id)
+        if entry is None:
+            known = sorted({*self.config.agents.registry, *BUILTIN_AGENTS})
+            raise DeploymentError(f"A2A agent '{agent_id}' is not registered (known agents: {known})")
+        if overrides:
+            entry = AgentEntry.model_validate({**entry.model_dump(exclude_unset=True), **overrides})
+        return entry
 
     def _process_env(self, agent_id: str, entry: AgentEntry, env_vars: dict[str, str] | None,
                      container: dict[str, Any] | None) -> dict[str, str]:

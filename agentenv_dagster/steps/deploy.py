@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Literal
 
+from ..config import AgentEnvConfig
 from ..context import DeployedEnv, TaskStepContext
 from ..runtime.base import StepRuntime
 from ..runtime.dataplane import env_base_url
@@ -76,6 +78,15 @@ class DeployAgentStep(TaskStep):
     enable_docker: bool = False
     metadata: dict[str, Any] = {}
     agent_config: dict[str, Any] = {}  # ours: inline settings over the registry entry (Coder Eval `agent:`)
+
+    def host_ahead(self, config: AgentEnvConfig) -> dict[str, Any] | None:
+        """What finds or starts this step's agent host before the step runs
+        (``LocalProvider.start_agent_host``); None when a row's values could change it (a
+        ``${...}`` token in the agent, its settings or its variables)."""
+        settings = {"agent_id": self.a2a_agent_id or config.agents.default_a2a_agent_id,
+                    "ttl_seconds": self.ttl_seconds or DEFAULT_TTL_SECONDS,
+                    "env_vars": self.env_vars, "overrides": self.agent_config}
+        return None if "${" in json.dumps(settings, default=str) else settings
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         envs = [self._resolve_env(ctx, env_id) for env_id in self.env_ids]
