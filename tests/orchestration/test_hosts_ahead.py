@@ -64,8 +64,8 @@ def test_a_host_a_row_could_change_is_not_started_ahead(tmp_path):
         assert DeployAgentStep(id="agent", type="deploy_agent", **per_row).host_ahead(config) is None
 
 
-@pytest.mark.parametrize("agent_id, why", [("no-such-agent", "not registered"), ("a2a-default", "needs an API key")])
-def test_an_agent_its_step_would_refuse_starts_no_host_ahead(tmp_path, monkeypatch, agent_id, why):
+@pytest.mark.parametrize("agent_id", ["no-such-agent", "a2a-default"], ids=["not registered", "needs an API key"])
+def test_an_agent_its_step_would_refuse_starts_no_host_ahead(tmp_path, monkeypatch, agent_id):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     root = make_project(tmp_path / "p", tasks={})
     config = load_config(root)

@@ -126,7 +126,7 @@ def test_no_open_database_is_carried_across_a_fork(tmp_path, monkeypatch):
         assert second.success and len(instance.all_logs(first.run_id)) > 3
 
 
-def _graded_events(tmp_path, monkeypatch) -> list:
+def _graded_events(tmp_path) -> list:
     """Every event of a run of ``graded``: three partition materializations among the step's
     other events."""
     home = tmp_path / "source"
@@ -153,8 +153,8 @@ def _stored(log: LocalSqliteEventLogStorage) -> dict:
     }
 
 
-def test_a_burst_of_materializations_written_together_reads_back_as_written_one_by_one(tmp_path, monkeypatch):
-    events = _graded_events(tmp_path, monkeypatch)
+def test_a_burst_of_materializations_written_together_reads_back_as_written_one_by_one(tmp_path):
+    events = _graded_events(tmp_path)
     one_by_one = LocalSqliteEventLogStorage(str(tmp_path / "one"))
     together = LocalSqliteEventLogStorage(str(tmp_path / "together"))
     another_process = LocalSqliteEventLogStorage(str(tmp_path / "together"))  # another reader of the same files
@@ -175,8 +175,8 @@ def test_a_burst_of_materializations_written_together_reads_back_as_written_one_
     assert _stored(together)["materializations"] == [("r1", 0.5), ("r2", 0.5), ("r3", 0.5)]
 
 
-def test_what_is_held_is_written_before_any_read_or_other_write(tmp_path, monkeypatch):
-    events = _graded_events(tmp_path, monkeypatch)
+def test_what_is_held_is_written_before_any_read_or_other_write(tmp_path):
+    events = _graded_events(tmp_path)
     log = LocalSqliteEventLogStorage(str(tmp_path / "log"))
     other = LocalSqliteEventLogStorage(str(tmp_path / "log"))
     first, *rest = [e for e in events if e.dagster_event_type == dg.DagsterEventType.ASSET_MATERIALIZATION]
@@ -198,7 +198,7 @@ def test_a_long_burst_is_written_in_parts(tmp_path, monkeypatch):
     from agentenv_dagster.orchestration import sqlite_storage
 
     monkeypatch.setattr(sqlite_storage, "HELD_EVENTS", 2)
-    events = _graded_events(tmp_path, monkeypatch)
+    events = _graded_events(tmp_path)
     log = LocalSqliteEventLogStorage(str(tmp_path / "log"))
     other = LocalSqliteEventLogStorage(str(tmp_path / "log"))
     with log.batched_writes():
