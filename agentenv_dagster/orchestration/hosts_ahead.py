@@ -44,14 +44,16 @@ def agent_hosts_ahead(context: dg.OpExecutionContext, resource: AgentEnvResource
 def _hosts_ahead(context: dg.OpExecutionContext, resource: AgentEnvResource) -> list[dict[str, Any]]:
     """The hosts of the job's other deploy_agent steps, each once (none when a step's fields
     cannot be read: its own op reports that)."""
+    nodes = [node.name for node in context.job_def.graph.nodes
+             if node.definition.tags.get(TAG_STEP_TYPE) == DeployAgentStep.type_name
+             and node.name != context.op_handle.name]
     hosts: list[dict[str, Any]] = []
+    if not nodes:  # most root ops: no config to read
+        return hosts
     try:
         config = resource.load_config()
-        for node in context.job_def.graph.nodes:
-            if node.definition.tags.get(TAG_STEP_TYPE) != DeployAgentStep.type_name or node.name == context.op_handle.name:
-                continue
-            step = resource.parse_step(DeployAgentStep.type_name, step_fields(context, node.name))
-            host = step.host_ahead(config)
+        for node in nodes:
+            host = DeployAgentStep.model_validate(step_fields(context, node)).host_ahead(config)
             if host is not None and host not in hosts:
                 hosts.append(host)
     except Exception as exc:

@@ -122,8 +122,10 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
         if not events:
             return
         self._held.events = []  # taken before connecting: _connect writes what is held first
-        for run_id in dict.fromkeys(e.run_id for e in events):
-            of_run = [e for e in events if e.run_id == run_id]
+        by_run: dict[str, list[EventLogEntry]] = {}
+        for event in events:
+            by_run.setdefault(event.run_id, []).append(event)
+        for run_id, of_run in by_run.items():
             rows = [self._event_to_row(e) for e in of_run]
             with self.run_connection(run_id) as conn:
                 conn.execute(SqlEventLogStorageTable.insert(), rows)

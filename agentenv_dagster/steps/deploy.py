@@ -83,20 +83,22 @@ class DeployAgentStep(TaskStep):
         """What finds or starts this step's agent host before the step runs
         (``LocalProvider.start_agent_host``); None when a row's values could change it (a
         ``${...}`` token in the agent, its settings or its variables)."""
-        settings = {"agent_id": self.a2a_agent_id or config.agents.default_a2a_agent_id,
-                    "ttl_seconds": self.ttl_seconds or DEFAULT_TTL_SECONDS,
+        settings = {"agent_id": self._agent_id(config), "ttl_seconds": self._ttl(),
                     "env_vars": self.env_vars, "overrides": self.agent_config}
         return None if "${" in json.dumps(settings, default=str) else settings
+
+    def _agent_id(self, config: AgentEnvConfig) -> str:
+        return self.a2a_agent_id or config.agents.default_a2a_agent_id
+
+    def _ttl(self) -> int:
+        return self.ttl_seconds or DEFAULT_TTL_SECONDS
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         envs = [self._resolve_env(ctx, env_id) for env_id in self.env_ids]
         if ctx.find_agent(self.agent_name):
             raise RuntimeError(f"Agent with name '{self.agent_name}' is already deployed")
-        agent_id = (
-            user_override(ctx, "a2a_agent_id") or self.a2a_agent_id
-            or rt.config.agents.default_a2a_agent_id
-        )
-        ttl = user_override(ctx, "ttl_seconds") or self.ttl_seconds or DEFAULT_TTL_SECONDS
+        agent_id = user_override(ctx, "a2a_agent_id") or self._agent_id(rt.config)
+        ttl = user_override(ctx, "ttl_seconds") or self._ttl()
         workspace = deployed_sandbox(ctx, rt, self.sandbox_name).root if self.sandbox_name else None
         container = (ctx.find_sandbox(self.sandbox_name).model_extra or {}).get("container") if workspace else None
         agent = await rt.provider.deploy_agent_async(
