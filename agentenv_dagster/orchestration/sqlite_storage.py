@@ -17,6 +17,8 @@ An op that materializes a partition per row yields them in one burst; inside
 (one transaction per database, the asset's latest-materialization entry updated once), about
 a quarter of the storage's CPU an event. Any other use of the storage writes what is held
 first, so every read, and the order of the events, is as if each had been written at once.
+A pool's slot is taken in one statement: Dagster's select-then-update relies on a row lock
+SQLite does not have, and two runs reaching a pool with one free slot could both take it.
 Production uses PostgreSQL (``deploy/dagster.yaml``), where none of this applies.
 
 ``.dagster_home/dagster.yaml`` (written on first use) selects it::
@@ -42,7 +44,7 @@ import sqlalchemy as db
 import yaml
 from dagster._core.events import DagsterEventType
 from dagster._core.events.log import EventLogEntry
-from dagster._core.storage.event_log.schema import SqlEventLogStorageTable
+from dagster._core.storage.event_log.schema import ConcurrencySlotsTable, SqlEventLogStorageTable
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
     SqliteEventLogStorage,
     SqliteEventLogStorageWatchdog,
@@ -50,6 +52,7 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
 from dagster._serdes import ConfigurableClassData
+from dagster._utils.concurrency import ConcurrencySlotStatus
 from sqlalchemy.pool import StaticPool
 from watchdog.events import PatternMatchingEventHandler
 from watchdog.observers import Observer
@@ -136,6 +139,20 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
                 latest = {e.get_dagster_event().asset_key: (e, i) for e, i in zip(of_run, ids)}
                 for event, event_id in latest.values():
                     self._store_asset_event(conn, event, event_id)
+
+    def _claim_concurrency_slot(self, concurrency_key: str, run_id: str, step_key: str) -> ConcurrencySlotStatus:
+        """Take a free slot of the pool in one statement. Dagster selects a free slot, then
+        updates it: SQLite ignores the select's ``FOR UPDATE``, so two runs that reach a pool
+        at once could both take its last slot, and a limit of 1 would run two steps."""
+        slots = ConcurrencySlotsTable.c
+        free_slot = (db.select(slots.id)
+                     .where(slots.concurrency_key == concurrency_key, slots.step_key.is_(None), slots.deleted.is_(False))
+                     .limit(1).scalar_subquery())
+        with self.index_connection() as conn:
+            taken = conn.execute(ConcurrencySlotsTable.update()
+                                 .where(slots.id == free_slot, slots.step_key.is_(None))
+                                 .values(run_id=run_id, step_key=step_key)).rowcount
+        return ConcurrencySlotStatus.CLAIMED if taken else ConcurrencySlotStatus.BLOCKED
 
     @contextmanager
     def _connect(self, shard: str) -> Iterator[db.engine.Connection]:

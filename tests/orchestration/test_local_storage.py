@@ -10,6 +10,7 @@ import sys
 
 import dagster as dg
 import sqlalchemy as db
+from dagster._utils.concurrency import ConcurrencySlotStatus
 
 from agentenv_dagster.orchestration.execute import dagster_yaml
 from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
@@ -206,3 +207,28 @@ def test_a_long_burst_is_written_in_parts(tmp_path, monkeypatch):
             log.store_event(event)
         assert other.get_materialized_partitions(KEY) == {"r1", "r2"}
     assert other.get_materialized_partitions(KEY) == {"r1", "r2", "r3"}
+
+
+def test_two_runs_reaching_a_pool_at_once_take_its_one_slot_once(tmp_path):
+    """Two run processes (two storages on the same files) both assigned the pool's last slot,
+    as happens when both check for a free slot before either queues its step; the second
+    claims in between the first's finding the free slot and taking it."""
+    run_a, run_b = LocalSqliteEventLogStorage(str(tmp_path)), LocalSqliteEventLogStorage(str(tmp_path))
+    run_a.set_concurrency_slots("agentenv_agent_slow", 1)
+    for log, run_id in ((run_a, "a"), (run_b, "b")):
+        log.add_pending_step("agentenv_agent_slow", run_id, "ask", should_assign=True)
+    claims = {}
+
+    def b_claims_first(conn, cursor, statement, *args):
+        if statement.startswith("UPDATE concurrency_slots") and "b" not in claims:
+            claims["b"] = None  # b's own update passes through
+            claims["b"] = run_b.claim_concurrency_slot("agentenv_agent_slow", "b", "ask").slot_status
+
+    db.event.listen(db.engine.Engine, "before_cursor_execute", b_claims_first)
+    try:
+        claims["a"] = run_a.claim_concurrency_slot("agentenv_agent_slow", "a", "ask").slot_status
+    finally:
+        db.event.remove(db.engine.Engine, "before_cursor_execute", b_claims_first)
+    assert claims == {"b": ConcurrencySlotStatus.CLAIMED, "a": ConcurrencySlotStatus.BLOCKED}
+    run_b.free_concurrency_slots_for_run("b")
+    assert run_a.claim_concurrency_slot("agentenv_agent_slow", "a", "ask").is_claimed  # a waits its turn

@@ -11,6 +11,7 @@ import dagster as dg
 import pytest
 
 from agentenv_dagster import build_definitions
+from agentenv_dagster.orchestration.execute import dagster_yaml
 from projects import REPO, leaked_servers, make_project
 
 SLOW_AGENT = """
@@ -43,7 +44,7 @@ def test_a_pool_limit_on_an_agent_serializes_its_prompts_across_runs(tmp_path):
     assert defs.get_job_def("one").graph.node_named("ask").tags["dagster/concurrency_key"] == "agentenv_agent_slow"
     home = root / ".dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text("concurrency:\n  pools:\n    default_limit: 1\n")
+    (home / "dagster.yaml").write_text(dagster_yaml(home) + "concurrency:\n  pools:\n    default_limit: 1\n")  # the project's instance
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     dg.DagsterInstance.from_config(str(home)).dispose()  # create the storage once, not in both runs at a time
     runs = [
