@@ -40,7 +40,7 @@ from .definitions import build_job
 from .execute import project_dagster_home
 from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
 from .shards import run_rows
-from .suites import suite_asset
+from .suites import latest_row_results, suite_asset
 from .translator import TaskTranslator
 
 
@@ -50,6 +50,7 @@ class CoderEvalRun:
     results: list[EvaluationResult]
     reports: WrittenReports
     suites: list[dict[str, Any]] = field(default_factory=list)  # a dataset's, one per variant
+    notes: list[str] = field(default_factory=list)  # what was selected but did not run, and why
 
     @property
     def exit_code(self) -> int:
@@ -65,6 +66,7 @@ class CoderEvalRun:
             for r in self.results
         ]
         lines += [f"  skipped {s.path}: {s.reason}" for s in self.summary.skipped_tasks]
+        lines += [f"  {note}" for note in self.notes]
         for suite in self.suites:
             variant = f" [{suite['variant_id']}]" if len(self.suites) > 1 else ""
             lines.append(f"  suite {suite['suite_id']}{variant}: {'passed' if suite['passed'] else 'FAILED'} "
@@ -113,7 +115,10 @@ def run_coder_eval_tasks(
     if experiment is not None:
         definition = load_coder_eval_experiment(experiment).experiment
         _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
-    return CoderEvalRun(summary, results, reports, suites)
+    notes = [f"{t.loaded.task.task_id}{f' [{v.variant_id}]' if v.variant_id else ''}: all {len(v.kept)} selected "
+             "rows passed last time; none runs again (--failed-only)"
+             for t in prepared for v in t.variants if v.kept and not v.keys]
+    return CoderEvalRun(summary, results, reports, suites, notes)
 
 
 def run_coder_eval_task(path: Path, config: AgentEnvConfig, **options: Any) -> CoderEvalRun:
@@ -143,6 +148,7 @@ class _VariantRun:
     repeats: int
     plan: TaskPlan
     keys: list[str] | None  # None: the task has no dataset
+    kept: list[str] = field(default_factory=list)  # --failed-only: the selected rows that passed last time
 
 
 @dataclass(frozen=True)
@@ -166,10 +172,12 @@ def _prepare(
         rows = _selected_rows(resolved, loaded.source, split, sample)
         # under an experiment's job, the partitions are this variant's rows (or the variant alone)
         keys = rows if not groups else [variant_key(r, variant_id) for r in rows] if rows is not None else [variant_id]
+        kept: list[str] = []
         if failed_only and keys:
-            with nullcontext(instance) if instance is not None else _project_instance(config) as active:
-                keys = rows_not_passed(active, build_job(plan), keys)
-        variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys))
+            with _instance(config, instance) as active:
+                again = rows_not_passed(active, build_job(plan), keys)
+            keys, kept = again, [k for k in keys if k not in again]
+        variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys, kept))
     return _TaskRun(loaded, variants, bool(groups))
 
 
@@ -206,12 +214,18 @@ def _run_task(
             variant_id = variant.variant_id or "default"
             thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
             rows = [r for r in results if r.variant_id == variant_id]
+            if variant.kept:  # --failed-only: the rows not run again count as they last ran (the suite asset's view)
+                with _instance(config, instance) as active:
+                    kept = latest_row_results(variant.plan, active, variant.kept, task.task_id, variant.variant_id)
+                rows = _in_dataset_order(task.task_id, variant.plan, kept + rows)
             suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
             write_suite(out / variant_id / task.task_id, suite)
             suites.append(suite)
         # the rows are partitions of the task's job, or of the experiment's (one per group of
         # variants): each job's suite asset rolls them up too
-        if task_run.grouped:
+        if not any(v.keys for v in task_run.variants):
+            pass  # --failed-only found nothing to run again: the suite asset is as it was
+        elif task_run.grouped:
             jobs: dict[str, list[_VariantRun]] = {}
             for variant in task_run.variants:
                 jobs.setdefault(variant.plan.task_id, []).append(variant)
@@ -222,9 +236,18 @@ def _run_task(
     return results, suites
 
 
-def _project_instance(config: AgentEnvConfig) -> dg.DagsterInstance:
+def _instance(config: AgentEnvConfig, instance: dg.DagsterInstance | None):
+    """The instance given, else the project's (opened here, closed on leaving)."""
+    if instance is not None:
+        return nullcontext(instance)
     project_dagster_home(config)
     return dg.DagsterInstance.get()
+
+
+def _in_dataset_order(task_id: str, plan: TaskPlan, results: list[EvaluationResult]) -> list[EvaluationResult]:
+    """Row-task results in the order of the dataset's partitions (replicates of a row together)."""
+    position = {f"{task_id}/{plan.document.row_of(k)}": i for i, k in enumerate(plan.document.partitions)}
+    return sorted(results, key=lambda r: position.get(r.task_id, len(position)))
 
 
 def materialize_suite(
@@ -237,7 +260,7 @@ def materialize_suite(
     asset = suite_asset(plan, TaskTranslator())
     if asset is None:
         return
-    with nullcontext(instance) if instance is not None else _project_instance(config) as active:
+    with _instance(config, instance) as active:
         for variant in variants or [None]:
             dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant)
 

@@ -32,10 +32,10 @@ ROWS_UPDATED = (dg.AutomationCondition.any_deps_updated().since_last_handled()
 
 def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefinition | None:
     document = plan.document
-    step = next((s for s in plan.steps if s.type == "success_criteria" and getattr(s, "criteria", None)), None)
+    step = _criteria_step(plan)
     if not document.row_ids() or step is None:  # a suite is a dataset's (under an experiment, a variant's)
         return None
-    (verification,) = [key for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION]
+    verification = _verification_key(plan, step, translator)
     thresholds = [c.get("suite_thresholds") for c in step.criteria]  # a variant cannot change the criteria
     key = translator.get_suite_asset_key(plan.task_id)
     checks = [
@@ -104,6 +104,29 @@ def _metric_series(suite: dict[str, Any]) -> dict[str, float]:
 
 def _check_name(index: int, metric: str) -> str:
     return f"criterion_{index + 1}_{metric}".replace(".", "_")
+
+
+def latest_row_results(
+    plan: TaskPlan, instance: dg.DagsterInstance, rows: list[str], task_id: str, variant: str | None = None,
+) -> list[EvaluationResult]:
+    """What the suite asset counts for ``rows`` (partition keys): each one's latest
+    verification, as the result of row-task ``<task_id>/<row>``. ``run --failed-only`` counts
+    the rows it does not run again this way, so its suite is the whole dataset's, as the asset's is."""
+    step = _criteria_step(plan)
+    if step is None:
+        return []
+    return _row_results(instance, _verification_key(plan, step, TaskTranslator()), task_id, plan.document,
+                        rows, plan.document.replicates_of(variant))
+
+
+def _criteria_step(plan: TaskPlan):
+    """The success_criteria step whose verification a suite rolls up (None: nothing to roll up)."""
+    return next((s for s in plan.steps if s.type == "success_criteria" and getattr(s, "criteria", None)), None)
+
+
+def _verification_key(plan: TaskPlan, step, translator: TaskTranslator) -> dg.AssetKey:
+    (key,) = [key for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION]
+    return key
 
 
 def _row_results(

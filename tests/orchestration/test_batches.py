@@ -257,6 +257,24 @@ def test_the_cli_reruns_only_the_failed_rows(project):
     summary = json.loads((project / "again" / "run.json").read_text())
     assert (summary["tasks_run"], summary["tasks_error"]) == (1, 1)
     assert "words/r3" in again.stdout and "words/r1" not in again.stdout
+    suite = json.loads((project / "again" / "default" / "words" / "suite.json").read_text())
+    # the suite is the dataset's, as the suite asset's: the rows not run again count as they last ran
+    assert (suite["rows_total"], suite["rows_passed"], suite["rows_error"]) == (3, 2, 1)
+    # the agent fixed, the one row left runs again and passes: the whole dataset passes now
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra="").replace("Say (hi|yo)", "Say (hi|yo|bye)"))
+    fixed = cli(project, "run", "tasks/words.yaml", "--failed-only", "--output-dir", "fixed")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    assert "words/r3: SUCCESS" in fixed.stdout and "words/r1" not in fixed.stdout
+    suite = json.loads((project / "fixed" / "default" / "words" / "suite.json").read_text())
+    assert (suite["rows_total"], suite["rows_passed"], suite["pass_rate"]) == (3, 3, 1.0)
+    assert [s["task_id"] for s in suite["failed_samples"]] == []
+    # nothing left to run again: said so, and the suite still counts every row
+    done = cli(project, "run", "tasks/words.yaml", "--failed-only", "--output-dir", "done")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "words: all 3 selected rows passed last time; none runs again" in done.stdout
+    assert json.loads((project / "done" / "run.json").read_text())["tasks_run"] == 0
+    suite = json.loads((project / "done" / "default" / "words" / "suite.json").read_text())
+    assert (suite["rows_total"], suite["rows_passed"], suite["passed"]) == (3, 3, True)
 
 
 def most_at_once(contexts: dict[str, dict], step_id: str) -> int:
