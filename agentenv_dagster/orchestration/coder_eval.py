@@ -221,11 +221,11 @@ def _run_task(
             suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
             write_suite(out / variant_id / task.task_id, suite)
             suites.append(suite)
+        if not any(v.keys for v in task_run.variants):  # --failed-only found nothing to run again
+            return results, suites  # the suite asset is as it was
         # the rows are partitions of the task's job, or of the experiment's (one per group of
         # variants): each job's suite asset rolls them up too
-        if not any(v.keys for v in task_run.variants):
-            pass  # --failed-only found nothing to run again: the suite asset is as it was
-        elif task_run.grouped:
+        if task_run.grouped:
             jobs: dict[str, list[_VariantRun]] = {}
             for variant in task_run.variants:
                 jobs.setdefault(variant.plan.task_id, []).append(variant)
