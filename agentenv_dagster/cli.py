@@ -81,7 +81,8 @@ def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ..
         done = _load_or_exit(lambda: run_coder_eval_tasks(
             tasks, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
             split=split, sample=sample, experiment=experiment, rows_in_flight=rows_in_flight, shards=shards,
-            failed_only=failed_only, include_skipped=include_skipped))
+            failed_only=failed_only, include_skipped=include_skipped,
+            on_warning=lambda warning: click.echo(f"warning: {warning}", err=True)))
         click.echo("\n".join(done.lines()))
         sys.exit(done.exit_code)
     if len(paths) > 1:

@@ -7,10 +7,14 @@ import re
 _INVALID = re.compile(r"[^A-Za-z0-9_]")
 
 
+def dagster_name(text: str) -> str:
+    """``text`` with every character outside ``[A-Za-z0-9_]`` mapped to ``_``."""
+    return _INVALID.sub("_", text)
+
+
 def job_name(task_id: str) -> str:
-    """Task id with every character outside ``[A-Za-z0-9_]`` mapped to ``_``."""
-    return _INVALID.sub("_", task_id)
+    return dagster_name(task_id)
 
 
 def node_name(step_id: str) -> str:
-    return _INVALID.sub("_", step_id)
+    return dagster_name(step_id)

@@ -137,6 +137,10 @@ class StopEarly(BaseModel):
     decide_within: int | None = Field(default=None, ge=1)
 
 
+# What every criterion's suite aggregate computes (``aggregate.py``): the ``suite_thresholds`` names it may gate on.
+SCORE_METRICS = ("count", "mean", "median", "std", "min", "max", "completion_rate")
+
+
 class Criterion(BaseModel):
     """Fields every criterion type shares; subclasses add theirs and implement ``check``."""
 
@@ -174,6 +178,17 @@ class Criterion(BaseModel):
                 if getattr(self, name, None) is not None:
                     raise ValueError(f"a criterion with weight 0 is informational and may not set {name}")
         return self
+
+    def suite_metrics(self) -> list[str]:
+        """The metrics its suite aggregate computes: what ``suite_thresholds`` may name."""
+        return list(SCORE_METRICS)
+
+    def unknown_suite_metrics(self) -> list[str]:
+        """The ``suite_thresholds`` names its aggregate never computes. Upstream reads a missing
+        metric as not met, so a gate on one always fails (a misspelling, or ``f1.macro`` for
+        ``macro_f1``)."""
+        known = set(self.suite_metrics())
+        return [name for name in self.suite_thresholds or {} if name not in known]
 
     def live_polarities(self) -> frozenset[LivePolarity]:
         """The verdicts ``live_verdict`` can reach on a growing trajectory for these fields;

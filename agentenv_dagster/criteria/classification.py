@@ -26,6 +26,9 @@ from .registry import criterion
 NONE_LABEL = "(none)"
 OTHER_LABEL = "(other)"
 YES, NO = "yes", "no"
+AVERAGES = ("macro", "weighted", "micro")
+CLASSIFICATION_METRICS = ("accuracy", *(f"{average}_f1" for average in AVERAGES))
+PER_LABEL_METRICS = ("precision", "recall", "f1")
 
 # Both separators, doubled backslashes from JSON escaping, and overlapping hits (skills/skills/x/).
 SKILL_PATH = re.compile(r"(?=skills[\\/]+([A-Za-z0-9][A-Za-z0-9_-]*)[\\/]+)")
@@ -35,6 +38,26 @@ SUCCESS_GATED_TOOLS = frozenset({"Skill", "Read", "Glob", "Grep"})
 
 
 class ClassificationCriterion(Criterion):
+    def labels(self) -> list[str] | None:
+        """The labels its rows are counted under (each with a precision, recall and F1); None
+        when a row's own value may add one."""
+        raise NotImplementedError
+
+    def suite_metrics(self) -> list[str]:
+        labels = self.labels()
+        per_label = [f"{metric}.{label}" for label in (labels if labels is not None else ["<label>"])
+                     for metric in PER_LABEL_METRICS]
+        return [*super().suite_metrics(), *CLASSIFICATION_METRICS, *per_label]
+
+    def unknown_suite_metrics(self) -> list[str]:
+        """With labels from the rows, any label's metric may be computed (``f1.macro`` is still
+        never: that one is ``macro_f1``)."""
+        unknown = super().unknown_suite_metrics()
+        if self.labels() is not None:
+            return unknown
+        return [name for name in unknown
+                if name.partition(".")[0] not in PER_LABEL_METRICS or name.partition(".")[2] in AVERAGES]
+
     def labelled(self, score: float, observed: str, expected: str, source: str) -> CriterionResult:
         details = f"observed={observed!r}, expected={expected!r} ({source})"
         return self.result(score, details=details, result_kind="classification",
@@ -49,6 +72,12 @@ class ClassificationMatch(ClassificationCriterion):
     expected_label: str
     allowed_labels: list[str] = Field(min_length=1)
     case_sensitive: bool = False
+
+    def labels(self) -> list[str] | None:
+        """The allowed labels, the sentinels and the expected one; None when a row gives it."""
+        if "${" in self.expected_label:
+            return None
+        return list(dict.fromkeys([*self.allowed_labels, NONE_LABEL, OTHER_LABEL, self.canonical(self.expected_label)]))
 
     def canonical(self, text: str) -> str:
         """Stripped; without case sensitivity, spelled as the allowed label it equals."""
@@ -97,6 +126,9 @@ class SkillTriggered(ClassificationCriterion):
     skill_name: str
     expected_skill: str
     stop_early: StopEarly | None = None
+
+    def labels(self) -> list[str] | None:
+        return [YES, NO]
 
     def engaged(self, calls: list[ToolCall]) -> bool:
         return any(self.skill_name in engaged_skills(call) for call in calls)

@@ -9,11 +9,12 @@ run.md / task.html with upstream's exit code.
 from __future__ import annotations
 
 import json
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import dagster as dg
 
@@ -42,6 +43,9 @@ from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
 from .shards import run_rows
 from .suites import latest_row_results, suite_asset
 from .translator import TaskTranslator
+
+
+log = logging.getLogger("agentenv_dagster")
 
 
 @dataclass
@@ -85,14 +89,18 @@ def run_coder_eval_tasks(
     grade_only_from: Path | None = None, output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
     split: str | None = None, sample: int | None = None, experiment: Path | None = None,
     rows_in_flight: int | None = None, shards: int = 1, failed_only: bool = False, include_skipped: bool = False,
+    on_warning: Callable[[str], None] | None = None,
 ) -> CoderEvalRun:
     """Every task x variant (or the task as it is) x replicate: one Dagster run over the
     selected rows of a dataset (a partition each, ``rows_in_flight`` at a time), or ``shards``
     concurrent runs over slices of them; one run.json (and experiment.json) for them all.
-    Tasks with ``skip: true`` are reported as skipped unless ``include_skipped``.
+    Tasks with ``skip: true`` are reported as skipped unless ``include_skipped``. Their load
+    warnings go to ``on_warning`` before anything runs.
     Raises ``TaskLoadError`` for a bad task or two tasks with one id, before anything runs
     (exit 2 in the CLI)."""
     tasks = [load_coder_eval_task(path) for path in paths]
+    for warning in (w for t in tasks for w in t.warnings):
+        (on_warning or log.warning)(warning)
     _refuse_shared_ids(tasks)
     started = _now()
     out = output_dir or config.root / "out" / (job_name(tasks[0].task.task_id) if len(tasks) == 1 else _run_id(started))

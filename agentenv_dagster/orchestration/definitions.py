@@ -189,31 +189,36 @@ def build_definitions(
     translator = translator or TaskTranslator()
     config = load_config(project_dir)
     report = compile_location(tasks_dir, config)
+    executor = job_executor(config)  # forkserver, or the project's choice ([dagster] executor)
+    resources = location_resources(config)
+    plans, jobs, suites, specs, checks = [], [], [], [], []
+    for plan in report.plans:
+        try:  # Dagster's own checks (names, keys) refuse one task, not the location
+            job, suite = build_job(plan, translator, executor, resources), suite_asset(plan, translator)
+            plan_specs, check_specs = translator.get_asset_specs(plan), translator.get_check_specs(plan)
+        except dg.DagsterInvalidDefinitionError as exc:
+            report.errors.append(SpecError(f"Dagster refuses its definitions: {exc}", file=str(plan.document.source)))
+            continue
+        plans.append(plan)
+        jobs.append(job)
+        suites += [suite] if suite is not None else []
+        specs += plan_specs
+        if check_specs:
+            checks.append(verification_checks(check_specs, f"{translator.get_job_name(plan)}__checks"))
     if report.errors and strict:
         raise TaskLoadError(report.errors)
     for problem in [*map(str, report.errors), *report.warnings]:
         log.warning(problem)
-
-    executor = job_executor(config)  # forkserver, or the project's choice ([dagster] executor)
-    resources = location_resources(config)
-    jobs = [build_job(plan, translator, executor, resources) for plan in report.plans]
     SnapshotIds.of_location(config, tasks_dir, translator, resources, executor).attach(jobs)
-    suites = [a for a in (suite_asset(plan, translator) for plan in report.plans) if a is not None]
     jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
-    specs = translator.get_artifact_specs(report.plans)
-    checks = []
-    for plan in report.plans:
-        specs += translator.get_asset_specs(plan)
-        if check_specs := translator.get_check_specs(plan):
-            checks.append(verification_checks(check_specs, f"{translator.get_job_name(plan)}__checks"))
     return dg.Definitions(
         jobs=jobs,
-        assets=[*specs, *suites],
+        assets=[*translator.get_artifact_specs(plans), *specs, *suites],
         asset_checks=checks,
         resources=resources,
-        sensors=[*task_sensors(tasks_dir, config, report.plans, jobs, translator), review_tag_sensor(),
+        sensors=[*task_sensors(tasks_dir, config, plans, jobs, translator), review_tag_sensor(),
                  *suites_sensor(suites)],
-        schedules=task_schedules(report.plans, config, jobs, translator),
+        schedules=task_schedules(plans, config, jobs, translator),
     )
 
 

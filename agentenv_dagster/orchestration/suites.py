@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from ..naming import dagster_name
 from ..plan import TaskPlan
 from ..reports.results import EvaluationResult, FinalStatus
 from ..reports.suite import suite_rollup
@@ -38,8 +39,9 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
     verification = _verification_key(plan, step, translator)
     thresholds = [c.get("suite_thresholds") for c in step.criteria]  # a variant cannot change the criteria
     key = translator.get_suite_asset_key(plan.task_id)
+    names = _check_names(thresholds)
     checks = [
-        dg.AssetCheckSpec(_check_name(index, metric), asset=key, blocking=True,
+        dg.AssetCheckSpec(names[index, metric], asset=key, blocking=True,
                           description=f"suite {metric} of criterion {index + 1} >= {minimum}")
         for index, gate in enumerate(thresholds) for metric, minimum in (gate or {}).items()
     ]
@@ -64,7 +66,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
         suite = suite_rollup(plan.task_id, results, thresholds, variant_id=variant or "default")
         check_results = [
             dg.AssetCheckResult(
-                check_name=_check_name(aggregate["criterion_index"], check["metric"]), passed=check["passed"],
+                check_name=names[aggregate["criterion_index"], check["metric"]], passed=check["passed"],
                 metadata={"actual": check["actual_value"], "minimum": check["min_value"]},
             )
             for aggregate in suite["criterion_aggregates"] for check in aggregate["checks"]
@@ -102,8 +104,17 @@ def _metric_series(suite: dict[str, Any]) -> dict[str, float]:
             for a in suite["criterion_aggregates"] for name, value in a["metrics"].items()}
 
 
-def _check_name(index: int, metric: str) -> str:
-    return f"criterion_{index + 1}_{metric}".replace(".", "_")
+def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, str], str]:
+    """A check name per gate, unique on the asset: a label in a metric (``recall.(none)``,
+    ``f1.case-management``) may hold characters Dagster names cannot."""
+    names: dict[tuple[int, str], str] = {}
+    for index, gate in enumerate(thresholds):
+        for metric in gate or {}:
+            name = dagster_name(f"criterion_{index + 1}_{metric}")
+            while name in names.values():
+                name += "_"
+            names[index, metric] = name
+    return names
 
 
 def latest_row_results(

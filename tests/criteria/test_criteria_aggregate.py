@@ -85,3 +85,17 @@ def test_thresholds_gate_the_aggregate():
 def test_default_aggregate_works_for_any_criterion():
     result = aggregate([basic(1.0), basic(1.0)], {"mean": 1.0, "min": 1.0})
     assert result.passed and result.criterion_type == "file_exists"
+
+
+def test_the_metrics_a_criterion_names_as_gateable_are_the_ones_its_aggregate_computes():
+    """What the load-time warning on ``suite_thresholds`` accepts is what ``aggregate`` emits."""
+    from agentenv_dagster.criteria import parse_criterion
+
+    label = parse_criterion({"type": "classification_match", "path": "l.txt", "description": "d",
+                             "expected_label": "positive", "allowed_labels": ["positive", "negative"]})
+    computed = aggregate(MISLABELLED, suite_metrics={"completion_rate": 1.0}).metrics
+    assert set(computed) <= set(label.suite_metrics())
+    assert set(label.suite_metrics()) - set(computed) == {  # the sentinels, counted when a row answers off-label
+        f"{metric}.{sentinel}" for metric in ("precision", "recall", "f1") for sentinel in ("(none)", "(other)")}
+    exists = parse_criterion({"type": "file_exists", "path": "a", "description": "d"})
+    assert set(exists.suite_metrics()) == set(aggregate([basic(1.0)], suite_metrics={"completion_rate": 1.0}).metrics)

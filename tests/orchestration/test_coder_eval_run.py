@@ -389,8 +389,7 @@ def test_a_run_with_nothing_but_a_partition_tag_runs_that_row_with_its_partition
         assert instance.get_materialized_partitions(dg.AssetKey(["verifications", "words", "success_criteria"])) == {"r2"}
 
 
-def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(project, tmp_path):
-    (project / "tasks" / "labels.yaml").write_text(textwrap.dedent("""
+LABELS_TASK = textwrap.dedent("""
         task_id: labels
         description: classify each message
         initial_prompt: "Classify: ${row.text}"
@@ -413,7 +412,11 @@ def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(pro
             expected_label: "${row.label}"
             allowed_labels: [billing, bug, other]
             suite_thresholds: {accuracy: 0.9, completion_rate: 1.0}
-    """))
+""")
+
+
+def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(project, tmp_path):
+    (project / "tasks" / "labels.yaml").write_text(LABELS_TASK)
     out = tmp_path / "out"
     done = cli(project, "run", "tasks/labels.yaml", "--output-dir", str(out))
     assert done.returncode == 1, done.stdout + done.stderr  # two of three right: accuracy 0.67 < 0.9
@@ -434,6 +437,46 @@ def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(pro
             [dg.AssetCheckKey(key, "criterion_1_accuracy"), dg.AssetCheckKey(key, "criterion_1_completion_rate")])
         assert {k.name: c.event.dagster_event.event_specific_data.passed for k, c in checks.items()} == {
             "criterion_1_accuracy": False, "criterion_1_completion_rate": True}
+
+
+def test_a_gate_on_any_label_is_a_check_dagster_can_name_and_a_metric_never_computed_warns(project, tmp_path):
+    gates = '{"recall.(other)": 0.5, "f1.bug-fix": 0.5, "f1.bug_fix": 0.5, "f1.macro": 0.5}'
+    (project / "tasks" / "labels.yaml").write_text(
+        LABELS_TASK.replace("{accuracy: 0.9, completion_rate: 1.0}", gates))
+    suite = build_definitions(project / "tasks").get_assets_def(dg.AssetKey(["suites", "labels"]))
+    assert sorted(spec.name for spec in suite.check_specs) == [  # labels may hold what Dagster names cannot
+        "criterion_1_f1_bug_fix", "criterion_1_f1_bug_fix_", "criterion_1_f1_macro", "criterion_1_recall__other_"]
+    done = cli(project, "run", "tasks/labels.yaml", "--output-dir", str(tmp_path / "out"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and ("field 'success_criteria.0.suite_thresholds.f1.macro': classification_match "
+                                   "computes no suite metric 'f1.macro' (did you mean 'macro_f1'?)") in warnings[0]
+    assert "recall.(other) = None (min 0.5): SHORT" in done.stdout  # no row answered off the labels
+    with dg.DagsterInstance.from_config(str(project / ".dagster_home")) as instance:
+        key = dg.AssetCheckKey(dg.AssetKey(["suites", "labels"]), "criterion_1_recall__other_")
+        check = instance.event_log_storage.get_latest_asset_check_execution_by_key([key])[key]
+        assert check.event.dagster_event.event_specific_data.passed is False
+
+
+def test_a_task_whose_definitions_dagster_refuses_is_a_broken_job_not_a_broken_location(project):
+    from agentenv_dagster.errors import TaskLoadError
+    from agentenv_dagster.orchestration.translator import TaskTranslator
+
+    class OddGroups(TaskTranslator):
+        """A translator override that names one task's group as Dagster cannot."""
+
+        def get_group_name(self, plan):
+            return "words and more" if plan.task_id == "words" else super().get_group_name(plan)
+
+    (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
+    (project / "tasks" / "labels.yaml").write_text(LABELS_TASK)
+    defs = build_definitions(project / "tasks", translator=OddGroups())
+    assert defs.get_job_def("labels").partitions_def.get_partition_keys() == ["a", "b", "c"]
+    broken = defs.get_job_def("words__invalid")
+    assert "words.yaml" in broken.description and "Dagster refuses its definitions" in broken.description
+    assert "words and more" in broken.description
+    with pytest.raises(TaskLoadError, match="Dagster refuses its definitions"):
+        build_definitions(project / "tasks", translator=OddGroups(), strict=True)
 
 
 def test_the_suite_asset_rolls_up_the_row_partitions_with_blocking_threshold_checks(project):

@@ -170,6 +170,34 @@ def test_unknown_top_level_keys_warn_once_each_and_are_dropped(tmp_path):
     assert "max_iterations" not in loaded.task.model_dump()
 
 
+@pytest.mark.skipif(not REAL_CRITERIA, reason="the suite metrics are the real criteria's")
+def test_a_suite_threshold_on_a_metric_never_computed_warns_naming_the_ones_there_are(tmp_path):
+    label = {"type": "classification_match", "path": "label.txt", "description": "the label",
+             "expected_label": "bug", "allowed_labels": ["bug", "billing"]}
+    loaded = load(tmp_path, task(dataset={"rows": [{"id": "a", "label": "bug"}]}, success_criteria=[
+        exists(suite_thresholds={"mean": 0.5, "completion_rate": 1.0, "pass_rate": 0.5}),
+        {**label, "suite_thresholds": {"f1.macro": 0.5, "recall.bug": 0.5, "precision.(none)": 0.0, "recall.bugs": 0.5}},
+        {**label, "expected_label": "${row.label}", "suite_thresholds": {"recall.any-label": 0.5, "f1.weighted": 0.5}},
+    ]))
+    found = {w.removeprefix(f"{tmp_path / 'task.yaml'}: ").split(", so this gate")[0]: w.split("it computes: ")[1]
+             for w in loaded.warnings}
+    assert list(found) == [
+        "field 'success_criteria.0.suite_thresholds.pass_rate': file_exists computes no suite metric 'pass_rate'",
+        "field 'success_criteria.1.suite_thresholds.f1.macro': classification_match computes no suite metric "
+        "'f1.macro' (did you mean 'macro_f1'?)",
+        "field 'success_criteria.1.suite_thresholds.recall.bugs': classification_match computes no suite metric "
+        "'recall.bugs' (did you mean 'recall.bug'?)",
+        # labels from the rows: any label's metric may be computed, the averages never under f1.<label>
+        "field 'success_criteria.2.suite_thresholds.f1.weighted': classification_match computes no suite metric "
+        "'f1.weighted' (did you mean 'weighted_f1'?)",
+    ]
+    listed = list(found.values())
+    assert listed[0] == "count, mean, median, std, min, max, completion_rate"
+    assert "accuracy, macro_f1, weighted_f1, micro_f1, precision.bug, recall.bug, f1.bug" in listed[1]
+    assert "recall.(none)" in listed[1] and "recall.(other)" in listed[1]
+    assert listed[3].endswith("precision.<label>, recall.<label>, f1.<label>")
+
+
 def test_outside_the_loader_an_unknown_top_level_key_is_a_python_warning():
     with pytest.warns(CoderEvalWarning, match="field 'max_iterations': unknown top-level field"):
         TaskDefinition.model_validate(task(max_iterations=1))

@@ -220,6 +220,15 @@ class TaskDefinition(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _warn_on_unknown_suite_metrics(self, info: ValidationInfo) -> "TaskDefinition":
+        """A warning, not an error: upstream loads such a task, and its gate fails at the end."""
+        for index, criterion in enumerate(self.success_criteria):
+            for metric in getattr(criterion, "unknown_suite_metrics", list)():
+                note(info, _unknown_suite_metric(criterion, metric),
+                     field=f"success_criteria.{index}.suite_thresholds.{metric}")
+        return self
+
+    @model_validator(mode="after")
     def _suite_thresholds_need_a_dataset(self) -> "TaskDefinition":
         """An expanded row-task (``suite_id`` set) had its dataset cleared by design."""
         index = first_suite_thresholds(self.success_criteria)
@@ -231,6 +240,15 @@ class TaskDefinition(BaseModel):
                 field=f"success_criteria.{index}.suite_thresholds",
             )
         return self
+
+
+def _unknown_suite_metric(criterion: Any, metric: str) -> str:
+    known = criterion.suite_metrics()
+    swapped = "_".join(reversed(metric.split(".", 1)))  # f1.macro -> macro_f1
+    close = [swapped] if swapped in known else difflib.get_close_matches(metric, [k for k in known if "<" not in k], n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return (f"{criterion.type} computes no suite metric '{metric}'{hint}, so this gate always fails; "
+            f"it computes: {', '.join(known)}")
 
 
 def _unknown_top_level(key: str, known: list[str]) -> str:
