@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -38,7 +37,7 @@ from ..spec.coder_eval.variants import experiment_variants
 from ..spec.loader import variant_key
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
-from .execute import project_dagster_home
+from .execute import opened_instance
 from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
 from .shards import run_rows
 from .suites import latest_row_results, suite_asset
@@ -182,7 +181,7 @@ def _prepare(
         keys = rows if not groups else [variant_key(r, variant_id) for r in rows] if rows is not None else [variant_id]
         kept: list[str] = []
         if failed_only and keys:
-            with _instance(config, instance) as active:
+            with opened_instance(config, instance) as active:
                 again = rows_not_passed(active, build_job(plan), keys)
             keys, kept = again, [k for k in keys if k not in again]
         variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys, kept))
@@ -223,7 +222,7 @@ def _run_task(
             thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
             rows = [r for r in results if r.variant_id == variant_id]
             if variant.kept:  # --failed-only: the rows not run again count as they last ran (the suite asset's view)
-                with _instance(config, instance) as active:
+                with opened_instance(config, instance) as active:
                     kept = latest_row_results(variant.plan, active, variant.kept, task.task_id, variant.variant_id)
                 rows = _in_dataset_order(task.task_id, variant.plan, kept + rows)
             suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
@@ -244,14 +243,6 @@ def _run_task(
     return results, suites
 
 
-def _instance(config: AgentEnvConfig, instance: dg.DagsterInstance | None):
-    """The instance given, else the project's (opened here, closed on leaving)."""
-    if instance is not None:
-        return nullcontext(instance)
-    project_dagster_home(config)
-    return dg.DagsterInstance.get()
-
-
 def _in_dataset_order(task_id: str, plan: TaskPlan, results: list[EvaluationResult]) -> list[EvaluationResult]:
     """Row-task results in the order of the dataset's partitions (replicates of a row together)."""
     position = {f"{task_id}/{plan.document.row_of(k)}": i for i, k in enumerate(plan.document.partitions)}
@@ -268,7 +259,7 @@ def materialize_suite(
     asset = suite_asset(plan, TaskTranslator())
     if asset is None:
         return
-    with _instance(config, instance) as active:
+    with opened_instance(config, instance) as active:
         for variant in variants or [None]:
             dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant)
 

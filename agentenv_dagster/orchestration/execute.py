@@ -82,6 +82,14 @@ def project_dagster_home(config: AgentEnvConfig) -> Path:
     return home
 
 
+def opened_instance(config: AgentEnvConfig, instance: dg.DagsterInstance | None = None):
+    """The instance given, else the project's: to use as ``with``, which closes only the latter."""
+    if instance is not None:
+        return nullcontext(instance)
+    project_dagster_home(config)
+    return dg.DagsterInstance.get()
+
+
 def _moved(settings: Path, home: Path) -> bool:
     """A dagster.yaml this project wrote for an instance folder that has moved since (a
     settings file of the user's own is left alone)."""

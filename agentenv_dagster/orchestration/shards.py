@@ -17,7 +17,6 @@ import pickle
 import sys
 import threading
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import nullcontext
 from pathlib import Path
 
 import dagster as dg
@@ -26,7 +25,7 @@ from ..compiler import step_registry
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
-from .execute import execute_plan, project_dagster_home
+from .execute import execute_plan, opened_instance
 from .resources import AgentEnvResource
 
 
@@ -50,7 +49,7 @@ def run_rows(
         blob = pickle.dumps(plan)
         # the parent opens the instance first: a new SQLite instance creates its tables on
         # opening, and two shards doing that at once collide ("table runs already exists")
-        with _opened(instance, config) as opened:
+        with opened_instance(config, instance) as opened:
             ref = opened.get_ref()
             with ProcessPoolExecutor(len(chunks), mp_context=_start_method()) as pool:
                 futures = [
@@ -59,13 +58,6 @@ def run_rows(
                 ]
                 contexts = {k: c for future in futures for k, c in future.result().items()}
     return {k: contexts[k] for k in rows if k in contexts}
-
-
-def _opened(instance: dg.DagsterInstance | None, config: AgentEnvConfig):
-    if instance is not None:
-        return nullcontext(instance)
-    project_dagster_home(config)
-    return dg.DagsterInstance.get()
 
 
 def _start_method():
