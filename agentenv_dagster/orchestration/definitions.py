@@ -232,14 +232,19 @@ def location_resources(config: AgentEnvConfig) -> dict:
 
 def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str) -> dg.AssetChecksDefinition:
     """Declares a task's pass/fail checks (its job reports them as it runs); run on its own
-    it re-reads the latest materialization's ``passed`` metadata. One definition per task:
-    Dagster's asset job wires each check definition's inputs against its own check keys, so
-    one definition for every task costs time quadratic in the number of tasks."""
+    it re-reads the latest materialization's ``passed`` metadata (the partition's, for a row).
+    One definition per task: Dagster's asset job wires each check definition's inputs against
+    its own check keys, so one definition for every task costs time quadratic in the number
+    of tasks."""
 
     @dg.multi_asset_check(specs=check_specs, can_subset=True, name=name)
     def _checks(context):
+        run = context.op_execution_context
+        rows = [run.partition_key] if run.has_partition_key else None
         for check_key in context.selected_asset_check_keys:
-            event = context.instance.get_latest_materialization_event(check_key.asset_key)
+            records = context.instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=check_key.asset_key, asset_partitions=rows), limit=1).records
+            event = records[0].event_log_entry if records else None
             metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
             passed = metadata.get("passed")
             value = getattr(passed, "value", passed)

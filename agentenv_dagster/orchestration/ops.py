@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
 
 from ..context import TaskStepContext
@@ -123,7 +124,7 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     assets = node_assets(context.op.tags)
     replicate = int(context.run.tags[REPLICATE_TAG]) if REPLICATE_TAG in context.run.tags else None
     prices = resource.load_config().model.prices if assets["produced"] else {}
-    many = len(outcomes) > 1
+    kept = {key: contexts[key] for key in outcomes if key not in failed}
     with _batched_event_writes(context.instance):  # a materialization a row, in one burst
         for key, outcome in outcomes.items():
             if key in failed:
@@ -132,11 +133,11 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
             if outcome.failure:
                 context.log.warning(f"step '{step.id}' failed (tolerated, fail_task_on_error=false){_row(key)}: "
                                     f"{outcome.failure['error']}")
-            yield from asset_events(assets, outcome.step, contexts[key], key or None, checks=not many,
-                                    prices=prices, replicate=replicate)
-    done = {key: contexts[key].to_dict() for key in outcomes if key not in failed}
-    if many:
-        yield from batch_check_evaluations(assets, step, {key: contexts[key] for key in done})
+            yield from asset_events(assets, outcome.step, contexts[key], key or None, prices=prices,
+                                    replicate=replicate)
+    with _batched_event_writes(context.instance):  # then a check evaluation a row and check
+        yield from check_evaluations(context.instance, assets, step, kept)
+    done = {key: ctx.to_dict() for key, ctx in kept.items()}
     durations = [o.duration_seconds for key, o in outcomes.items() if key not in failed]
     metadata: dict[str, Any] = {"duration_seconds": round(max(durations, default=0.0), 3)}
     if len(outcomes) > 1:
@@ -241,11 +242,11 @@ def teardown_op() -> dg.OpDefinition:
 
 def asset_events(
     assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
-    *, checks: bool = True, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
+    *, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
 ) -> Iterator[Any]:
-    """Materializations (and, with ``checks``, check evaluations) for what the step wrote,
-    observations of what it read (the version loaded), under the keys the translator gave
-    the step's node; a verification says which replicate of its row it is."""
+    """Materializations for what the step wrote, observations of what it read (the version
+    loaded), under the keys the translator gave the step's node; a verification says which
+    replicate of its row it is. Its checks follow: ``check_evaluations``."""
     for artifact_id, path in assets["loaded"].items():
         loaded = _loaded_version(ctx, step.id, artifact_id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
@@ -259,8 +260,6 @@ def asset_events(
                             **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None)),
                             **({"replicate": replicate} if replicate is not None else {})}
                 yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition)
-                if checks:
-                    yield from _check_evaluations(key, entry, step, partition)
         elif kind == PRODUCER:
             entry = _produced(ctx, name)
             if entry is not None:
@@ -338,8 +337,41 @@ def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
     return metadata
 
 
+def check_evaluations(
+    instance: dg.DagsterInstance, assets: dict[str, Any], step: TaskStep, contexts: dict[str, TaskStepContext],
+) -> Iterator[dg.AssetCheckEvaluation]:
+    """Each declared check of each row's verification, as that row's partition of the check
+    (so the UI shows which rows passed and which fell short), pointing at the materialization
+    it judged: Dagster counts a partition's check as current only while that is its latest."""
+    for kind, name, path in assets["produced"]:
+        if kind != VERIFICATION:
+            continue
+        entries = {k: e for k, c in contexts.items() if (e := (c.metadata.get("verifications") or {}).get(name))}
+        if not entries:
+            continue
+        key = dg.AssetKey(path)
+        targets = _latest_materializations(instance, key, [row for row in entries if row])
+        for row, entry in entries.items():
+            yield from _check_evaluations(key, entry, step, row or None, targets.get(row or None))
+
+
+def _latest_materializations(
+    instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str],
+) -> dict[str | None, AssetCheckEvaluationTargetMaterializationData]:
+    """The latest materialization of each of ``rows`` (of the asset, when none), in one query:
+    the op has just written one a row, so they are the newest ``len(rows)`` of those partitions."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=rows or None), limit=max(len(rows), 1)).records
+    latest: dict[str | None, AssetCheckEvaluationTargetMaterializationData] = {}
+    for record in records:
+        latest.setdefault(record.partition_key, AssetCheckEvaluationTargetMaterializationData(
+            storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp))
+    return latest
+
+
 def _check_evaluations(
-    key: dg.AssetKey, entry: dict[str, Any], step: TaskStep, partition: str | None
+    key: dg.AssetKey, entry: dict[str, Any], step: TaskStep, partition: str | None,
+    target: AssetCheckEvaluationTargetMaterializationData | None,
 ) -> Iterator[dg.AssetCheckEvaluation]:
     """One evaluation per declared check; unknown (not graded) fails with severity WARN."""
     outcomes = entry.get("checks") or {"passed": verification_passed(entry)}
@@ -348,33 +380,9 @@ def _check_evaluations(
         passed = outcomes.get(name)
         yield dg.AssetCheckEvaluation(
             asset_key=key, check_name=name, passed=bool(passed), metadata=metadata, partition=partition,
+            target_materialization_data=target,
             severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
         )
-
-
-def batch_check_evaluations(
-    assets: dict[str, Any], step: TaskStep, contexts: dict[str, TaskStepContext],
-) -> Iterator[dg.AssetCheckEvaluation]:
-    """A run of many rows evaluates each check once, over all its rows: every Dagster event
-    costs milliseconds of storage, so rows get a materialization each (score, ``passed``)
-    and the checks a summary naming the rows that fell short."""
-    for kind, name, path in assets["produced"]:
-        if kind != VERIFICATION:
-            continue
-        entries = {k: e for k, c in contexts.items() if (e := (c.metadata.get("verifications") or {}).get(name))}
-        if not entries:
-            continue
-        for check, _ in step.verification_checks():
-            results = {k: (e.get("checks") or {"passed": verification_passed(e)}).get(check) for k, e in entries.items()}
-            short = sorted(k for k, v in results.items() if v is False)
-            ungraded = sorted(k for k, v in results.items() if v is None)
-            yield dg.AssetCheckEvaluation(
-                asset_key=dg.AssetKey(path), check_name=check, passed=not short and not ungraded,
-                severity=dg.AssetCheckSeverity.WARN if not short else dg.AssetCheckSeverity.ERROR,
-                metadata={"rows": len(results), "rows_passed": len(results) - len(short) - len(ungraded),
-                          "rows_failed": dg.MetadataValue.json(short[:100]),
-                          "rows_not_graded": dg.MetadataValue.json(ungraded[:100])},
-            )
 
 
 def _loaded_version(ctx: TaskStepContext, step_id: str, artifact_id: str) -> int | None:

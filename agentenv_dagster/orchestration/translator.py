@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import dagster as dg
 
@@ -176,14 +177,19 @@ class TaskTranslator:
 
     def get_check_specs(self, plan: TaskPlan) -> list[dg.AssetCheckSpec]:
         """The checks each verifier declares (``passed``; Coder Eval adds one per gating
-        criterion) on its verification asset."""
-        return [
-            dg.AssetCheckSpec(name=name, asset=key, description=description)
-            for step in plan.steps
-            for kind, _, key in self.produced_asset_keys(plan.task_id, step)
-            if kind == VERIFICATION
-            for name, description in step.verification_checks()
-        ]
+        criterion) on its verification asset, partitioned as it is: a row's check is evaluated
+        on that row, and the UI shows which rows passed and which fell short. (Partitioned
+        checks are a Dagster preview, whose warning is left out: the project pins Dagster.)"""
+        partitions = self.get_partitions_def(plan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dg.PreviewWarning)
+            return [
+                dg.AssetCheckSpec(name=name, asset=key, description=description, partitions_def=partitions)
+                for step in plan.steps
+                for kind, _, key in self.produced_asset_keys(plan.task_id, step)
+                if kind == VERIFICATION
+                for name, description in step.verification_checks()
+            ]
 
 
 def _acyclic(upstream: dict[str, set[str]]) -> dict[str, list[str]]:

@@ -14,6 +14,7 @@ import dagster as dg
 import pytest
 from test_coder_eval_run import WORDS_TASK, cli
 
+from agentenv_dagster import build_definitions
 from agentenv_dagster.compiler import checked_plan, load_document, step_registry
 from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
@@ -53,6 +54,13 @@ def rows_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
     return [r for r in instance.get_runs() if r.job_name == "words"]
 
 
+def check_partitions(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> dict[str, tuple[str, bool]]:
+    """Each partition's latest evaluation of the check, and whether it judged the partition's
+    latest materialization (what the UI's partition statuses of the check are made of)."""
+    return {info.partition_key: (info.latest_execution_status.value, info.is_current)
+            for info in instance.event_log_storage.get_asset_check_partition_info([key])}
+
+
 @pytest.fixture
 def project(tmp_path):
     root = make_project(tmp_path / "project", extra_config='[task_steps]\nimpls = ["row_steps:RowStep", "row_steps:RowScore"]\n')
@@ -75,12 +83,10 @@ def test_a_dataset_is_one_run_over_its_rows(project):
                                                  limit=1).records[0].asset_materialization.metadata["passed"].value
             for row in ("r1", "r2", "r3")
         }
-        check = instance.event_log_storage.get_latest_asset_check_execution_by_key(
-            [dg.AssetCheckKey(VERIFICATION, "passed")])[dg.AssetCheckKey(VERIFICATION, "passed")]
-        summary = check.event.dagster_event.event_specific_data
+        checks = check_partitions(instance, dg.AssetCheckKey(VERIFICATION, "passed"))
     assert passed == {"r1": True, "r2": True, "r3": False}
-    assert summary.passed is False and summary.metadata["rows_failed"].value == ["r3"]
-    assert summary.metadata["rows_passed"].value == 2
+    # each row's check is a partition of the check, judging that row's latest materialization
+    assert checks == {"r1": ("SUCCEEDED", True), "r2": ("SUCCEEDED", True), "r3": ("FAILED", True)}
     assert [(r.task_id, r.final_status.value) for r in done.results] == [
         ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]  # no scripted reply
     # every row's agent ran in the run's one agent host: one process, three hosted agents
@@ -91,6 +97,26 @@ def test_a_dataset_is_one_run_over_its_rows(project):
     sandboxes = {r.sandbox_path for r in done.results}
     assert len(sandboxes) == 3
     assert all(r.started_at <= r.completed_at and r.duration_seconds < 60 for r in done.results)
+
+
+def test_a_row_s_check_run_on_its_own_judges_that_row(project):
+    """The UI's Execute on a partition of the check (the asset job, its check alone, tagged
+    with the row): it reads that row's latest verification, not the asset's latest of any row."""
+    path = project / "tasks" / "words.yaml"
+    path.write_text(WORDS_TASK.format(extra=""))
+    key = dg.AssetCheckKey(VERIFICATION, "passed")
+    with dg.instance_for_test() as instance:
+        run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance)
+        checks_alone = build_definitions(project / "tasks").resolve_implicit_global_asset_job_def().get_subset(
+            asset_check_selection={key})
+        judged = {}
+        for row in ("r2", "r3"):  # r3, the last row written, did not pass; r2 did
+            result = checks_alone.execute_in_process(instance=instance, tags={"dagster/partition": row})
+            (evaluation,) = result.get_asset_check_evaluations()
+            judged[row] = (evaluation.partition, evaluation.passed)
+        assert judged == {"r2": ("r2", True), "r3": ("r3", False)}
+        assert check_partitions(instance, key) == {
+            "r1": ("SUCCEEDED", True), "r2": ("SUCCEEDED", True), "r3": ("FAILED", True)}
 
 
 def test_a_dataset_op_writes_its_rows_materializations_together(project, tmp_path, monkeypatch):

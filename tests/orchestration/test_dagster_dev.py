@@ -43,6 +43,8 @@ SUITE_QUERY = """{ assetNodeOrError(assetKey: {path: ["suites", "triage-tickets"
 PARTITIONS_QUERY = """query ($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
   partitionKeysByDimension { name partitionKeys }
   assetPartitionStatuses { ... on DefaultPartitionStatuses { materializedPartitions failedPartitions } }
+  assetChecksOrError { ... on AssetChecks { checks { name partitionStatuses {
+    ... on AssetCheckDefaultPartitionStatuses { succeededPartitions failedPartitions } } } } }
 } } }"""
 
 
@@ -99,8 +101,9 @@ def look_at_the_ui(tmp_path, base: str) -> None:
 
 def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -> None:
     """A dataset task's row launched as its partition (the launchpad's partition config and
-    tag), and the partitions as the asset page reads them: the row materialized, the others
-    not; the experiment's suite has a partition per variant. Then the daemon rolls the
+    tag), and the partitions as the asset page and its checks' Partitions tab read them: the
+    row materialized and its check passed, the others not run; the experiment's suite has a
+    partition per variant. Then the daemon rolls the
     task's suite up by itself."""
     from agentenv_dagster import build_definitions
 
@@ -117,6 +120,8 @@ def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -
     rows = node("verifications", "triage-tickets", "success_criteria")
     assert rows["partitionKeysByDimension"][0]["partitionKeys"] == ["t1", "t2", "t3", "t4", "t5", "t6"]
     assert rows["assetPartitionStatuses"] == {"materializedPartitions": ["t2"], "failedPartitions": []}
+    checks = {c["name"]: c["partitionStatuses"] for c in rows["assetChecksOrError"]["checks"]}
+    assert checks["passed"] == {"succeededPartitions": ["t2"], "failedPartitions": []}  # the row's check passed
     suite = node("suites", "triage-tickets__triage-prompts")
     assert [d["partitionKeys"] for d in suite["partitionKeysByDimension"]] == [["full", "terse"]]
 

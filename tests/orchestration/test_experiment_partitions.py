@@ -89,9 +89,12 @@ def test_the_cli_runs_an_experiment_as_the_partitions_of_its_job(project):
         done = run_coder_eval_task(project / "tasks" / "words.yaml", load_config(project), instance=instance,
                                    output_dir=project / "out", experiment=project / "experiments" / "compare.yaml")
         passed = passed_by_partition(instance)
+        checks = {i.partition_key: i.latest_execution_status.value for i in
+                  instance.event_log_storage.get_asset_check_partition_info([dg.AssetCheckKey(VERIFICATION, "passed")])}
         runs = [r for r in instance.get_runs() if r.job_name == "words__compare"]
     assert passed == {"r1|base": True, "r2|base": True, "r3|base": False,
                       "r1|strict": False, "r2|strict": False, "r3|strict": False}
+    assert checks == {key: "SUCCEEDED" if ok else "FAILED" for key, ok in passed.items()}  # a check partition each
     assert sorted(r.tags["agentenv/variant"] for r in runs) == ["base", "strict"]  # one run a variant
     assert sorted((r.variant_id, r.task_id) for r in done.results) == [
         (v, f"words/{row}") for v in ("base", "strict") for row in ("r1", "r2", "r3")]

@@ -10,6 +10,7 @@ import sys
 
 import dagster as dg
 import sqlalchemy as db
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 from dagster._utils.concurrency import ConcurrencySlotStatus
 
 from agentenv_dagster.orchestration.execute import dagster_yaml
@@ -17,12 +18,20 @@ from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogSto
 from projects import in_forked_child
 
 KEY = dg.AssetKey(["verifications", "t", "v"])
+CHECK = dg.AssetCheckKey(KEY, "passed")
+BURST = (dg.DagsterEventType.ASSET_MATERIALIZATION, dg.DagsterEventType.ASSET_CHECK_EVALUATION)
 
 
 @dg.op
 def grade(context):
+    """What a dataset op yields: a materialization a row, then the row's check evaluation."""
     for row in ("r1", "r2", "r3"):
         yield dg.AssetMaterialization(asset_key=KEY, partition=row, metadata={"score": 0.5})
+    for index, row in enumerate(("r1", "r2", "r3")):
+        target = AssetCheckEvaluationTargetMaterializationData(storage_id=100 + index, run_id=context.run_id,
+                                                               timestamp=0.0)
+        yield dg.AssetCheckEvaluation(asset_key=KEY, check_name="passed", passed=row != "r2", partition=row,
+                                      target_materialization_data=target)
     yield dg.Output(None)
 
 
@@ -128,8 +137,8 @@ def test_no_open_database_is_carried_across_a_fork(tmp_path, monkeypatch):
 
 
 def _graded_events(tmp_path) -> list:
-    """Every event of a run of ``graded``: three partition materializations among the step's
-    other events."""
+    """Every event of a run of ``graded``: three partition materializations and their checks
+    among the step's other events."""
     home = tmp_path / "source"
     home.mkdir()
     (home / "dagster.yaml").write_text(dagster_yaml(home))
@@ -151,29 +160,35 @@ def _stored(log: LocalSqliteEventLogStorage) -> dict:
         "latest": asset.asset_entry.last_materialization_record.storage_id == records[-1].storage_id,
         "latest_by_partition": {k: v - records[0].storage_id for k, v in log.get_latest_storage_id_by_partition(
             KEY, dg.DagsterEventType.ASSET_MATERIALIZATION).items()},
+        "checks": sorted((c.partition, c.status.value, c.event.dagster_event.event_specific_data.passed,
+                          c.event.dagster_event.event_specific_data.target_materialization_data.storage_id)
+                         for c in log.get_asset_check_execution_history(CHECK, limit=10)),
+        "check_partitions": sorted((i.partition_key, i.latest_execution_status.value, i.latest_target_materialization_storage_id)
+                                   for i in log.get_asset_check_partition_info([CHECK])),
     }
 
 
-def test_a_burst_of_materializations_written_together_reads_back_as_written_one_by_one(tmp_path):
+def test_a_burst_of_materializations_and_checks_written_together_reads_back_as_written_one_by_one(tmp_path):
     events = _graded_events(tmp_path)
     one_by_one = LocalSqliteEventLogStorage(str(tmp_path / "one"))
     together = LocalSqliteEventLogStorage(str(tmp_path / "together"))
     another_process = LocalSqliteEventLogStorage(str(tmp_path / "together"))  # another reader of the same files
     for event in events:
         one_by_one.store_event(event)
-    materializations = [e for e in events if e.dagster_event_type == dg.DagsterEventType.ASSET_MATERIALIZATION]
-    before = events[:events.index(materializations[0])]
+    burst = [i for i, e in enumerate(events) if e.dagster_event_type in BURST]
+    assert len(burst) == 6 and burst == list(range(burst[0], burst[-1] + 1))
     with together.batched_writes():
-        for event in before:
-            together.store_event(event)
-        for event in materializations:
+        for event in events[:burst[-1] + 1]:
             together.store_event(event)
         assert another_process.get_materialized_partitions(KEY) == set()  # held, not yet written
+        assert another_process.get_asset_check_execution_history(CHECK, limit=10) == []
     assert another_process.get_materialized_partitions(KEY) == {"r1", "r2", "r3"}
-    for event in events[len(before) + len(materializations):]:
+    for event in events[burst[-1] + 1:]:
         together.store_event(event)
     assert _stored(together) == _stored(one_by_one)
     assert _stored(together)["materializations"] == [("r1", 0.5), ("r2", 0.5), ("r3", 0.5)]
+    assert _stored(together)["check_partitions"] == [("r1", "SUCCEEDED", 100), ("r2", "FAILED", 101),
+                                                     ("r3", "SUCCEEDED", 102)]
 
 
 def test_what_is_held_is_written_before_any_read_or_other_write(tmp_path):
