@@ -337,6 +337,9 @@ def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
     return metadata
 
 
+ROWS_A_QUERY = 1000
+
+
 def check_evaluations(
     instance: dg.DagsterInstance, assets: dict[str, Any], step: TaskStep, contexts: dict[str, TaskStepContext],
 ) -> Iterator[dg.AssetCheckEvaluation]:
@@ -358,14 +361,17 @@ def check_evaluations(
 def _latest_materializations(
     instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str],
 ) -> dict[str | None, AssetCheckEvaluationTargetMaterializationData]:
-    """The latest materialization of each of ``rows`` (of the asset, when none), in one query:
-    the op has just written one a row, so they are the newest ``len(rows)`` of those partitions."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=rows or None), limit=max(len(rows), 1)).records
+    """The latest materialization of each of ``rows`` (of the asset, when none), a query per
+    ``ROWS_A_QUERY``: the op has just written one a row, so they are the newest of those
+    partitions (and SQLite takes a bounded number of parameters)."""
     latest: dict[str | None, AssetCheckEvaluationTargetMaterializationData] = {}
-    for record in records:
-        latest.setdefault(record.partition_key, AssetCheckEvaluationTargetMaterializationData(
-            storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp))
+    for start in range(0, max(len(rows), 1), ROWS_A_QUERY):
+        chunk = rows[start:start + ROWS_A_QUERY]
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1)).records
+        for record in records:
+            latest.setdefault(record.partition_key, AssetCheckEvaluationTargetMaterializationData(
+                storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp))
     return latest
 
 
