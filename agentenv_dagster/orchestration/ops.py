@@ -14,8 +14,11 @@ from functools import lru_cache
 from typing import Any, Iterator
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
-from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationPlanned,
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
 
 from ..context import TaskStepContext
 from ..naming import node_name
@@ -136,7 +139,7 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
             yield from asset_events(assets, outcome.step, contexts[key], key or None, prices=prices,
                                     replicate=replicate)
     with _batched_event_writes(context.instance):  # then a check evaluation a row and check
-        yield from check_evaluations(context.instance, assets, step, kept)
+        yield from check_evaluations(context.instance, assets, kept)
     done = {key: ctx.to_dict() for key, ctx in kept.items()}
     durations = [o.duration_seconds for key, o in outcomes.items() if key not in failed]
     metadata: dict[str, Any] = {"duration_seconds": round(max(durations, default=0.0), 3)}
@@ -154,22 +157,31 @@ def _batched_event_writes(instance: dg.DagsterInstance):
 
 def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
     """Each task asset the stopped rows will not get (from this step on) as a planned
-    materialization: in a failed run, that is what Dagster shows as a failed partition (open
-    source storage keeps no failure events), so a backfill can pick out just those rows."""
-    partitioned = context.job_def.partitions_def is not None
-    rows = [key or None for key in keys if key != UNPARTITIONED or not partitioned]
+    materialization, and each of its checks as a planned evaluation: in a failed run, that is
+    what Dagster shows as a failed partition of the asset and an execution-failed partition of
+    the check (open source storage keeps no failure events), so a backfill can pick out just
+    those rows."""
+    partitions = context.job_def.partitions_def
+    rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
     step_key = str(context.op_handle)
-    for asset_key in unreached_assets(context.job_def, context.op_handle.name):
-        for row in rows:
-            context.instance.report_dagster_event(
-                DagsterEvent.build_asset_materialization_planned_event(
-                    context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)),
-                run_id=context.run_id, log_level=logging.DEBUG,
-            )
+    events = []
+    subset = partitions.subset_with_partition_keys(rows) if partitions is not None and rows else None
+    for asset_key, checks in unreached_assets(context.job_def, context.op_handle.name):
+        events += [DagsterEvent.build_asset_materialization_planned_event(
+            context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
+        events += [DagsterEvent(  # as Dagster's run planning builds it
+            event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
+            message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
+            event_specific_data=AssetCheckEvaluationPlanned(
+                asset_key=asset_key, check_name=check, partitions_subset=subset),
+            step_key=step_key) for check in checks if rows]
+    for event in events:
+        context.instance.report_dagster_event(event, run_id=context.run_id, log_level=logging.DEBUG)
 
 
-def unreached_assets(job: dg.JobDefinition, node: str) -> list[dg.AssetKey]:
-    """The task-scoped assets (verifications, collections) of ``node`` and every node after it."""
+def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
+    """The task-scoped assets (verifications, collections) of ``node`` and every node after it,
+    each with its checks."""
     structure = job.graph.dependency_structure
     seen, todo = set(), [node]
     while todo:
@@ -178,8 +190,12 @@ def unreached_assets(job: dg.JobDefinition, node: str) -> list[dg.AssetKey]:
             seen.add(name)
             todo += [i.node_name for inputs in structure.output_to_downstream_inputs_for_node(name).values()
                      for i in inputs]
-    return [dg.AssetKey(path) for name in sorted(seen)
-            for kind, _, path in node_assets(job.graph.node_named(name).tags)["produced"] if kind != ARTIFACT]
+    unreached = []
+    for name in sorted(seen):
+        assets = node_assets(job.graph.node_named(name).tags)
+        unreached += [(dg.AssetKey(path), assets["checks"] if kind == VERIFICATION else [])
+                      for kind, _, path in assets["produced"] if kind != ARTIFACT]
+    return unreached
 
 
 def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
@@ -341,7 +357,7 @@ ROWS_A_QUERY = 1000
 
 
 def check_evaluations(
-    instance: dg.DagsterInstance, assets: dict[str, Any], step: TaskStep, contexts: dict[str, TaskStepContext],
+    instance: dg.DagsterInstance, assets: dict[str, Any], contexts: dict[str, TaskStepContext],
 ) -> Iterator[dg.AssetCheckEvaluation]:
     """Each declared check of each row's verification, as that row's partition of the check
     (so the UI shows which rows passed and which fell short), pointing at the materialization
@@ -355,7 +371,7 @@ def check_evaluations(
         key = dg.AssetKey(path)
         targets = _latest_materializations(instance, key, [row for row in entries if row])
         for row, entry in entries.items():
-            yield from _check_evaluations(key, entry, step, row or None, targets.get(row or None))
+            yield from _check_evaluations(key, entry, assets["checks"], row or None, targets.get(row or None))
 
 
 def _latest_materializations(
@@ -376,13 +392,13 @@ def _latest_materializations(
 
 
 def _check_evaluations(
-    key: dg.AssetKey, entry: dict[str, Any], step: TaskStep, partition: str | None,
+    key: dg.AssetKey, entry: dict[str, Any], checks: list[str], partition: str | None,
     target: AssetCheckEvaluationTargetMaterializationData | None,
 ) -> Iterator[dg.AssetCheckEvaluation]:
     """One evaluation per declared check; unknown (not graded) fails with severity WARN."""
     outcomes = entry.get("checks") or {"passed": verification_passed(entry)}
     metadata = {"score": entry["score"]} if entry.get("score") is not None else {"reason": entry.get("reason", "not graded")}
-    for name, _ in step.verification_checks():
+    for name in checks:
         passed = outcomes.get(name)
         yield dg.AssetCheckEvaluation(
             asset_key=key, check_name=name, passed=bool(passed), metadata=metadata, partition=partition,

@@ -91,9 +91,10 @@ def range_tags(plan, keys: list[str]) -> dict[str, str]:
 
 
 def node_assets(tags: dict[str, str]) -> dict[str, Any]:
-    """A node's asset keys from its tag: ``produced`` [kind, name, path] and ``loaded``."""
+    """A node's asset keys from its tag: ``produced`` [kind, name, path], ``loaded``, and the
+    ``checks`` of its verifications."""
     raw = tags.get(STEP_ASSETS_TAG)
-    return json.loads(raw) if raw else {"produced": [], "loaded": {}}
+    return {"produced": [], "loaded": {}, "checks": [], **(json.loads(raw) if raw else {})}
 
 
 def rows_not_passed(instance: dg.DagsterInstance, job: dg.JobDefinition, keys: list[str]) -> list[str]:

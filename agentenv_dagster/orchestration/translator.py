@@ -120,14 +120,18 @@ class TaskTranslator:
         return keys
 
     def get_step_assets_tag(self, plan: TaskPlan, step: TaskStep) -> str:
-        """The asset keys a step's op reports, carried as a node tag so a run uses the
-        translator that built the job (ops are shared; the node knows its step)."""
+        """The asset keys a step's op reports, and the checks of its verifications, carried as
+        a node tag so a run uses the translator that built the job (ops are shared; the node
+        knows its step)."""
+        produced = self.produced_asset_keys(plan.task_id, step)
         return json.dumps({
-            "produced": [[kind, name, key.path] for kind, name, key in self.produced_asset_keys(plan.task_id, step)],
+            "produced": [[kind, name, key.path] for kind, name, key in produced],
             "loaded": {
                 n.name: self.get_loaded_artifact_asset_key(n.name).path
                 for n in step.names_read() if n.kind == ARTIFACT
             },
+            "checks": [name for name, _ in step.verification_checks()]
+            if any(kind == VERIFICATION for kind, _, _ in produced) else [],
         })
 
     def get_asset_specs(self, plan: TaskPlan) -> list[dg.AssetSpec]:

@@ -54,11 +54,13 @@ def rows_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
     return [r for r in instance.get_runs() if r.job_name == "words"]
 
 
-def check_partitions(instance: dg.DagsterInstance, key: dg.AssetCheckKey) -> dict[str, tuple[str, bool]]:
-    """Each partition's latest evaluation of the check, and whether it judged the partition's
-    latest materialization (what the UI's partition statuses of the check are made of)."""
-    return {info.partition_key: (info.latest_execution_status.value, info.is_current)
-            for info in instance.event_log_storage.get_asset_check_partition_info([key])}
+def check_statuses(instance: dg.DagsterInstance, key: dg.AssetCheckKey, rows: list[str]) -> dict[str, str]:
+    """Each partition's status as the check's Partitions tab shows it (Dagster's check state:
+    an evaluation counts while it judged the partition's latest materialization; a planned one
+    in a failed run is an execution failure)."""
+    state = instance.event_log_storage.get_asset_check_state([(key, dg.StaticPartitionsDefinition(rows))])[key]
+    return {row: status.value for status, subset in state.subsets.items()
+            for row in subset.subset_value.get_partition_keys()}
 
 
 @pytest.fixture
@@ -86,10 +88,10 @@ def test_a_dataset_is_one_run_over_its_rows(project, monkeypatch):
                                                  limit=1).records[0].asset_materialization.metadata["passed"].value
             for row in ("r1", "r2", "r3")
         }
-        checks = check_partitions(instance, dg.AssetCheckKey(VERIFICATION, "passed"))
+        checks = check_statuses(instance, dg.AssetCheckKey(VERIFICATION, "passed"), ["r1", "r2", "r3"])
     assert passed == {"r1": True, "r2": True, "r3": False}
     # each row's check is a partition of the check, judging that row's latest materialization
-    assert checks == {"r1": ("SUCCEEDED", True), "r2": ("SUCCEEDED", True), "r3": ("FAILED", True)}
+    assert checks == {"r1": "SUCCEEDED", "r2": "SUCCEEDED", "r3": "FAILED"}
     assert [(r.task_id, r.final_status.value) for r in done.results] == [
         ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]  # no scripted reply
     # every row's agent ran in the run's one agent host: one process, three hosted agents
@@ -118,8 +120,8 @@ def test_a_row_s_check_run_on_its_own_judges_that_row(project):
             (evaluation,) = result.get_asset_check_evaluations()
             judged[row] = (evaluation.partition, evaluation.passed)
         assert judged == {"r2": ("r2", True), "r3": ("r3", False)}
-        assert check_partitions(instance, key) == {
-            "r1": ("SUCCEEDED", True), "r2": ("SUCCEEDED", True), "r3": ("FAILED", True)}
+        assert check_statuses(instance, key, ["r1", "r2", "r3"]) == {"r1": "SUCCEEDED", "r2": "SUCCEEDED",
+                                                                     "r3": "FAILED"}
 
 
 def test_a_dataset_op_writes_its_rows_materializations_together(project, tmp_path, monkeypatch):
@@ -197,6 +199,10 @@ def test_rows_that_stop_are_the_failed_partitions_of_the_assets_they_never_reach
         status = instance.get_status_by_partition(key, list(seeds), partitions)
         assert {k: getattr(v, "value", v) for k, v in status.items()} == {
             "a": "MATERIALIZED", "b": "FAILED", "c": "FAILED", "d": None}
+        # and of its check: the stopped rows' evaluations were planned, and the run failed
+        check = dg.AssetCheckKey(key, "passed")
+        assert check_statuses(instance, check, list(seeds)) == {
+            "a": "SUCCEEDED", "b": "EXECUTION_FAILED", "c": "EXECUTION_FAILED"}
         # the stopped rows' contexts are kept, and the run's final output holds the rest
         assert set(run.contexts) == {"a", "b", "c"}
         # a later run of a failed row that gets through clears its failure
@@ -204,6 +210,8 @@ def test_rows_that_stop_are_the_failed_partitions_of_the_assets_they_never_reach
         assert execute_plan(fixed, config, instance=instance, partition_keys=["b"]).success
         status = instance.get_status_by_partition(key, list(seeds), partitions)
         assert getattr(status["b"], "value", None) == "MATERIALIZED" and status["c"].value == "FAILED"
+        assert check_statuses(instance, check, list(seeds)) == {
+            "a": "SUCCEEDED", "b": "SUCCEEDED", "c": "EXECUTION_FAILED"}
 
 
 def test_a_launch_over_a_partition_range_without_row_config_reads_the_rows_from_the_job(project):
