@@ -128,7 +128,9 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     replicate = int(context.run.tags[REPLICATE_TAG]) if REPLICATE_TAG in context.run.tags else None
     prices = resource.load_config().model.prices if assets["produced"] else {}
     kept = {key: contexts[key] for key in outcomes if key not in failed}
-    with _batched_event_writes(context.instance):  # a materialization a row, in one burst
+    # a materialization a row, then a check evaluation a row and check, in one burst (the
+    # checks' query for the materializations they judge writes those first)
+    with _batched_event_writes(context.instance):
         for key, outcome in outcomes.items():
             if key in failed:
                 context.log.error(f"row '{key}': {outcome}")
@@ -138,7 +140,6 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
                                     f"{outcome.failure['error']}")
             yield from asset_events(assets, outcome.step, contexts[key], key or None, prices=prices,
                                     replicate=replicate)
-    with _batched_event_writes(context.instance):  # then a check evaluation a row and check
         yield from check_evaluations(context.instance, assets, kept)
     done = {key: ctx.to_dict() for key, ctx in kept.items()}
     durations = [o.duration_seconds for key, o in outcomes.items() if key not in failed]
