@@ -72,6 +72,24 @@ def run_steps(root: Path, steps: list[dict], *, context: dict | None = None):
     return asyncio.run(run_plan(plan, config, context=TaskStepContext.from_dict(context or {})))
 
 
+def run_direct(root: Path, step: dict, context):
+    """One step's ``execute`` under a plain runtime, for records no deploy step can make
+    (an agent served by the test itself); returns ``context``."""
+    import asyncio
+
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.runtime.base import RunInfo, StepRuntime
+    from agentenv_dagster.steps import BUILTIN_STEPS
+
+    async def go():
+        run = RunInfo(run_id="direct", task_id="direct", run_dir=root / ".agentenv" / "direct")
+        async with StepRuntime(load_config(root), run) as rt:
+            await BUILTIN_STEPS.get(step["type"]).model_validate(step).execute(context, rt)
+        return context
+
+    return asyncio.run(go())
+
+
 def dagster_project(root: Path) -> Path:
     """Give a project this checkout's ``definitions.py`` and ``workspace.yaml`` and its own
     instance folder (the project's local storage); the instance folder."""

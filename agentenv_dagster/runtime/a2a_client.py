@@ -6,14 +6,20 @@ would cost a fast agent a whole poll interval); past the deadline the tasks of t
 context are found with ``ListTasks`` and cancelled. A task that comes back unfinished
 (``input-required``, an agent that answers early) is followed with ``GetTask`` polling. The agentenv extension URIs live here too, as the
 one definition shared by this client and the embedded agents.
+
+Extensions may also ride on the prompt itself, A2A's way: a payload in ``message.metadata[uri]``
+(listed in ``message.extensions``), and extensions asked of the reply in the ``A2A-Extensions``
+header, which an agent answers in its reply message's ``metadata[uri]``. Agents that do so save
+a request each way per prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -34,6 +40,7 @@ DEFAULT_ENDPOINTS = {
 TRIGGERS_DECIDE_ENDPOINT = "/ext/triggers/decide"  # the triggers extension's second endpoint
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
+EXTENSIONS_HEADER = "A2A-Extensions"
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected"})
 MAX_POLL_FAILURES = 5
 _HEADERS = {"A2A-Version": "1.0"}
@@ -52,6 +59,7 @@ class A2AReply:
     state: str
     text: str
     data: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)  # the reply message's, by extension URI
 
 
 class A2AClient:
@@ -98,12 +106,15 @@ class A2AClient:
         timeout_seconds: float,
         poll_interval: float = 0.2,
         context_id: str | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+        requested_extensions: tuple[str, ...] = (),
     ) -> A2AReply:
         """Send one text prompt and wait until its task ends.
 
         ``url`` is the agent's JSON-RPC endpoint: the base URL of an embedded agent, the
-        card's ``supportedInterfaces[].url`` in general. On the deadline the task is
-        cancelled (best effort) and TimeoutError is raised.
+        card's ``supportedInterfaces[].url`` in general. ``extensions`` are payloads the message
+        carries, by extension URI; ``requested_extensions`` are asked of the reply. On the
+        deadline the task is cancelled (best effort) and TimeoutError is raised.
         """
         deadline = time.monotonic() + timeout_seconds
         context_id = context_id or uuid.uuid4().hex  # ours, so a timed-out task can be found
@@ -113,8 +124,11 @@ class A2AClient:
             "parts": [{"text": text}],
             "contextId": context_id,
         }
+        if extensions:
+            message.update(extensions=list(extensions), metadata=extensions)
+        headers = {**_HEADERS, EXTENSIONS_HEADER: ",".join(requested_extensions)} if requested_extensions else _HEADERS
         try:
-            result = await self._rpc(url, "SendMessage", {"message": message}, deadline, exact=True)
+            result = await self._rpc(url, "SendMessage", {"message": message}, deadline, exact=True, headers=headers)
         except httpx.TimeoutException:
             task_ids = await self._cancel_context(url, context_id)
             raise TimeoutError(
@@ -138,7 +152,7 @@ class A2AClient:
                 )
             await asyncio.sleep(poll_interval)
             try:
-                task = await self._rpc(url, "GetTask", {"id": task_id}, deadline)
+                task = await self._rpc(url, "GetTask", {"id": task_id}, deadline, headers=headers)
                 failures = 0
             except httpx.TransportError:
                 failures += 1  # a dropped poll is retried; an agent that is gone is not
@@ -163,11 +177,12 @@ class A2AClient:
         except (A2AError, httpx.HTTPError):
             pass
 
-    async def _rpc(self, url: str, method: str, params: dict, deadline: float, exact: bool = False) -> dict:
+    async def _rpc(self, url: str, method: str, params: dict, deadline: float, exact: bool = False,
+                   headers: dict[str, str] = _HEADERS) -> dict:
         """``exact``: time out at the deadline itself (a blocking send), else allow a second."""
         payload = {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": method, "params": params}
         timeout = max(deadline - time.monotonic(), 0.001 if exact else 1.0)
-        response = await self._http.post(url, json=payload, headers=_HEADERS, timeout=timeout)
+        response = await self._http.post(url, json=payload, headers=headers, timeout=timeout)
         _raise_for_status("POST", response)
         body = response.json()
         if body.get("error"):
@@ -184,6 +199,20 @@ class A2AClient:
         response = await self._http.request(method, target, json=body)
         _raise_for_status(method, response)
         return response.json() if response.content else {}
+
+
+def trajectory_metadata(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A task's trajectory as its reply message carries it: JSON text, because a metadata value
+    travels as a protobuf Struct, which would turn every number into a double (and cost more)."""
+    return {TRAJECTORY_URI: {"trajectory_json": json.dumps(events)}}
+
+
+def reply_trajectory(reply: A2AReply) -> Any | None:
+    """The trajectory the agent attached to its reply, or None when it attached none."""
+    carried = reply.metadata.get(TRAJECTORY_URI)
+    if not isinstance(carried, dict) or not isinstance(carried.get("trajectory_json"), str):
+        return None
+    return json.loads(carried["trajectory_json"])
 
 
 def _join(base: str, path: str) -> str:
@@ -215,7 +244,7 @@ def _reply(task: dict) -> A2AReply:
     data: dict[str, Any] = {}
     for part in status_parts:
         if isinstance(part.get("data"), dict):
-            data.update(_whole_numbers(part["data"]))
+            data.update(whole_numbers(part["data"]))
     message = task.get("status", {}).get("message") or {}
     return A2AReply(
         task_id=task.get("id", ""),
@@ -223,16 +252,17 @@ def _reply(task: dict) -> A2AReply:
         state=_state(task),
         text=texts[-1] if texts else "",
         data=data,
+        metadata=message.get("metadata") or {},
     )
 
 
-def _whole_numbers(value: Any) -> Any:
+def whole_numbers(value: Any) -> Any:
     """Data parts travel as protobuf Values, where every number is a double: 3 comes back
     as 3.0. Give counts back their integer type."""
     if isinstance(value, dict):
-        return {k: _whole_numbers(v) for k, v in value.items()}
+        return {k: whole_numbers(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_whole_numbers(v) for v in value]
+        return [whole_numbers(v) for v in value]
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value

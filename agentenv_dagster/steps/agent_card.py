@@ -18,6 +18,7 @@ class ExtensionRequest:
     required: tuple[str, ...]
     optional: tuple[str, ...]
     supported: tuple[str, ...]
+    in_message: bool = False  # the operation may ride on a prompt (message.metadata[uri])
 
 
 def extension_request(card: dict[str, Any], uri: str, operation: str) -> ExtensionRequest | None:
@@ -26,10 +27,12 @@ def extension_request(card: dict[str, Any], uri: str, operation: str) -> Extensi
         if ext.get("uri") != uri:
             continue
         params = ext.get("params") or ext.get("config") or {}
-        request = ((params.get("methods") or {}).get(operation) or {}).get("request") or {}
+        method = (params.get("methods") or {}).get(operation) or {}
+        request = method.get("request") or {}
         return ExtensionRequest(
             required=tuple(request.get("required") or ()),
             optional=tuple(request.get("optional") or ()),
             supported=tuple(request.get("supported") or ()),
+            in_message=method.get("in_message") is True,
         )
     return None

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from pydantic import model_validator
 
 from ..context import PromptResponse, TaskStepContext
+from ..runtime.a2a_client import reply_trajectory
 from ..runtime.base import StepRuntime
 from .agent_card import AGENT_CONFIG, TRAJECTORY, extension_request
 from .base import AGENT, DEFAULT_AGENT_NAME, PROMPT, SANDBOX, ContextName, TaskStep
@@ -145,21 +146,27 @@ class PromptAgentStep(TaskStep):
         url = agent.a2a_url or agent.api_url
         card = agent.a2a_card or await rt.a2a.get_card(url)
         model = ctx.agent_model or self.model or ctx.default_agent_model
-        await self._configure(rt, ctx, url, card, model)
+        config = await self._configure(rt, ctx, url, card, model)
         if user is None:
-            await self._single_turn(ctx, rt, agent, url, card, model)
+            await self._single_turn(ctx, rt, agent, url, card, model, config)
         else:
             await configure_user(rt, user, model=self.user_model, output_format=self.user_output_format,
                                  timeout_seconds=self.user_agent_timeout_seconds)
-            await self._conversation(ctx, rt, agent, url, card, model, user)
+            await self._conversation(ctx, rt, agent, url, card, model, user, config)
         await capture_env_trigger_state(ctx, rt, self.id)
 
-    async def _single_turn(self, ctx, rt, agent, url, card, model) -> None:
-        reply = await rt.a2a.send_and_wait(
-            url, self.prompt_text(), timeout_seconds=self.timeout_seconds,
-            poll_interval=min(self.poll_interval_seconds, 0.25), context_id=self.context_id,
+    async def _send(self, rt, url, card, message: str, context_id: str | None, config: dict | None):
+        """One turn: ``config`` rides on the message when the agent takes it there; the
+        trajectory is asked for on the reply when the agent offers one."""
+        return await rt.a2a.send_and_wait(
+            url, message, timeout_seconds=self.timeout_seconds,
+            poll_interval=min(self.poll_interval_seconds, 0.25), context_id=context_id,
+            extensions=config, requested_extensions=(TRAJECTORY,) if _has(card, TRAJECTORY) else (),
         )
-        trajectory_url, _ = await self._store_trajectory(rt, url, card, reply.task_id)
+
+    async def _single_turn(self, ctx, rt, agent, url, card, model, config) -> None:
+        reply = await self._send(rt, url, card, self.prompt_text(), self.context_id, config)
+        trajectory_url, _ = await self._store_trajectory(rt, url, card, reply)
         data = reply.data or {}
         usage = data.get("usage") or {}
         response = self._response(reply, model, trajectory_url, usage)
@@ -169,10 +176,11 @@ class PromptAgentStep(TaskStep):
         ctx.metadata_map("a2a_conversations")[self.id] = reply.context_id
         self._raise_if_failed(response, reply, agent)
 
-    async def _conversation(self, ctx, rt, agent, url, card, model, user: UserEndpoint) -> None:
+    async def _conversation(self, ctx, rt, agent, url, card, model, user: UserEndpoint, config) -> None:
         """Agent turn, then the user's answer, until the user is done (or stops, or fails),
         the turns run out, the token budget is spent or the criteria pass. Every turn is
-        recorded; the agent keeps one A2A context throughout."""
+        recorded; the agent keeps one A2A context throughout (and gets ``config`` with its
+        first message)."""
         context_id = self.context_id or uuid.uuid4().hex
         turns: list[dict[str, Any]] = []
         events: list[dict[str, Any]] = []
@@ -198,16 +206,13 @@ class PromptAgentStep(TaskStep):
                 outputs.setdefault(self.id, []).append({"turn": index, **said.extra})
             started = datetime.now(timezone.utc)
             try:
-                reply = await rt.a2a.send_and_wait(
-                    url, message, timeout_seconds=self.timeout_seconds,
-                    poll_interval=min(self.poll_interval_seconds, 0.25), context_id=context_id,
-                )
+                reply = await self._send(rt, url, card, message, context_id, None if turns else config)
             except Exception as exc:  # the turns so far stay on record
                 if turns:
                     self._record_conversation(ctx, rt, turns, events, usage, user_usage, ERROR, str(exc), None,
                                               model, context_id, user)
                 raise
-            trajectory_url, turn_events = await self._store_trajectory(rt, url, card, reply.task_id)
+            trajectory_url, turn_events = await self._store_trajectory(rt, url, card, reply)
             events += turn_events
             data = reply.data or {}
             add_usage(usage, data.get("usage"))
@@ -343,10 +348,12 @@ class PromptAgentStep(TaskStep):
         )
         raise RuntimeError(f"A2A task failed ({details}): {response.error_message or reply.text}")
 
-    async def _configure(self, rt, ctx, url, card, model) -> None:
+    async def _configure(self, rt, ctx, url, card, model) -> dict[str, dict] | None:
+        """POST the agent-config, or, when the agent takes it on a prompt, return it as the
+        first message's extension payload (one request fewer a prompt)."""
         request = extension_request(card, AGENT_CONFIG, "set")
         if request is None:
-            return
+            return None
         wanted = {
             "model": model,
             "system_prompt": self.system_prompt,
@@ -362,16 +369,23 @@ class PromptAgentStep(TaskStep):
         if self.stop_early is not None and "stop_early" not in request.supported:
             rt.log.warning("agent at %s cannot stop early (no stop_early agent-config): the run goes in full", url)
         body = {k: v for k, v in wanted.items() if v is not None and k in request.supported}
-        if body:
-            await rt.a2a.post_extension(url, card, AGENT_CONFIG, body)
+        if not body:
+            return None
+        if request.in_message:
+            return {AGENT_CONFIG: body}
+        await rt.a2a.post_extension(url, card, AGENT_CONFIG, body)
+        return None
 
-    async def _store_trajectory(self, rt, url, card, task_id) -> tuple[str | None, list[dict[str, Any]]]:
-        """Fetch the agent's trajectory of one turn (if it offers one) into the object store;
-        its URL and its events."""
+    async def _store_trajectory(self, rt, url, card, reply) -> tuple[str | None, list[dict[str, Any]]]:
+        """The agent's trajectory of one turn (if it offers one: on the reply, else fetched)
+        into the object store; its URL and its events."""
+        task_id = reply.task_id
         if not task_id or not _has(card, TRAJECTORY):
             return None, []
         try:
-            trajectory = await rt.a2a.get_trajectory(url, card, task_id)
+            trajectory = reply_trajectory(reply)
+            if trajectory is None:
+                trajectory = await rt.a2a.get_trajectory(url, card, task_id)
         except Exception as exc:  # tolerated, as upstream: recorded as None
             rt.log.warning("trajectory of task %s not fetched: %s", task_id, exc)
             return None, []

@@ -18,8 +18,10 @@ from agentenv_dagster.runtime.a2a_client import (
     AGENT_CONFIG_URI,
     MCP_CONFIG_URI,
     SKILL_CONFIG_URI,
+    TRAJECTORY_URI,
     A2AClient,
     A2AError,
+    reply_trajectory,
 )
 from agentenv_dagster.runtime.processes import is_running, spawn_server, terminate
 
@@ -121,3 +123,30 @@ async def test_deadline_cancels_the_task_and_raises(a2a, agent_url):
 async def test_json_rpc_errors_are_raised(a2a, legacy_stub):
     with pytest.raises(RuntimeError, match="A2A message/send failed: .*Method not found"):
         await a2a.send_and_wait(legacy_stub, "hi", timeout_seconds=5)
+
+
+async def test_a_prompt_carries_extensions_both_ways(a2a, agent_url):
+    """An agent-config set rides on the message (numbers keep their type through the
+    message's Struct) and the trajectory asked for comes back on the reply, as fetched."""
+    card = await a2a.get_card(agent_url)
+    reply = await a2a.send_and_wait(
+        agent_url, "echo carried", timeout_seconds=20,
+        extensions={AGENT_CONFIG_URI: {"model": "carried-model", "max_turns": 3, "timeout_seconds": 12.5}},
+        requested_extensions=(TRAJECTORY_URI,))
+    assert (reply.state, reply.text) == ("completed", "echoed")
+    config = (await a2a.get_extension(agent_url, card, AGENT_CONFIG_URI))["config"]
+    assert (config["model"], config["max_turns"], config["timeout_seconds"]) == ("carried-model", 3, 12.5)
+    assert isinstance(config["max_turns"], int)
+    assert reply_trajectory(reply) == await a2a.get_trajectory(agent_url, card, reply.task_id) == [
+        {"type": "message", "role": "user", "text": "echo carried"},
+        {"type": "message", "role": "assistant", "text": "echoed"}]
+
+    unasked = await a2a.send_and_wait(agent_url, "echo again", timeout_seconds=20)
+    assert unasked.state == "completed" and reply_trajectory(unasked) is None
+
+    refused = await a2a.send_and_wait(agent_url, "echo me", timeout_seconds=20,
+                                      extensions={AGENT_CONFIG_URI: {"bogus": 1}})
+    assert refused.state == "failed"
+    assert refused.text == "AgentConfigError: unsupported agent-config fields: ['bogus']"
+    assert refused.data["error_type"] == "AgentConfigError"
+    assert "bogus" not in (await a2a.get_extension(agent_url, card, AGENT_CONFIG_URI))["config"]

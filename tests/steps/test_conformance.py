@@ -3,9 +3,7 @@ deliberately broken servers that must fail the right check with a clear message.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,12 +16,9 @@ from starlette.routing import Route
 
 from agentenv_dagster.builtin.agents.replay import ReplayBrain
 from agentenv_dagster.builtin.agents.server import EmbeddedAgent, build_app, build_card
-from agentenv_dagster.config import load_config
 from agentenv_dagster.context import DeployedAgent, DeployedEnv, TaskStepContext
-from agentenv_dagster.runtime.base import RunInfo, StepRuntime
 from agentenv_dagster.runtime.sandbox import LocalSandbox
-from agentenv_dagster.steps import BUILTIN_STEPS
-from projects import leaked_servers, make_project, run_steps
+from projects import leaked_servers, make_project, run_direct, run_steps
 
 EMAIL = {"id": "email", "type": "deploy_env", "env_id": "email", "depends_on": []}
 INBOX = {"id": "inbox", "type": "load_artifact", "env_id": "email", "artifact_id": "inbox", "depends_on": ["email"]}
@@ -47,19 +42,6 @@ def failed(context: TaskStepContext, verifier_id: str) -> dict[str, str]:
     """Counted checks that did not pass: {check id: justification}."""
     return {i: r["justification"] for i, r in rows_of(context, verifier_id).items()
             if not r.get("skipped") and r["result"] is not True}
-
-
-def run_direct(root: Path, step: dict, context: TaskStepContext) -> TaskStepContext:
-    """One step's ``execute`` under a plain runtime, for records no deploy step can make
-    (an agent served by the test itself)."""
-    async def go():
-        config = load_config(root)
-        run = RunInfo(run_id="direct", task_id="direct", run_dir=root / ".agentenv" / "direct")
-        async with StepRuntime(config, run) as rt:
-            await BUILTIN_STEPS.get(step["type"]).model_validate(step).execute(context, rt)
-        return context
-
-    return asyncio.run(go())
 
 
 # -- envs --------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types import AgentCapabilities, AgentCard, AgentExtension, AgentInterface, AgentSkill
+from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -41,6 +42,8 @@ from agentenv_dagster.runtime.a2a_client import (
     TRAJECTORY_URI,
     TRIGGERS_DECIDE_ENDPOINT,
     TRIGGERS_URI,
+    trajectory_metadata,
+    whole_numbers,
 )
 from agentenv_dagster.runtime.sandbox import LocalSandbox
 
@@ -239,6 +242,12 @@ class EmbeddedAgent(AgentExecutor):
         await event_queue.enqueue_event(task)
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         await updater.start_work()
+        refused = self.set_config(carried) if (carried := _carried_config(context)) is not None else None
+        if refused is not None:  # as a POSTed agent-config would have been: before any work
+            parts = [new_text_part(f"AgentConfigError: {refused}"),
+                     new_data_part({"error_type": "AgentConfigError", "error_message": refused})]
+            await updater.failed(updater.new_agent_message(parts))
+            return
         session = TaskSession(self.config, self.skills, self.sandbox, self.workspace)
         session.context_id = task.context_id
         session.watcher = self.watcher
@@ -259,14 +268,14 @@ class EmbeddedAgent(AgentExecutor):
             session.record({"type": "error", "error_type": error_type, "error_message": message})
             data = {**_reply_data(session), "error_type": error_type, "error_message": message}
             parts = [new_text_part(f"{error_type}: {message}"), new_data_part(data)]
-            await updater.failed(updater.new_agent_message(parts))
+            await updater.failed(updater.new_agent_message(parts, _reply_metadata(context, session)))
             return
         finally:
             if self.watcher is not None:
                 self.watcher.attempt_ended()
         session.record_message("assistant", reply.text)
         parts = [new_text_part(reply.text), new_data_part(_reply_data(session))]
-        await updater.complete(updater.new_agent_message(parts))
+        await updater.complete(updater.new_agent_message(parts, _reply_metadata(context, session)))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Nothing to do: the SDK cancels ``execute`` (closing its MCP connections) and
@@ -288,21 +297,26 @@ class EmbeddedAgent(AgentExecutor):
         return JSONResponse({"name": alias, "url": entry["url"]})
 
     async def agent_config(self, request: Request) -> JSONResponse:
-        if request.method == "POST":
-            body = await _json_object(request)
-            unknown = sorted(set(body) - set(CONFIG_FIELDS))
-            mistyped = sorted(k for k, v in body.items() if k in CONFIG_FIELDS
-                              and v is not None and not isinstance(v, CONFIG_FIELDS[k]))
-            if unknown or mistyped:
-                return _bad_request(f"unsupported agent-config fields: {unknown}" if unknown
-                                    else f"agent-config fields of the wrong type: {mistyped}")
-            if "stop_early" in body and body["stop_early"] != self.config.get("stop_early"):
-                try:
-                    self.watcher = _build_watcher(body["stop_early"], body.get("max_turns", self.config.get("max_turns")))
-                except ValueError as exc:
-                    return _bad_request(f"stop_early: {exc}")
-            self.config = {k: v for k, v in {**self.config, **body}.items() if v is not None}
+        if request.method == "POST" and (refused := self.set_config(await _json_object(request))):
+            return _bad_request(refused)
         return JSONResponse({"config": self.config})
+
+    def set_config(self, body: dict) -> str | None:
+        """Apply an agent-config ``set`` (POSTed, or carried by a prompt); why it is refused,
+        or None when applied."""
+        unknown = sorted(set(body) - set(CONFIG_FIELDS))
+        mistyped = sorted(k for k, v in body.items() if k in CONFIG_FIELDS
+                          and v is not None and not isinstance(v, CONFIG_FIELDS[k]))
+        if unknown or mistyped:
+            return (f"unsupported agent-config fields: {unknown}" if unknown
+                    else f"agent-config fields of the wrong type: {mistyped}")
+        if "stop_early" in body and body["stop_early"] != self.config.get("stop_early"):
+            try:
+                self.watcher = _build_watcher(body["stop_early"], body.get("max_turns", self.config.get("max_turns")))
+            except ValueError as exc:
+                return f"stop_early: {exc}"
+        self.config = {k: v for k, v in {**self.config, **body}.items() if v is not None}
+        return None
 
     async def skill_config(self, request: Request) -> JSONResponse:
         if request.method == "POST":
@@ -373,6 +387,21 @@ def _describe(exc: Exception, timeout_seconds: float | None) -> tuple[str, str]:
     return type(exc).__name__, str(exc) or repr(exc)
 
 
+def _carried_config(context: RequestContext) -> dict | None:
+    """The agent-config ``set`` a prompt carries in its metadata, or None. Numbers come back
+    as the client sent them: a Struct turns 3 into 3.0, which an int field would refuse."""
+    message = context.message
+    if message is None or AGENT_CONFIG_URI not in message.extensions or AGENT_CONFIG_URI not in message.metadata:
+        return None
+    carried = json_format.MessageToDict(message.metadata).get(AGENT_CONFIG_URI)
+    return whole_numbers(carried) if isinstance(carried, dict) else {}
+
+
+def _reply_metadata(context: RequestContext, session: TaskSession) -> dict | None:
+    """The task's trajectory on its reply, when the client asked for it (``A2A-Extensions``)."""
+    return trajectory_metadata(session.events) if TRAJECTORY_URI in context.requested_extensions else None
+
+
 def _reply_data(session: TaskSession) -> dict:
     data = {"tool_call_count": session.tool_call_count, "usage": session.usage, "model": session.model}
     if session.watcher is not None and session.watcher.info is not None:
@@ -412,14 +441,16 @@ def build_card(name: str, description: str) -> AgentCard:
             "add": {"method": "POST",
                     "request": {"required": ["url"], "optional": ["headers", "name"]}},
             "list": {"method": "GET"}}),
-        _extension(AGENT_CONFIG_URI, "Set the model, system prompt, limits and identity", {
-            "set": {"method": "POST", "request": {"supported": list(CONFIG_FIELDS)}},
+        _extension(AGENT_CONFIG_URI, "Set the model, system prompt, limits and identity "
+                   "(also carried by a prompt, in its metadata under this URI)", {
+            "set": {"method": "POST", "in_message": True, "request": {"supported": list(CONFIG_FIELDS)}},
             "get": {"method": "GET"}}),
         _extension(SKILL_CONFIG_URI, "Add inline skills", {
             "add": {"method": "POST",
                     "request": {"required": ["name", "skill_md"], "optional": ["description"]}},
             "list": {"method": "GET"}}),
-        _extension(TRAJECTORY_URI, "Read the events of a task", {
+        _extension(TRAJECTORY_URI, "Read the events of a task (or ask for them on the reply: "
+                   "A2A-Extensions header, reply metadata under this URI)", {
             "get": {"method": "POST", "request": {"optional": ["task_id", "context_id"]}}}),
         _extension(TRIGGERS_URI, "Scripted stakeholder reactions: register triggers, decide which fire on a turn", {
             "register": {"method": "POST", "request": {"required": ["triggers"]}},
