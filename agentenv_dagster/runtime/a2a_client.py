@@ -106,7 +106,7 @@ class A2AClient:
         timeout_seconds: float,
         poll_interval: float = 0.2,
         context_id: str | None = None,
-        extensions: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, Any] | None = None,
         requested_extensions: tuple[str, ...] = (),
     ) -> A2AReply:
         """Send one text prompt and wait until its task ends.

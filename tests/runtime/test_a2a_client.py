@@ -150,3 +150,6 @@ async def test_a_prompt_carries_extensions_both_ways(a2a, agent_url):
     assert refused.text == "AgentConfigError: unsupported agent-config fields: ['bogus']"
     assert refused.data["error_type"] == "AgentConfigError"
     assert "bogus" not in (await a2a.get_extension(agent_url, card, AGENT_CONFIG_URI))["config"]
+    not_an_object = await a2a.send_and_wait(agent_url, "echo me", timeout_seconds=20,
+                                            extensions={AGENT_CONFIG_URI: "model=x"})
+    assert not_an_object.text == "AgentConfigError: an agent-config set is a JSON object, got str"

@@ -301,9 +301,11 @@ class EmbeddedAgent(AgentExecutor):
             return _bad_request(refused)
         return JSONResponse({"config": self.config})
 
-    def set_config(self, body: dict) -> str | None:
+    def set_config(self, body: Any) -> str | None:
         """Apply an agent-config ``set`` (POSTed, or carried by a prompt); why it is refused,
         or None when applied."""
+        if not isinstance(body, dict):
+            return f"an agent-config set is a JSON object, got {type(body).__name__}"
         unknown = sorted(set(body) - set(CONFIG_FIELDS))
         mistyped = sorted(k for k, v in body.items() if k in CONFIG_FIELDS
                           and v is not None and not isinstance(v, CONFIG_FIELDS[k]))
@@ -387,14 +389,13 @@ def _describe(exc: Exception, timeout_seconds: float | None) -> tuple[str, str]:
     return type(exc).__name__, str(exc) or repr(exc)
 
 
-def _carried_config(context: RequestContext) -> dict | None:
+def _carried_config(context: RequestContext) -> Any:
     """The agent-config ``set`` a prompt carries in its metadata, or None. Numbers come back
     as the client sent them: a Struct turns 3 into 3.0, which an int field would refuse."""
     message = context.message
     if message is None or AGENT_CONFIG_URI not in message.extensions or AGENT_CONFIG_URI not in message.metadata:
         return None
-    carried = json_format.MessageToDict(message.metadata).get(AGENT_CONFIG_URI)
-    return whole_numbers(carried) if isinstance(carried, dict) else {}
+    return whole_numbers(json_format.MessageToDict(message.metadata)[AGENT_CONFIG_URI])
 
 
 def _reply_metadata(context: RequestContext, session: TaskSession) -> dict | None:
