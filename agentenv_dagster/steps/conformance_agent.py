@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from ..context import DeployedAgent, TaskStepContext
-from ..runtime.a2a_client import CARD_PATHS, TERMINAL_STATES, A2AReply
+from ..runtime.a2a_client import CARD_PATHS, TERMINAL_STATES, A2AReply, reply_trajectory
 from ..runtime.base import StepRuntime
 from .agent_card import AGENT_CONFIG, MCP_CONFIG, TRAJECTORY, extension_request
 from .base import AGENT, DEFAULT_AGENT_NAME, ENV
@@ -256,8 +256,9 @@ class VerifyA2ACoreProtocolStep(_AgentValidator):
 class VerifyA2AAgentMcpStep(_AgentValidator):
     """MCP through the agent: the mcp-config extension, the env registered with the agent
     (registered here when missing), the registered URL serving tools, and a prompt after
-    which the agent's trajectory shows calls of the env's tools. For a replay agent the
-    prompt must be one it has an episode for, else the tool-use check is not graded."""
+    which the agent's trajectory shows calls of the env's tools (and, when the agent attaches
+    the trajectory to its reply, that it is the one served). For a replay agent the prompt
+    must be one it has an episode for, else the tool-use check is not graded."""
 
     reads = {"agent_name": AGENT, "env_id": ENV}
 
@@ -312,8 +313,10 @@ class VerifyA2AAgentMcpStep(_AgentValidator):
         prompt = self.prompt or (
             f"Call one tool of the MCP server of the '{self.env_id}' environment ({', '.join(sorted(tools))}) "
             "with harmless arguments and report its raw output.")
-        try:
-            reply = await rt.a2a.send_and_wait(base, prompt, timeout_seconds=self.timeout_seconds)
+        offers_trajectory = extension_request(card, TRAJECTORY, "get") is not None
+        try:  # asking for the trajectory on the reply, as prompt_agent does
+            reply = await rt.a2a.send_and_wait(base, prompt, timeout_seconds=self.timeout_seconds,
+                                               requested_extensions=(TRAJECTORY,) if offers_trajectory else ())
         except Exception as exc:
             return [check("tool_invoked", False, f"the prompt failed: {describe(exc)}")]
         scripted = self.scripted(rt, agent)
@@ -341,7 +344,30 @@ class VerifyA2AAgentMcpStep(_AgentValidator):
         ok = isinstance(count, int) and count == len(calls)
         rows.append(check("tool_call_count_reported", ok, f"tool_call_count = {count!r}"
                           + ("" if ok else f", the trajectory shows {len(calls)} tool call(s)")))
-        return rows
+        return rows + trajectory_on_reply_rows(reply, events)
+
+
+def trajectory_on_reply_rows(reply: A2AReply, served: Any) -> list[dict[str, Any]]:
+    """An agent that attaches the trajectory to its reply (asked with ``A2A-Extensions``) must
+    attach the one its trajectory endpoint serves: prompt_agent then stores that one instead of
+    asking. Attaching none is fine (the endpoint is asked)."""
+    if TRAJECTORY not in reply.metadata:
+        return []
+    try:
+        attached = reply_trajectory(reply)
+    except ValueError as exc:
+        return [check("trajectory_on_reply", False, f"metadata[{TRAJECTORY!r}] is not JSON text: {exc}")]
+    if attached is None:
+        return [check("trajectory_on_reply", False,
+                      f"metadata[{TRAJECTORY!r}] must be {{'trajectory_json': <JSON text>}}, "
+                      f"got {reply.metadata[TRAJECTORY]!r}"[:500])]
+    ok = attached == served
+    return [check("trajectory_on_reply", ok, "the reply carries the trajectory its endpoint serves" if ok else
+                  f"the reply carries {_length(attached)} event(s), the endpoint serves {_length(served)}")]
+
+
+def _length(trajectory: Any) -> str:
+    return str(len(trajectory)) if isinstance(trajectory, list) else type(trajectory).__name__
 
 
 @step("verify_a2a_system_prompt")

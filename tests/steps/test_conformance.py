@@ -17,7 +17,9 @@ from starlette.routing import Route
 from agentenv_dagster.builtin.agents.replay import ReplayBrain
 from agentenv_dagster.builtin.agents.server import EmbeddedAgent, build_app, build_card
 from agentenv_dagster.context import DeployedAgent, DeployedEnv, TaskStepContext
+from agentenv_dagster.runtime.a2a_client import TRAJECTORY_URI, A2AReply, trajectory_metadata
 from agentenv_dagster.runtime.sandbox import LocalSandbox
+from agentenv_dagster.steps.conformance_agent import trajectory_on_reply_rows
 from projects import leaked_servers, make_project, run_direct, run_steps
 
 EMAIL = {"id": "email", "type": "deploy_env", "env_id": "email", "depends_on": []}
@@ -191,12 +193,34 @@ def test_the_replay_agent_passes_and_system_prompt_obedience_is_not_graded(proje
     # the replay agent has no episode for the probe prompt: a failed task is still a conformant exchange
     assert rows_of(context, "protocol")["task_terminal"]["justification"] == "task ended in state 'failed'"
     assert rows_of(context, "mcp")["tool_invoked"]["justification"] == "called ['mcp__email__email_search', 'mcp__email__send']"
+    assert rows_of(context, "mcp")["trajectory_on_reply"]["justification"] == (
+        "the reply carries the trajectory its endpoint serves")
     sp = verifications["sp"]
     assert sp["score"] is None and sp["graded"] is False
     assert sp["reason"] == ("system_prompt_obeyed: obeying a system prompt needs a model; agent 'assistant' is the "
                             "replay agent 'claude-code', which has no model")
     assert {i for i, r in rows_of(context, "sp").items() if r["result"] is True} == {
         "agent_config_advertised", "system_prompt_supported", "system_prompt_accepted", "system_prompt_readback"}
+
+
+def test_a_trajectory_on_the_reply_must_be_the_one_the_endpoint_serves():
+    served = [{"type": "message", "role": "user", "text": "hi"}]
+
+    def rows(metadata: dict) -> list[tuple[str, bool, str]]:
+        reply = A2AReply(task_id="t1", context_id="c1", state="completed", text="ok", data={}, metadata=metadata)
+        return [(r["id"], r["result"], r["justification"]) for r in trajectory_on_reply_rows(reply, served)]
+
+    assert rows({}) == []  # attaching none is fine: prompt_agent asks the endpoint
+    assert rows(trajectory_metadata(served)) == [
+        ("trajectory_on_reply", True, "the reply carries the trajectory its endpoint serves")]
+    assert rows(trajectory_metadata([])) == [
+        ("trajectory_on_reply", False, "the reply carries 0 event(s), the endpoint serves 1")]
+    assert rows({TRAJECTORY_URI: {"trajectory": served}}) == [
+        ("trajectory_on_reply", False, "metadata['urn:agentenv:trajectory/v1'] must be {'trajectory_json': "
+                                       "<JSON text>}, got {'trajectory': [{'type': 'message', 'role': 'user', 'text': 'hi'}]}")]
+    (row,) = rows({TRAJECTORY_URI: {"trajectory_json": "[{"}})
+    assert row[:2] == ("trajectory_on_reply", False) and row[2].startswith(
+        "metadata['urn:agentenv:trajectory/v1'] is not JSON text: ")
 
 
 def test_tool_use_is_not_graded_when_the_replay_agent_has_no_episode_for_the_prompt(project):
