@@ -40,7 +40,7 @@ DEFAULT_ENDPOINTS = {
 TRIGGERS_DECIDE_ENDPOINT = "/ext/triggers/decide"  # the triggers extension's second endpoint
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
-EXTENSIONS_HEADER = "A2A-Extensions"
+EXTENSIONS_HEADER = "A2A-Extensions"  # a2a-sdk's HTTP_EXTENSION_HEADER; importing it loads a2a's protobufs (~0.3 s)
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected"})
 MAX_POLL_FAILURES = 5
 _HEADERS = {"A2A-Version": "1.0"}

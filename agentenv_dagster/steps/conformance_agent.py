@@ -325,11 +325,12 @@ class VerifyA2AAgentMcpStep(_AgentValidator):
                                "set `prompt` to one it replays")]
         if reply.state != "completed":
             return [check("tool_invoked", False, f"the task ended '{reply.state}': {reply.text[:300]}")]
-        return await self._trajectory_rows(rt, base, card, reply, tools)
+        return await self._trajectory_rows(rt, base, card, reply, tools, offers_trajectory)
 
-    async def _trajectory_rows(self, rt, base, card, reply: A2AReply, tools) -> list[dict[str, Any]]:
+    async def _trajectory_rows(self, rt, base, card, reply: A2AReply, tools, offers_trajectory: bool,
+                               ) -> list[dict[str, Any]]:
         count = reply.data.get("tool_call_count", (reply.data.get("usage") or {}).get("tool_call_count"))
-        if extension_request(card, TRAJECTORY, "get") is None:
+        if not offers_trajectory:
             ok = isinstance(count, int) and count > 0
             return [check("tool_invoked", ok, f"tool_call_count = {count!r} (the card offers no trajectory to see which tools)")]
         try:
