@@ -276,6 +276,13 @@ def test_apply_seed_without_a_seed_dict_is_the_identity(seed):
     assert apply_seed(step, seed) is step
 
 
+def test_apply_seed_keeps_a_step_without_tokens():
+    """A dataset's row seed meets the same step every row: no token, no new step."""
+    step = _prompt_step(prompt="Classify: <3 and >2>", model_params={"tags": ["a", 3]})
+    assert apply_seed(step, {"name": "Bob"}) is step
+    assert apply_seed(step, {"3 and >2": "x"}).prompt == "Classify: x"
+
+
 def test_apply_seed_revalidates_the_step():
     step = BUILTIN_STEPS.get("load_artifact").model_validate(
         {"id": "l", "type": "load_artifact", "artifact_id": "<artifact>", "env_id": "<env>",

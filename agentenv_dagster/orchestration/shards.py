@@ -25,6 +25,7 @@ from ..compiler import step_registry
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
+from ..runtime.base import warm_http
 from .execute import execute_plan, opened_instance
 from .resources import AgentEnvResource
 
@@ -51,7 +52,10 @@ def run_rows(
         # opening, and two shards doing that at once collide ("table runs already exists")
         with opened_instance(config, instance) as opened:
             ref = opened.get_ref()
-            with ProcessPoolExecutor(len(chunks), mp_context=_start_method()) as pool:
+            start_method = _start_method()
+            if start_method.get_start_method() == "fork":
+                warm_http()
+            with ProcessPoolExecutor(len(chunks), mp_context=start_method) as pool:
                 futures = [
                     pool.submit(_shard, blob, config, ref, chunk, share, tags, output_dir / f"shard-{i}")
                     for i, (chunk, share) in enumerate(zip(chunks, shares))

@@ -88,6 +88,13 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def warm_http() -> None:
+    """What a step's first HTTP client costs in a fresh process (the TLS context, and httpcore,
+    which httpx imports on first use): paid once before shard runs fork, not once in each."""
+    _tls()
+    import httpcore  # noqa: F401
+
+
 def _http_client(max_connections: int = 100) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         timeout=httpx.Timeout(180.0, connect=10.0), verify=_tls(),

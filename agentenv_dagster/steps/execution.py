@@ -32,11 +32,13 @@ class StepOutcome:
 
 
 def apply_seed(step: TaskStep, seed: Any) -> TaskStep:
-    """Replace ``<key>`` with ``str(value)`` in every string of the step (agent-env's seed)."""
+    """Replace ``<key>`` with ``str(value)`` in every string of the step (agent-env's seed);
+    the step itself when none holds a token (a dataset's steps, run for each row)."""
     if not isinstance(seed, dict) or not seed:
         return step
-    data = _substitute(step.model_dump(mode="json", exclude_none=True, by_alias=True), seed)
-    return type(step).model_validate(data)
+    fields = step.model_dump(mode="json", exclude_none=True, by_alias=True)
+    data = _substitute(fields, {f"<{key}>": str(value) for key, value in seed.items()})
+    return step if data == fields else type(step).model_validate(data)
 
 
 def default_seed(ctx: TaskStepContext, defaults: dict[str, Any] | None) -> None:
@@ -46,15 +48,16 @@ def default_seed(ctx: TaskStepContext, defaults: dict[str, Any] | None) -> None:
         ctx.metadata["seed"] = {**defaults, **(given if isinstance(given, dict) else {})}
 
 
-def _substitute(value: Any, seed: dict[str, Any]) -> Any:
+def _substitute(value: Any, tokens: dict[str, str]) -> Any:
     if isinstance(value, str):
-        for key, replacement in seed.items():
-            value = value.replace(f"<{key}>", str(replacement))
+        if "<" in value:
+            for token, replacement in tokens.items():
+                value = value.replace(token, replacement)
         return value
     if isinstance(value, list):
-        return [_substitute(v, seed) for v in value]
+        return [_substitute(v, tokens) for v in value]
     if isinstance(value, dict):
-        return {k: _substitute(v, seed) for k, v in value.items()}
+        return {k: _substitute(v, tokens) for k, v in value.items()}
     return value
 
 

@@ -121,3 +121,29 @@ async def test_each_hosted_agent_keeps_its_own_triggers(host, tmp_path):
         assert decided == [{"parts": [{"kind": "text", "text": "hi"}], "done": False, "fired": ["hello"]},
                            {"parts": [], "done": False, "fired": []}]
         assert (await http.get(urls[1] + "/ext/triggers")).json() == {"triggers": [], "firing_log": []}
+
+
+@pytest.mark.parametrize(("tracing", "traced"), [("false", False), ("true", True)])
+def test_an_agent_process_wraps_a2a_methods_in_spans_only_when_tracing_is_on(tracing, traced):
+    """An agent's process (``python -m agentenv_dagster.builtin.agents``, here asked for
+    ``--help`` once its imports are done): each method's decorators, outermost first, for a
+    message's way through the request handler and the event queue."""
+    import subprocess
+    import sys
+
+    code = ("import runpy, sys\n"
+            "sys.argv = ['agents', '--help']\n"
+            "try: runpy.run_module('agentenv_dagster.builtin.agents', run_name='__main__')\n"
+            "except SystemExit: pass\n"
+            "from a2a.server.request_handlers import DefaultRequestHandler\n"
+            "from a2a.server.events.event_queue_v2 import EventQueueSource\n"
+            "for f in (DefaultRequestHandler.on_message_send, EventQueueSource.enqueue_event):\n"
+            "    chain = [f]\n"
+            "    while hasattr(chain[-1], '__wrapped__'): chain.append(chain[-1].__wrapped__)\n"
+            "    print(','.join(g.__code__.co_qualname for g in chain))")
+    env = {**os.environ, "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED": tracing}
+    shown = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    handler, queue = (line.split(",") for line in shown.splitlines()[-2:])
+    assert handler[-1] == "DefaultRequestHandlerV2.on_message_send" and queue[-1] == "EventQueueSource.enqueue_event"
+    spans = "trace_function.<locals>.async_wrapper"
+    assert (spans in handler, spans in queue) == (traced, traced)

@@ -16,14 +16,33 @@ from pathlib import Path
 # No tracer is set up in an embedded agent, yet a2a-sdk's no-op spans cost ~15% of a message's
 # CPU: off unless the environment asks for them (before a2a is imported).
 os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
-UNUSED_BY_AGENTS = ("sqlalchemy", "fastapi")
+UNUSED_BY_AGENTS = ("sqlalchemy", "fastapi", "grpc", "httpx._main")
+
+
+def without_a2a_spans() -> None:
+    """With its tracing off, a2a-sdk still wraps each method of its server classes in one that
+    opens a no-op span: ~15% of a hosted agent's CPU a message. Unless tracing is on, its
+    decorator returns the method itself; it must run before a2a's server modules are imported."""
+    from a2a.utils import telemetry
+
+    if telemetry.otel_installed and telemetry.otel_enabled:
+        return
+
+    def untraced(func=None, **_):
+        return func if func is not None else untraced
+
+    telemetry.trace_function = untraced
+
+
 if __name__ == "__main__":
-    # The agent's own process: a2a-sdk imports its optional database stores (SQLAlchemy) and
-    # FastAPI routes when they are installed, as they are beside Dagster; an agent serves
-    # neither, and without them (a2a-sdk's install without its `sql` and `http-server`
-    # extras) it starts in half the time: ~0.7 s less before a run's first agent answers.
+    # The agent's own process: a2a-sdk imports its optional database stores (SQLAlchemy),
+    # FastAPI routes and gRPC handler when they are installed, as they are beside Dagster, and
+    # httpx its command-line client (rich, click, pygments); an agent uses none of them, and
+    # without them (a2a-sdk's install without its `sql` and `http-server` extras) it starts in
+    # half the time: ~0.8 s less before a run's first agent answers.
     for _optional in UNUSED_BY_AGENTS:
         sys.modules.setdefault(_optional, None)
+    without_a2a_spans()
 
 from agentenv_dagster.builtin.agents.brains import BRAINS, build_brain
 from agentenv_dagster.builtin.serving import add_serving_arguments, serve
