@@ -52,10 +52,7 @@ def run_rows(
         # opening, and two shards doing that at once collide ("table runs already exists")
         with opened_instance(config, instance) as opened:
             ref = opened.get_ref()
-            start_method = _start_method()
-            if start_method.get_start_method() == "fork":
-                warm_http()
-            with ProcessPoolExecutor(len(chunks), mp_context=start_method) as pool:
+            with ProcessPoolExecutor(len(chunks), mp_context=_start_method()) as pool:
                 futures = [
                     pool.submit(_shard, blob, config, ref, chunk, share, tags, output_dir / f"shard-{i}")
                     for i, (chunk, share) in enumerate(zip(chunks, shares))
@@ -67,8 +64,10 @@ def run_rows(
 def _start_method():
     """Shard processes forked from this one while it runs no other thread (what the CLI has
     imported comes along: ~1.5 s sooner than a fresh start on 2 cores), else from a server
-    that has imported Dagster and this package once (fork-safe: the server runs no threads)."""
+    that has imported Dagster and this package once (fork-safe: the server runs no threads).
+    Forking, the HTTP set-up every shard's steps need comes along too (``warm_http``)."""
     if sys.platform == "linux" and threading.active_count() == 1:
+        warm_http()
         return multiprocessing.get_context("fork")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["dagster", "agentenv_dagster.orchestration.shards"])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -128,9 +130,6 @@ def test_an_agent_process_wraps_a2a_methods_in_spans_only_when_tracing_is_on(tra
     """An agent's process (``python -m agentenv_dagster.builtin.agents``, here asked for
     ``--help`` once its imports are done): each method's decorators, outermost first, for a
     message's way through the request handler and the event queue."""
-    import subprocess
-    import sys
-
     code = ("import runpy, sys\n"
             "sys.argv = ['agents', '--help']\n"
             "try: runpy.run_module('agentenv_dagster.builtin.agents', run_name='__main__')\n"
