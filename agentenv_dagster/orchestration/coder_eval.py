@@ -39,7 +39,7 @@ from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import opened_instance
 from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
-from .shards import run_rows
+from .shards import beside, run_rows
 from .suites import latest_row_results, suite_asset
 from .translator import TaskTranslator
 
@@ -112,16 +112,22 @@ def run_coder_eval_tasks(
     ]
     results: list[EvaluationResult] = []
     suites: list[dict[str, Any]] = []
-    for task_run in prepared:
-        task_results, task_suites = _run_task(task_run, config, out, instance, rows_in_flight=rows_in_flight,
-                                              shards=shards)
-        results += task_results
-        suites += task_suites
-    summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
-    reports = write_reports(out, summary, results)
-    if experiment is not None:
-        definition = load_coder_eval_experiment(experiment).experiment
-        _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
+    suite_assets: list[Callable[[], None]] = []  # each a wait for a task's suite asset run
+    try:
+        for task_run in prepared:
+            task_results, task_suites, materialized = _run_task(task_run, config, out, instance,
+                                                                rows_in_flight=rows_in_flight, shards=shards)
+            suite_assets.append(materialized)
+            results += task_results
+            suites += task_suites
+        summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
+        reports = write_reports(out, summary, results)
+        if experiment is not None:
+            definition = load_coder_eval_experiment(experiment).experiment
+            _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
+    finally:
+        for materialized in suite_assets:
+            materialized()
     notes = [f"{t.loaded.task.task_id}{f' [{v.variant_id}]' if v.variant_id else ''}: all {len(v.kept)} selected "
              "rows passed last time; none runs again (--failed-only)"
              for t in prepared for v in t.variants if v.kept and not v.keys]
@@ -191,30 +197,35 @@ def _prepare(
 def _run_task(
     task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
     rows_in_flight: int | None, shards: int,
-) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
-    """One task's results (every variant and replicate) and its suites (a dataset's, per variant)."""
+) -> tuple[list[EvaluationResult], list[dict[str, Any]], Callable[[], None]]:
+    """One task's results (every variant and replicate), its suites (a dataset's, per variant)
+    and a wait for its suite asset, which materializes beside what follows the runs."""
     task, path = task_run.loaded.task, task_run.loaded.source
-    results = []
+    runs = []
     for variant in task_run.variants:
-        resolved, plan, keys, repeats = variant.task, variant.plan, variant.keys, variant.repeats
+        keys, repeats = variant.keys, variant.repeats
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant.variant_id, str(replicate) if repeats > 1 else None) if p)
             tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate)}
-            contexts = run_rows(plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
-                                shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))
-            for key, context in contexts.items():
-                row_id = plan.document.row_of(key)
-                row_started, row_completed = _span(context)
-                response = context.find_prompt_response(PROMPT_ID)
-                url = response.agent_trajectory_object_url if response else None
-                results.append(evaluation_result(
-                    context, task_id=f"{task.task_id}/{row_id}" if row_id else task.task_id,
-                    description=task.description, agent_type=resolved.agent.type if resolved.agent else "none",
-                    started=row_started, completed=row_completed, verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
-                    trajectory=json.loads(ObjectStore.read(url)) if url else None,
-                    resolved_task=resolved.model_dump(mode="json", exclude_none=True), source_file=str(path),
-                    prices=config.model.prices, variant_id=variant.variant_id or "default", replicate_index=replicate,
-                ))
+            runs.append((variant, replicate, run_rows(
+                variant.plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
+                shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))))
+    materialized = _suite_assets_beside(task_run, config, instance)
+    results = []
+    for variant, replicate, contexts in runs:
+        for key, context in contexts.items():
+            row_id = variant.plan.document.row_of(key)
+            row_started, row_completed = _span(context)
+            response = context.find_prompt_response(PROMPT_ID)
+            url = response.agent_trajectory_object_url if response else None
+            results.append(evaluation_result(
+                context, task_id=f"{task.task_id}/{row_id}" if row_id else task.task_id,
+                description=task.description, agent_type=variant.task.agent.type if variant.task.agent else "none",
+                started=row_started, completed=row_completed, verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
+                trajectory=json.loads(ObjectStore.read(url)) if url else None,
+                resolved_task=variant.task.model_dump(mode="json", exclude_none=True), source_file=str(path),
+                prices=config.model.prices, variant_id=variant.variant_id or "default", replicate_index=replicate,
+            ))
     suites = []
     if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
         for variant in task_run.variants:
@@ -228,19 +239,41 @@ def _run_task(
             suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
             write_suite(out / variant_id / task.task_id, suite)
             suites.append(suite)
-        if not any(v.keys for v in task_run.variants):  # --failed-only found nothing to run again
-            return results, suites  # the suite asset is as it was
-        # the rows are partitions of the task's job, or of the experiment's (one per group of
-        # variants): each job's suite asset rolls them up too
-        if task_run.grouped:
-            jobs: dict[str, list[_VariantRun]] = {}
-            for variant in task_run.variants:
-                jobs.setdefault(variant.plan.task_id, []).append(variant)
-            for runs in jobs.values():
-                materialize_suite(runs[0].plan, config, instance, [v.variant_id for v in runs])
-        else:
-            materialize_suite(task_run.variants[0].plan, config, instance)
-    return results, suites
+    return results, suites, materialized
+
+
+def _suite_assets_beside(task_run: _TaskRun, config: AgentEnvConfig,
+                         instance: dg.DagsterInstance | None) -> Callable[[], None]:
+    """The rows are partitions of the task's job, or of the experiment's (one per group of
+    variants): each job's suite asset rolls them up too, in a process forked beside what follows
+    the runs (the results, the reports). Returns the wait for it."""
+    if task_run.loaded.task.dataset is None or not any(v.keys for v in task_run.variants):
+        return lambda: None  # no suite; or --failed-only ran nothing again, and the asset is as it was
+    if instance is None:  # the project's, which the forked process opens
+        return beside(_materialize_suites, task_run, config, None)
+    if not instance.is_persistent:  # it lives in this process alone
+        _materialize_suites(task_run, config, instance)
+        return lambda: None
+    return beside(_materialize_suites_of_ref, task_run, config, instance.get_ref())
+
+
+def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> None:
+    """The suite asset of the task's job (under an experiment, of each job its variants ran in)."""
+    if task_run.grouped:
+        jobs: dict[str, list[_VariantRun]] = {}
+        for variant in task_run.variants:
+            jobs.setdefault(variant.plan.task_id, []).append(variant)
+        for runs in jobs.values():
+            materialize_suite(runs[0].plan, config, instance, [v.variant_id for v in runs])
+    else:
+        materialize_suite(task_run.variants[0].plan, config, instance)
+
+
+def _materialize_suites_of_ref(task_run: _TaskRun, config: AgentEnvConfig, ref) -> None:
+    """As :func:`_materialize_suites`, in a forked process: the instance opened again from its
+    ref, as a shard does."""
+    with dg.DagsterInstance.from_ref(ref) as instance:
+        _materialize_suites(task_run, config, instance)
 
 
 def _in_dataset_order(task_id: str, plan: TaskPlan, results: list[EvaluationResult]) -> list[EvaluationResult]:

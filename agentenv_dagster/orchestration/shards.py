@@ -6,6 +6,7 @@ prompts (waiting). Two shards on two cores do overlap them: on the 1,000-row ben
 16.5–18.4 s in one run against 14.4–15.6 s in two (each shard starts its own agent host).
 ``rows_in_flight`` is shared out (the shares add up to it, and there are never more shards
 than rows in flight), so the agents see the same number of prompts at once either way.
+Afterwards the suite's Dagster run goes ``beside`` the reports in the same way.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import multiprocessing
 import pickle
 import sys
 import threading
+import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, Callable
 
 import dagster as dg
 
@@ -61,12 +64,62 @@ def run_rows(
     return {k: contexts[k] for k in rows if k in contexts}
 
 
+def beside(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
+    """``fn(*args)`` in a process forked from this one, on the other core while this one goes
+    on; or now, where forking is not safe. Call what it returns to wait for it: that raises
+    what ``fn`` raised (its traceback as the cause)."""
+    if not _forks_safely():
+        fn(*args)
+        return lambda: None
+    receive, send = multiprocessing.Pipe(duplex=False)
+    child = multiprocessing.get_context("fork").Process(target=_call, args=(send, fn, args))
+    child.start()
+    send.close()
+
+    def wait() -> None:
+        try:
+            outcome = receive.recv()
+        except EOFError:  # it ended before it could say
+            child.join()
+            outcome = (RuntimeError(f"{fn.__name__} ended with exit code {child.exitcode}"), "")
+        finally:
+            receive.close()
+        child.join()
+        if outcome is not None:
+            error, trace = outcome
+            raise error from ForkedTraceback(trace)
+
+    return wait
+
+
+class ForkedTraceback(Exception):
+    """Where an error raised in a forked process came from (as ``concurrent.futures`` does)."""
+
+
+def _call(send, fn: Callable[..., None], args: tuple) -> None:
+    gc.freeze()  # what the fork brought along stays out of the collector's sweeps
+    try:
+        fn(*args)
+        send.send(None)
+    except BaseException as exc:  # noqa: BLE001 - handed to the parent, which raises it
+        trace = traceback.format_exc()
+        try:
+            send.send((exc, trace))
+        except Exception:  # an error that does not pickle: its text
+            send.send((RuntimeError(f"{type(exc).__name__}: {exc}"), trace))
+
+
+def _forks_safely() -> bool:
+    """A fork carries only the thread that calls it: safe while this process runs no other."""
+    return sys.platform == "linux" and threading.active_count() == 1
+
+
 def _start_method():
     """Shard processes forked from this one while it runs no other thread (what the CLI has
     imported comes along: ~1.5 s sooner than a fresh start on 2 cores), else from a server
     that has imported Dagster and this package once (fork-safe: the server runs no threads).
     Forking, the HTTP set-up every shard's steps need comes along too (``warm_http``)."""
-    if sys.platform == "linux" and threading.active_count() == 1:
+    if _forks_safely():
         warm_http()
         return multiprocessing.get_context("fork")
     context = multiprocessing.get_context("forkserver")

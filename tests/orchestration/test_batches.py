@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import textwrap
 import threading
 from dataclasses import replace
@@ -20,6 +21,7 @@ from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
 from agentenv_dagster.orchestration.execute import dagster_yaml, execute_plan
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG, ROWS_TAG
+from agentenv_dagster.orchestration.shards import ForkedTraceback, beside
 from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
 from agentenv_dagster.runtime.local import Ledger
 from projects import leaked_servers, make_project
@@ -384,7 +386,44 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
             assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
     finally:
         release.set()
-    assert methods == (["forkserver"] if other_thread else ["fork"])
+    # forked: the two shards, then the suite asset's run beside the reports (else in this process)
+    assert methods == (["forkserver"] if other_thread else ["fork", "fork"])
     assert runs == [("r1", "r2"), ("r3", None)]  # a slice of one row is a plain partition run
     assert [(r.task_id, r.final_status.value) for r in done.results] == [
         ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]
+
+
+def _write_pid(path) -> None:
+    path.write_text(str(os.getpid()))
+
+
+def _refuse(what: str) -> None:
+    raise ValueError(f"refused {what}")
+
+
+def test_beside_runs_in_a_forked_process_and_its_wait_raises_what_it_raised(tmp_path):
+    """The suite's run goes beside the reports: in a child while the caller goes on; waiting
+    hands back the child's error with its traceback."""
+    wait = beside(_write_pid, tmp_path / "pid")
+    wait()
+    assert int((tmp_path / "pid").read_text()) != os.getpid()
+    wait = beside(_refuse, "the rows")
+    with pytest.raises(ValueError, match="refused the rows") as raised:
+        wait()
+    assert isinstance(raised.value.__cause__, ForkedTraceback)
+    assert "in _refuse" in str(raised.value.__cause__)
+
+
+def test_beside_runs_in_this_process_while_another_thread_runs(tmp_path):
+    release = threading.Event()
+    waiting = threading.Thread(target=release.wait)
+    waiting.start()
+    try:
+        wait = beside(_write_pid, tmp_path / "pid")
+        assert int((tmp_path / "pid").read_text()) == os.getpid()  # already done, here
+        wait()
+        with pytest.raises(ValueError, match="refused now"):
+            beside(_refuse, "now")
+    finally:
+        release.set()
+        waiting.join()
