@@ -52,6 +52,7 @@ async def test_agents_in_one_host_are_separate(host, tmp_path):
             "id": "b2", "sandbox": str(tmp_path / "b2"), "config": replay("twin", name="agent b")})).json()
         assert twin["card"] == await a2a.get_card(twin["url"]) != card
         assert twin["card"]["supportedInterfaces"][1]["url"] == twin["url"] + "/" == twin["card"]["url"]
+        assert await a2a.get_card(urls["b"]) == card  # the twin's card is a copy: b's still names b's URL
         await http.delete(f"{host}/agents/b2")
         await a2a.post_extension(urls["a"], card, AGENT_CONFIG_URI, {"model": "for-a"})
         assert (await a2a.get_extension(urls["b"], card, AGENT_CONFIG_URI))["config"] == {"name": "agent b"}  # b's own
