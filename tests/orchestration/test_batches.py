@@ -401,6 +401,13 @@ def _refuse(what: str) -> None:
     raise ValueError(f"refused {what}")
 
 
+def _refuse_unpicklably() -> None:
+    class Local(Exception):
+        """Defined in a function: pickle cannot find it again."""
+
+    raise Local("no way back")
+
+
 def test_beside_runs_in_a_forked_process_and_its_wait_raises_what_it_raised(tmp_path):
     """The suite's run goes beside the reports: in a child while the caller goes on; waiting
     hands back the child's error with its traceback."""
@@ -412,6 +419,8 @@ def test_beside_runs_in_a_forked_process_and_its_wait_raises_what_it_raised(tmp_
         wait()
     assert isinstance(raised.value.__cause__, ForkedTraceback)
     assert "in _refuse" in str(raised.value.__cause__)
+    with pytest.raises(RuntimeError, match="Local: no way back"):  # what does not pickle comes back as its text
+        beside(_refuse_unpicklably)()
 
 
 def test_beside_runs_in_this_process_while_another_thread_runs(tmp_path):
