@@ -115,9 +115,8 @@ def run_coder_eval_tasks(
     suite_assets: list[Callable[[], None]] = []  # each a wait for a task's suite asset run
     try:
         for task_run in prepared:
-            task_results, task_suites, materialized = _run_task(task_run, config, out, instance,
-                                                                rows_in_flight=rows_in_flight, shards=shards)
-            suite_assets.append(materialized)
+            task_results, task_suites = _run_task(task_run, config, out, instance, suite_assets,
+                                                  rows_in_flight=rows_in_flight, shards=shards)
             results += task_results
             suites += task_suites
         summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
@@ -195,11 +194,12 @@ def _prepare(
 
 
 def _run_task(
-    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
-    rows_in_flight: int | None, shards: int,
-) -> tuple[list[EvaluationResult], list[dict[str, Any]], Callable[[], None]]:
-    """One task's results (every variant and replicate), its suites (a dataset's, per variant)
-    and a wait for its suite asset, which materializes beside what follows the runs."""
+    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None,
+    suite_assets: list[Callable[[], None]], *, rows_in_flight: int | None, shards: int,
+) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
+    """One task's results (every variant and replicate) and its suites (a dataset's, per
+    variant); its suite asset materializes beside what follows the runs, and the wait for it
+    joins ``suite_assets`` at once (the caller waits, whatever is raised meanwhile)."""
     task, path = task_run.loaded.task, task_run.loaded.source
     runs = []
     for variant in task_run.variants:
@@ -210,7 +210,7 @@ def _run_task(
             runs.append((variant, replicate, run_rows(
                 variant.plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
                 shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))))
-    materialized = _suite_assets_beside(task_run, config, instance)
+    suite_assets.append(_suite_assets_beside(task_run, config, instance))
     results = []
     for variant, replicate, contexts in runs:
         for key, context in contexts.items():
@@ -239,7 +239,7 @@ def _run_task(
             suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
             write_suite(out / variant_id / task.task_id, suite)
             suites.append(suite)
-    return results, suites, materialized
+    return results, suites
 
 
 def _suite_assets_beside(task_run: _TaskRun, config: AgentEnvConfig,
