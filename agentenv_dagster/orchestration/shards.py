@@ -67,7 +67,8 @@ def run_rows(
 def beside(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
     """``fn(*args)`` in a process forked from this one, on the other core while this one goes
     on; or now, where forking is not safe. Call what it returns to wait for it: that raises
-    what ``fn`` raised (its traceback as the cause)."""
+    what ``fn`` raised (its traceback as the cause). A bare process and a pipe, not a
+    ``ProcessPoolExecutor``: that one's manager thread would keep later shards from forking."""
     if not _forks_safely():
         fn(*args)
         return lambda: None
@@ -80,11 +81,12 @@ def beside(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
         try:
             outcome = receive.recv()
         except EOFError:  # it ended before it could say
-            child.join()
-            outcome = (RuntimeError(f"{fn.__name__} ended with exit code {child.exitcode}"), "")
+            outcome = False
         finally:
             receive.close()
         child.join()
+        if outcome is False:
+            raise RuntimeError(f"{fn.__name__} ended with exit code {child.exitcode}")
         if outcome is not None:
             error, trace = outcome
             raise error from ForkedTraceback(trace)
