@@ -17,7 +17,10 @@ and the CPU seconds the machine was busy during each (every process: the runs, t
 steadier than wall time on a shared machine), divided by the cores: the wall time the work
 would take with no waiting at all, against the ideal. Where that is near or above 1.2 the
 machine's cores, not the waiting, bound both tools (``--latency 1.0`` asks for a fifth of the
-CPU a second). Needs ``pip install -e '.[bench]'``.
+CPU a second). Then, from the runs' event logs, where agentenv_dagster's time went: when the
+runs started, each op's span over every shard run (the first op also waits for the run's agent
+host to come up), the suite asset's run and the command's work after the runs, and how close
+the prompts alone came to their ideal. Needs ``pip install -e '.[bench]'``.
 
     python bench/fanout.py [--rows 1000] [--latency 0.2] [--in-flight 32]
 """
@@ -96,12 +99,47 @@ def run_agentenv(root: Path, n: int, latency: float, in_flight: int, shards: int
     home.mkdir()
     (home / "dagster.yaml").write_text(dagster_yaml(home))  # the project's local instance, as the CLI makes it
     with dg.DagsterInstance.from_config(str(home)) as instance:
-        started = time.perf_counter()
+        started, clock = time.perf_counter(), time.time()
         done = run_coder_eval_task(task, config, instance=instance, rows_in_flight=in_flight, shards=shards,
                                    output_dir=root / "out")
         elapsed = time.perf_counter() - started
+        phases = phase_lines(instance, clock, clock + elapsed, n * latency / in_flight)
     passed = sum(r.final_status.value == "SUCCESS" for r in done.results)
-    return elapsed, f"{passed}/{len(done.results)} rows passed"
+    return elapsed, f"{passed}/{len(done.results)} rows passed\n" + "\n".join(phases)
+
+
+def phase_lines(instance, start: float, end: float, ideal: float) -> list[str]:
+    """Where the wall time went, from the runs' event logs: each op from its first start to its
+    last end over the shard runs (the ops of a run go one after another, and every op runs its
+    step for all the run's rows), then what the command did once the runs had ended. Shows
+    how close the prompts come to their ideal, and what happens before and after them."""
+    from dagster import DagsterEventType as Event
+
+    spans: dict[str, list[float]] = {}
+    suite: list[float] = []
+    for record in instance.get_run_records():
+        logs = instance.all_logs(record.dagster_run.run_id, of_type={
+            Event.RUN_START, Event.RUN_SUCCESS, Event.RUN_FAILURE, Event.STEP_START, Event.STEP_SUCCESS,
+            Event.STEP_FAILURE})
+        if record.dagster_run.job_name.startswith("__"):  # the suite asset's own run
+            suite += [e.timestamp for e in logs]
+            continue
+        for entry in logs:
+            name = entry.step_key or "run"
+            spans.setdefault(name, [entry.timestamp, entry.timestamp])
+            spans[name] = [min(spans[name][0], entry.timestamp), max(spans[name][1], entry.timestamp)]
+    runs_end = spans.pop("run", [start, start])[1]
+    first_op = min((first for first, _ in spans.values()), default=runs_end)
+    rows = [(start, first_op, "the runs start (fork, Dagster run, resources)"),
+            *((first, last, name) for name, (first, last) in spans.items()),
+            *([(min(suite), max(suite), "the suite asset's run")] if suite else []),
+            (runs_end, end, "after the runs: each row's result, the reports")]
+    lines = [f"    {first - start:6.2f}-{last - start:6.2f} s  {name}" for first, last, name in sorted(rows)]
+    if "prompt" in spans:
+        took = spans["prompt"][1] - spans["prompt"][0]
+        lines.append(f"    the prompts took {took:.2f} s against their ideal {ideal:.2f} s ({took / ideal:.2f}x); "
+                     f"everything else {end - start - took:.2f} s")
+    return ["  where the time went (seconds from the start; each op over every shard run):", *lines]
 
 
 def run_inspect(root: Path, n: int, latency: float, in_flight: int, shards: int) -> tuple[float, str]:

@@ -20,6 +20,8 @@ Any other use of the storage writes what is held first, so every read, and the o
 events, is as if each had been written at once.
 A pool's slot is taken in one statement: Dagster's select-then-update relies on a row lock
 SQLite does not have, and two runs reaching a pool with one free slot could both take it.
+And a process that uses it reads Dagster's migration scripts once, not each time a database
+opens (``migration_scripts``).
 Production uses PostgreSQL (``deploy/dagster.yaml``), where none of this applies.
 
 ``.dagster_home/dagster.yaml`` (written on first use) selects it::
@@ -62,6 +64,8 @@ from dagster._utils.concurrency import ConcurrencySlotStatus
 from sqlalchemy.pool import StaticPool
 from watchdog.events import PatternMatchingEventHandler
 from watchdog.observers import Observer
+
+from .migration_scripts import read_dagster_scripts_once
 
 MODULE = __name__
 
@@ -255,6 +259,7 @@ def _close_before_fork() -> None:
 
 
 os.register_at_fork(before=_close_before_fork)
+read_dagster_scripts_once()  # five readings of Dagster's migration scripts a run process, ~45 ms each
 
 
 class _RunWatchdog(SqliteEventLogStorageWatchdog):

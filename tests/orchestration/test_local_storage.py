@@ -247,3 +247,70 @@ def test_two_runs_reaching_a_pool_at_once_take_its_one_slot_once(tmp_path):
     assert claims == {"b": ConcurrencySlotStatus.CLAIMED, "a": ConcurrencySlotStatus.BLOCKED}
     run_b.free_concurrency_slots_for_run("b")
     assert run_a.claim_concurrency_slot("agentenv_agent_slow", "a", "ask").is_claimed  # a waits its turn
+
+
+READINGS_PROBE = """
+import sys
+from pathlib import Path
+
+import alembic.script.base as alembic_scripts
+import dagster as dg
+import sqlalchemy as db
+
+readings = []
+read = alembic_scripts.ScriptDirectory._load_revisions
+alembic_scripts.ScriptDirectory._load_revisions = lambda self: (readings.append(self.dir), read(self))[1]
+
+from agentenv_dagster.orchestration.execute import dagster_yaml
+
+
+@dg.op
+def noop():
+    return None
+
+
+@dg.job
+def one_op():
+    noop()
+
+
+stamped = set()
+for home in map(Path, sys.argv[1:]):
+    home.mkdir()
+    (home / "dagster.yaml").write_text(dagster_yaml(home))
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        run_id = one_op.execute_in_process(instance=instance).run_id
+        for shard in (run_id, "index"):  # a new run's database, and the asset index
+            with instance.event_log_storage._connect(shard) as conn:
+                stamped.add(conn.execute(db.text("select version_num from alembic_version")).scalar())
+head = alembic_scripts.ScriptDirectory.from_config(
+    dg._core.storage.sql.get_alembic_config(dg._core.storage.event_log.sqlite.sqlite_event_log.__file__)
+).as_revision_number("head")
+print(len(readings), sorted(stamped) == [head])
+"""
+
+
+def test_a_process_reads_dagsters_migration_scripts_once(tmp_path):
+    """Dagster compares (and stamps) the revision of every database it opens, reading its
+    migration scripts each time: with the local storage, a process reads them once, for two
+    instances and their runs' new databases alike, and the databases carry the newest
+    revision all the same."""
+    done = subprocess.run([sys.executable, "-c", READINGS_PROBE, str(tmp_path / "a"), str(tmp_path / "b")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "True"]
+
+
+def test_other_migration_script_folders_are_read_each_time(tmp_path):
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    import agentenv_dagster.orchestration.sqlite_storage  # noqa: F401 - what keeps Dagster's reading
+
+    (tmp_path / "versions").mkdir()
+    own = Config()
+    own.set_main_option("script_location", str(tmp_path))
+    assert ScriptDirectory.from_config(own) is not ScriptDirectory.from_config(own)
+    dagsters = Config()
+    dagsters.set_main_option("script_location", "dagster:_core/storage/alembic")
+    assert ScriptDirectory.from_config(dagsters) is ScriptDirectory.from_config(dagsters)
