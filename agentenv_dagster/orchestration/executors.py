@@ -14,7 +14,9 @@ import dagster as dg
 from ..config import AgentEnvConfig, resolve_reference
 
 FORKSERVER_EXECUTOR = dg.multiprocess_executor.configured(
-    {"start_method": {"forkserver": {"preload_modules": ["dagster", "agentenv_dagster.orchestration.ops"]}}},
+    # the local storage too: it reads Dagster's migration scripts once, for every step process
+    {"start_method": {"forkserver": {"preload_modules": [
+        "dagster", "agentenv_dagster.orchestration.ops", "agentenv_dagster.orchestration.sqlite_storage"]}}},
     name="multiprocess_forkserver",
 )
 

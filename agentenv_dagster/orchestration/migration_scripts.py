@@ -5,9 +5,11 @@ every new run's own SQLite database) it compares the database's revision with th
 its Alembic migration scripts, and stamps a new database with it. Each time, Alembic reads the
 script folder again, executing every script file: ~45 ms on this machine, five times in a CLI
 run (~0.3 s of a 10 s run), and as often in each shard's process and the suite asset's. The
-scripts cannot change under a running process, so the first reading of Dagster's folder is
-kept, and the processes forked from this one inherit it. Any other script folder (an
-application's own) is read as before.
+scripts cannot change under a running process, so Dagster's folder is read once, when the
+local storage is imported, and kept: the processes forked after that (the shards, the suite
+asset's process, the step processes of the executor's forkserver, which imports the storage)
+inherit the reading and make none. Any other script folder (an application's own) is read as
+before.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import threading
 
 from alembic.script import ScriptDirectory
+from dagster._core.storage.event_log.sqlite import sqlite_event_log
+from dagster._core.storage.sql import get_alembic_config
 
 DAGSTER_SCRIPTS = "dagster:"  # the package-relative script_location Dagster sets, "dagster:_core/storage/alembic"
 
@@ -23,8 +27,8 @@ _lock = threading.Lock()
 
 
 def read_dagster_scripts_once() -> None:
-    """From now on in this process, ``ScriptDirectory.from_config`` answers Dagster's folder
-    with its first reading (calling this again changes nothing)."""
+    """Read Dagster's folder now; from then on in this process ``ScriptDirectory.from_config``
+    answers it with that reading (calling this again changes nothing)."""
     if getattr(ScriptDirectory.from_config, "reads_dagster_scripts_once", False):
         return
     read = ScriptDirectory.from_config.__func__
@@ -40,3 +44,4 @@ def read_dagster_scripts_once() -> None:
 
     from_config.reads_dagster_scripts_once = True
     ScriptDirectory.from_config = classmethod(from_config)
+    ScriptDirectory.from_config(get_alembic_config(sqlite_event_log.__file__)).revision_map.heads  # the reading

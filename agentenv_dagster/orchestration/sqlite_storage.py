@@ -259,7 +259,7 @@ def _close_before_fork() -> None:
 
 
 os.register_at_fork(before=_close_before_fork)
-read_dagster_scripts_once()  # five readings of Dagster's migration scripts a run process, ~45 ms each
+read_dagster_scripts_once()  # a CLI run read Dagster's migration scripts five times (~45 ms each); now once
 
 
 class _RunWatchdog(SqliteEventLogStorageWatchdog):

@@ -305,8 +305,12 @@ def test_other_migration_script_folders_are_read_each_time(tmp_path):
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    import agentenv_dagster.orchestration.sqlite_storage  # noqa: F401 - what keeps Dagster's reading
+    from agentenv_dagster.orchestration.migration_scripts import read_dagster_scripts_once
 
+    read_dagster_scripts_once()  # as importing the local storage does
+    kept = ScriptDirectory.from_config.__func__
+    read_dagster_scripts_once()
+    assert ScriptDirectory.from_config.__func__ is kept  # not wrapped twice
     (tmp_path / "versions").mkdir()
     own = Config()
     own.set_main_option("script_location", str(tmp_path))
