@@ -20,9 +20,10 @@ Any other use of the storage writes what is held first, so every read, and the o
 events, is as if each had been written at once.
 A pool's slot is taken in one statement: Dagster's select-then-update relies on a row lock
 SQLite does not have, and two runs reaching a pool with one free slot could both take it.
-And a process that uses it reads Dagster's migration scripts once, not each time a database
-opens (``migration_scripts``).
-Production uses PostgreSQL (``deploy/dagster.yaml``), where none of this applies.
+Production uses PostgreSQL (``deploy/dagster.yaml``), where none of the above applies. What
+applies there too: a process that imports this module reads Dagster's migration scripts once,
+not each time one of Dagster's SQL storages opens a database (``migration_scripts``; the
+multiprocess executor's forkserver imports it for its step processes).
 
 ``.dagster_home/dagster.yaml`` (written on first use) selects it::
 
