@@ -55,6 +55,7 @@ class StepRuntime:
         return self
 
     async def __aexit__(self, *exc_info) -> None:
+        await self.provider.aclose()
         await self.http.aclose()
 
     def _connect(self, http: httpx.AsyncClient) -> None:
