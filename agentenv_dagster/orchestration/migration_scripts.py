@@ -14,16 +14,9 @@ before.
 
 from __future__ import annotations
 
-import threading
-
 from alembic.script import ScriptDirectory
 from dagster._core.storage.event_log.sqlite import sqlite_event_log
-from dagster._core.storage.sql import get_alembic_config
-
-DAGSTER_SCRIPTS = "dagster:"  # the package-relative script_location Dagster sets, "dagster:_core/storage/alembic"
-
-_read: dict[str, ScriptDirectory] = {}
-_lock = threading.Lock()
+from dagster._core.storage.sql import ALEMBIC_SCRIPTS_LOCATION, get_alembic_config
 
 
 def read_dagster_scripts_once() -> None:
@@ -32,16 +25,13 @@ def read_dagster_scripts_once() -> None:
     if getattr(ScriptDirectory.from_config, "reads_dagster_scripts_once", False):
         return
     read = ScriptDirectory.from_config.__func__
+    dagsters = read(ScriptDirectory, get_alembic_config(sqlite_event_log.__file__))
+    dagsters.revision_map.heads  # the reading itself (Alembic keeps it on the ScriptDirectory)
 
     def from_config(cls, config):
-        location = config.get_main_option("script_location")
-        if cls is not ScriptDirectory or not str(location).startswith(DAGSTER_SCRIPTS):
-            return read(cls, config)
-        with _lock:
-            if location not in _read:
-                _read[location] = read(cls, config)
-            return _read[location]
+        if cls is ScriptDirectory and config.get_main_option("script_location") == ALEMBIC_SCRIPTS_LOCATION:
+            return dagsters
+        return read(cls, config)
 
     from_config.reads_dagster_scripts_once = True
     ScriptDirectory.from_config = classmethod(from_config)
-    ScriptDirectory.from_config(get_alembic_config(sqlite_event_log.__file__)).revision_map.heads  # the reading
