@@ -38,3 +38,35 @@ def test_each_turn_of_the_loop_is_one_request_and_every_request_one_connection()
     assert later == {"url": "http://agents/c"}
     assert [asked for _, asked in seen] == [["a", "b"], ["c"]]
     assert len({port for port, _ in seen}) == 1  # both requests on one connection
+
+
+def test_a_batch_is_written_down_before_its_rows_see_their_agents_and_a_failed_write_fails_them():
+    recorded: list[list[str]] = []
+
+    async def agents(request: Request) -> JSONResponse:
+        return JSONResponse({"agents": [{"url": f"http://agents/{a['id']}"} for a in (await request.json())["agents"]]})
+
+    def record(answered):
+        if any(body["id"] == "broken" for body, _ in answered):
+            raise OSError("disk full")
+        recorded.append([answer["url"] for _, answer in answered])
+
+    async def deploy(url: str, ids: list[str]) -> list:
+        batch = HostBatch(url, record)
+
+        async def one(agent_id: str):
+            answer = await batch.add({"id": agent_id})
+            return answer, list(recorded)  # what had been written down when the row got its agent
+
+        try:
+            return await asyncio.gather(*(one(i) for i in ids), return_exceptions=True)
+        finally:
+            await batch.aclose()
+
+    with ThreadedServer(Starlette(routes=[Route("/agents", agents, methods=["POST"])])) as server:
+        written = asyncio.run(deploy(server.url, ["a", "b"]))
+        failed = asyncio.run(deploy(server.url, ["c", "broken"]))
+    both = ["http://agents/a", "http://agents/b"]
+    assert written == [({"url": "http://agents/a"}, [both]), ({"url": "http://agents/b"}, [both])]
+    assert [type(e).__name__ + ": " + str(e) for e in failed] == ["OSError: disk full"] * 2
+    assert recorded == [both]
