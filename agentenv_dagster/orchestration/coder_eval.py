@@ -213,6 +213,7 @@ def _run_task(
     suite_assets.append(_suite_assets_beside(task_run, config, instance))
     results = []
     for variant, replicate, contexts in runs:
+        resolved = variant.task.model_dump(mode="json", exclude_none=True)  # the same for each of its rows
         for key, context in contexts.items():
             row_id = variant.plan.document.row_of(key)
             row_started, row_completed = _span(context)
@@ -223,7 +224,7 @@ def _run_task(
                 description=task.description, agent_type=variant.task.agent.type if variant.task.agent else "none",
                 started=row_started, completed=row_completed, verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
                 trajectory=json.loads(ObjectStore.read(url)) if url else None,
-                resolved_task=variant.task.model_dump(mode="json", exclude_none=True), source_file=str(path),
+                resolved_task=resolved, source_file=str(path),
                 prices=config.model.prices, variant_id=variant.variant_id or "default", replicate_index=replicate,
             ))
     suites = []
