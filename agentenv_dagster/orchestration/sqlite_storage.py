@@ -41,11 +41,13 @@ import threading
 import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
+from datetime import timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 import sqlalchemy as db
 import yaml
+from dagster import AssetKey
 from dagster._core.events import DagsterEventType
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -158,6 +160,21 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
                 for event, event_id, row in stored:
                     if event.dagster_event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
                         _record_check_execution(conn, event, event_id, row)
+
+    def latest_materializations(self, asset_key: AssetKey, partitions: list[str]) -> dict[str, tuple[int, str, float]]:
+        """Each of ``partitions``' latest materialization of ``asset_key`` as (storage id, run id,
+        timestamp): what ``fetch_materializations`` says of them, from the event log's columns,
+        not its events (reading 500 rows' events back, ~0.3 s of CPU, is their metadata)."""
+        latest = self._latest_event_ids_by_partition_subquery(
+            asset_key, [DagsterEventType.ASSET_MATERIALIZATION], asset_partitions=partitions)
+        table = SqlEventLogStorageTable.c
+        query = db.select(table.partition, table.id, table.run_id, table.timestamp).where(
+            table.id.in_(db.select(latest.c.id)))
+        with self.index_connection() as conn:
+            found = conn.execute(query).fetchall()
+        # stored as naive UTC (Dagster's ``_event_insert_timestamp``), to the microsecond
+        return {partition: (storage_id, run_id, stamp.replace(tzinfo=timezone.utc).timestamp())
+                for partition, storage_id, run_id, stamp in found}
 
     def _claim_concurrency_slot(self, concurrency_key: str, run_id: str, step_key: str) -> ConcurrencySlotStatus:
         """Take a free slot of the pool in one statement. Dagster selects a free slot, then

@@ -128,7 +128,11 @@ def test_a_row_s_check_run_on_its_own_judges_that_row(project):
 
 def test_a_dataset_op_writes_its_rows_materializations_together(project, tmp_path, monkeypatch):
     """On the project's local instance, the verification op's materialization a row are held
-    and written in one go (``batched_writes``), and read back as usual."""
+    and written in one go (``batched_writes``), and read back as usual; each row's check judges
+    that row's latest materialization (found from the event log's columns, two queries here)."""
+    from agentenv_dagster.orchestration import ops
+
+    monkeypatch.setattr(ops, "ROWS_A_QUERY", 2)
     written: list[list[str]] = []
     write_held = LocalSqliteEventLogStorage._write_held
 
@@ -148,8 +152,10 @@ def test_a_dataset_op_writes_its_rows_materializations_together(project, tmp_pat
         run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance, rows_in_flight=2)
         assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
         latest = instance.get_latest_materialization_event(VERIFICATION)
+        checks = check_statuses(instance, dg.AssetCheckKey(VERIFICATION, "passed"), ["r1", "r2", "r3"])
     assert ["r1", "r2", "r3"] in written
     assert latest.dagster_event.partition == "r3"
+    assert checks == {"r1": "SUCCEEDED", "r2": "SUCCEEDED", "r3": "FAILED"}
 
 
 def test_a_row_that_fails_stops_there_and_the_others_go_on(project):

@@ -168,6 +168,40 @@ def _stored(log: LocalSqliteEventLogStorage) -> dict:
     }
 
 
+@dg.op
+def regrade_r2():
+    yield dg.AssetMaterialization(asset_key=KEY, partition="r2", metadata={"score": 1.0})
+    yield dg.Output(None)
+
+
+@dg.job
+def regraded():
+    regrade_r2()
+
+
+def test_the_latest_materialization_of_each_partition_is_answered_as_dagster_reads_it_from_the_events(tmp_path):
+    """What a dataset op's checks point at: (storage id, run id, timestamp) of each row's latest
+    materialization, from the event log's columns, as ``fetch_materializations`` has them."""
+    (tmp_path / "dagster.yaml").write_text(dagster_yaml(tmp_path))
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        first = graded.execute_in_process(instance=instance).run_id
+        again = regraded.execute_in_process(instance=instance).run_id
+        latest = instance.event_log_storage.latest_materializations(KEY, ["r1", "r2", "r3", "never"])
+        records = {}
+        for row in ("r1", "r2", "r3"):
+            (record,) = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=KEY, asset_partitions=[row]), limit=1).records
+            records[row] = record
+        assert set(latest) == {"r1", "r2", "r3"}
+        assert {row: run_id for row, (_, run_id, _) in latest.items()} == {"r1": first, "r2": again, "r3": first}
+        for row, (storage_id, run_id, timestamp) in latest.items():
+            assert (storage_id, run_id) == (records[row].storage_id, records[row].run_id)
+            assert abs(timestamp - records[row].timestamp) < 1e-5  # stored to the microsecond
+        assert instance.event_log_storage.latest_materializations(KEY, ["r1"]) == {"r1": latest["r1"]}
+        instance.wipe_assets([KEY])
+        assert instance.event_log_storage.latest_materializations(KEY, ["r1", "r2", "r3"]) == {}
+
+
 def test_a_burst_of_materializations_and_checks_written_together_reads_back_as_written_one_by_one(tmp_path):
     events = _graded_events(tmp_path)
     one_by_one = LocalSqliteEventLogStorage(str(tmp_path / "one"))
