@@ -16,6 +16,7 @@ from agentenv_dagster.context import (
     DeployedEnv,
     TaskStepContext,
     redact,
+    redacted_json,
 )
 from agentenv_dagster.steps import BUILTIN_STEPS
 from agentenv_dagster.steps.execution import apply_seed, parse_structured_output
@@ -224,6 +225,34 @@ def test_to_safe_dict_strips_every_secret_at_any_depth():
     assert "judge_litellm_api_key" not in safe
     # the live context keeps them (they are re-grafted, never persisted)
     assert context.to_dict()["metadata"]["user_overrides"]["litellm_api_key"] == "k1"
+
+
+def test_rows_are_written_as_to_safe_dict_has_them_from_their_dicts_or_the_contexts_themselves(tmp_path):
+    """What the IO manager stores for an op's rows (their ``to_dict``), and what a dataset run's
+    context.json holds (the contexts, serialized by pydantic from their fields): each row as
+    ``to_safe_dict`` has it, unset fields left out, text kept as it was."""
+    from agentenv_dagster.orchestration.io_manager import TaskContextIOManager
+    from agentenv_dagster.orchestration.rows import batch
+
+    secretive = ctx(
+        deployed_agents=[{"agent_name": "a", "api_url": "http://a", "cf_access_client_secret": "s1"}],
+        prompt_responses=[{"prompt_id": "p", "response": "naïve ✓ — 読む", "model": None}],
+        metadata={"user_overrides": {"litellm_api_key": "k1", "judge_model": "m"}, "score": None, "nan": 1.5},
+        judge_litellm_api_key="top",
+    )
+    plain = ctx(metadata={"seed": {"row.text": "ünïcode"}}, agent_model="replay")
+    rows = {"r1": secretive, "r2": plain}
+    expected = {"rows": {"r1": secretive.to_safe_dict(), "r2": plain.to_dict()}}
+    assert b"s1" not in redacted_json(batch(rows)) and b"k1" not in redacted_json(batch(rows))
+    assert json.loads(redacted_json(batch(rows))) == expected
+    assert json.loads(redacted_json(batch({k: c.to_dict() for k, c in rows.items()}))) == expected  # dicts alike
+    assert expected["rows"]["r1"]["metadata"]["score"] is None  # a None in free-form metadata stays
+    assert "model" not in expected["rows"]["r1"]["prompt_responses"][0]  # an unset field does not
+
+    manager = TaskContextIOManager(base_dir=str(tmp_path))
+    manager.write("run-1", "prompt", batch({k: c.to_dict() for k, c in rows.items()}))  # an op's output
+    assert manager.read("run-1", "prompt") == expected
+    assert manager.read_all("run-1") == [("prompt", expected)]
 
 
 @pytest.mark.parametrize("key", UPSTREAM_SECRETS)

@@ -82,13 +82,13 @@ class TaskContextIOManager(ContextIOManagerBase):
         return str(path)
 
     def read(self, run_id: str, name: str) -> dict[str, Any]:
-        return json.loads(self._path(run_id, name).read_text())
+        return json.loads(self._path(run_id, name).read_bytes())
 
     def read_all(self, run_id: str, wanted: Callable[[str], bool] | None = None) -> list[tuple[str, dict[str, Any]]]:
         folder = context_folder(self.base_dir, run_id)
         files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
         named = [(p.name[: -len(".json")], p) for p in files]
-        return [(name, json.loads(p.read_text())) for name, p in named if wanted is None or wanted(name)]
+        return [(name, json.loads(p.read_bytes())) for name, p in named if wanted is None or wanted(name)]
 
 
 def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:
@@ -109,7 +109,7 @@ def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:
 def write_context(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(redacted_json(data))  # one line: the C encoder, ~10x faster
+    tmp.write_bytes(redacted_json(data))
     os.replace(tmp, path)
 
 

@@ -36,7 +36,7 @@ class S3ContextIOManager(ContextIOManagerBase):
 
     def write(self, run_id: str, name: str, data: dict[str, Any]) -> str:
         key = f"{self._folder(run_id)}/{name}.json"
-        body = redacted_json(data).encode()  # secrets never reach the bucket
+        body = redacted_json(data)  # secrets never reach the bucket
         self.location.put_bytes(key, body, ContentType="application/json", Metadata={_WRITTEN: str(time.time_ns())})
         return self.location.url(key)
 
