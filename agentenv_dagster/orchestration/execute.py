@@ -17,7 +17,7 @@ from typing import Any
 import dagster as dg
 
 from ..config import AgentEnvConfig
-from ..context import TaskStepContext
+from ..context import TaskStepContext, redacted_json
 from ..plan import TaskPlan
 from ..runtime.collector import fewer_full_sweeps
 from .definitions import build_job, run_config
@@ -145,8 +145,10 @@ def execute_plan(
     output_dir = output_dir or config.root / "out" / job.name
     output_dir.mkdir(parents=True, exist_ok=True)
     context_path = output_dir / "context.json"
-    saved = context.to_safe_dict() if len(contexts) <= 1 else {k: c.to_safe_dict() for k, c in contexts.items()}
-    context_path.write_text(json.dumps(saved, indent=2 if len(contexts) <= 1 else None, default=str))
+    if len(contexts) <= 1:
+        context_path.write_text(json.dumps(context.to_safe_dict(), indent=2, default=str))
+    else:  # a dataset's rows, by key: one line, straight from the contexts
+        context_path.write_bytes(redacted_json(contexts))
     return RunResult(
         success=success, run_id=run_ids[-1], job_name=job.name, dagster_home=str(home),
         context_path=context_path, context=context, contexts=contexts, retried_runs=run_ids[:-1],
