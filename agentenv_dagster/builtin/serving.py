@@ -2,7 +2,7 @@
 
 Shared by every embedded server (envs and agents): bind port 0, write the URL to the ready
 file once listening, exit at SIGTERM or when the TTL runs out (the last line of defence
-against leaks).
+against leaks). ``fork_and_serve`` serves several from one import (``fork_servers``).
 """
 
 from __future__ import annotations
@@ -11,11 +11,18 @@ import argparse
 import asyncio
 import json
 import os
+import sys
+import traceback
 from pathlib import Path
+from typing import Any, Callable, NoReturn
 
 import uvicorn
 
 from agentenv_dagster.runtime.loop import run as run_loop
+from agentenv_dagster.runtime.processes import FORKED_FILE, LOG_FILE, READY_FILE
+
+# an app to serve and what runs once it listens (given its URL)
+AppFactory = Callable[[], tuple[Any, Callable[[str], None] | None]]
 
 
 def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +59,47 @@ async def _serve(app, args: argparse.Namespace, on_ready) -> None:
 
 
 def _announce(ready_file: Path, url: str) -> None:
-    tmp = ready_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
-    os.replace(tmp, ready_file)
+    _write_atomically(ready_file, {"url": url, "pid": os.getpid()})
+
+
+def fork_and_serve(spec: Path, make_app: AppFactory) -> None:
+    """For each server of ``spec`` (written by ``fork_servers``): fork a child that serves
+    ``make_app()`` as a server started on its own would, then say its pid in the server's
+    folder. Returns once all are forked; they go on in their own sessions. This process has
+    run no event loop and no thread, so each child starts clean."""
+    for server in json.loads(spec.read_text()):
+        workdir = Path(server["workdir"])
+        pid = os.fork()
+        if pid == 0:
+            _serve_forked(workdir, server, make_app)
+        _write_atomically(workdir / FORKED_FILE, {"pid": pid})
+
+
+def _serve_forked(workdir: Path, server: dict[str, Any], make_app: AppFactory) -> NoReturn:
+    """The forked child: its own session, folder, log and environment, then ``serve``."""
+    code = 1
+    try:
+        os.setsid()
+        os.chdir(workdir)
+        log = os.open(LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.environ.update(server["env"])
+        app, on_ready = make_app()
+        args = argparse.Namespace(ready_file=workdir / READY_FILE, ttl_seconds=server["ttl_seconds"],
+                                  host="127.0.0.1", port=0)
+        serve(app, args, on_ready=on_ready)
+        code = 0
+    except BaseException:  # noqa: BLE001 - said in the log: the parent's waiter reads it
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _write_atomically(path: Path, content: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(content))
+    os.replace(tmp, path)

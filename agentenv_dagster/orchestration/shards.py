@@ -3,7 +3,8 @@ run over a range of partitions, run side by side in their own processes.
 
 One run's ops are barriers and its Python is one core: grading (CPU) cannot overlap the
 prompts (waiting). Two shards on two cores do overlap them: on the 1,000-row benchmark,
-16.5–18.4 s in one run against 14.4–15.6 s in two (each shard starts its own agent host).
+16.5–18.4 s in one run against 14.4–15.6 s in two. Each shard has an agent host of its own;
+they are forked from one import as the runs start (``hosts_ahead.fork_shard_hosts``).
 ``rows_in_flight`` is shared out (the shares add up to it, and there are never more shards
 than rows in flight), so the agents see the same number of prompts at once either way.
 Afterwards the suite's Dagster run goes ``beside`` the reports in the same way.
@@ -29,7 +30,9 @@ from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
 from ..runtime.base import warm_http
+from ..runtime.local import adopting_forked_hosts, end_forked_hosts
 from .execute import execute_plan, opened_instance
+from .hosts_ahead import fork_shard_hosts
 from .resources import AgentEnvResource
 
 
@@ -51,16 +54,21 @@ def run_rows(
         # the bound holds across the shards: their shares add up to it
         shares = [total // len(chunks) + (i < total % len(chunks)) for i in range(len(chunks))]
         blob = pickle.dumps(plan)
-        # the parent opens the instance first: a new SQLite instance creates its tables on
-        # opening, and two shards doing that at once collide ("table runs already exists")
-        with opened_instance(config, instance) as opened:
-            ref = opened.get_ref()
-            with ProcessPoolExecutor(len(chunks), mp_context=_start_method()) as pool:
-                futures = [
-                    pool.submit(_shard, blob, config, ref, chunk, share, tags, output_dir / f"shard-{i}")
-                    for i, (chunk, share) in enumerate(zip(chunks, shares))
-                ]
-                contexts = {k: c for future in futures for k, c in future.result().items()}
+        forked = fork_shard_hosts(plan, config, len(chunks))  # importing while the runs start
+        try:
+            # the parent opens the instance first: a new SQLite instance creates its tables on
+            # opening, and two shards doing that at once collide ("table runs already exists")
+            with opened_instance(config, instance) as opened:
+                ref = opened.get_ref()
+                with ProcessPoolExecutor(len(chunks), mp_context=_start_method()) as pool:
+                    futures = [
+                        pool.submit(_shard, blob, config, ref, chunk, share, tags, output_dir / f"shard-{i}",
+                                    forked[i] if forked else None)
+                        for i, (chunk, share) in enumerate(zip(chunks, shares))
+                    ]
+                    contexts = {k: c for future in futures for k, c in future.result().items()}
+        finally:
+            end_forked_hosts(forked)
     return {k: contexts[k] for k in rows if k in contexts}
 
 
@@ -130,10 +138,10 @@ def _start_method():
 
 
 def _shard(plan_blob: bytes, config: AgentEnvConfig, instance_ref, keys: list[str], rows_in_flight: int,
-           tags: dict[str, str], output_dir: Path) -> dict[str, TaskStepContext]:
+           tags: dict[str, str], output_dir: Path, forked_hosts: dict[str, Any] | None) -> dict[str, TaskStepContext]:
     gc.freeze()  # what a fork brought along stays out of the collector's sweeps (and its pages shared)
     step_registry(config)  # a project's own step modules importable before the plan is read back
     plan = pickle.loads(plan_blob)
-    with dg.DagsterInstance.from_ref(instance_ref) as instance:
+    with adopting_forked_hosts(forked_hosts), dg.DagsterInstance.from_ref(instance_ref) as instance:
         return execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=keys,
                             rows_in_flight=rows_in_flight, tags=tags).contexts

@@ -9,28 +9,38 @@ deployment that finishes after the run started tearing down ends itself and fail
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import secrets
 import shutil
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 from filelock import FileLock
 
 from ..config import BUILTIN_AGENTS, CODING_CLI_KINDS, AgentEntry, AgentEnvConfig
 from ..context import DeployedAgent, DeployedEnv, DeployedSandbox
-from .processes import is_running, spawn_server, terminate
+from .processes import (
+    FORKED_FILE, ServerProcess, ServerStartError, adopt_server, fork_servers, is_running, spawn_server, terminate,
+)
 from .sandbox import LocalSandbox
+
+log = logging.getLogger(__name__)
 
 ENV_SERVER_MODULE = "agentenv_dagster.builtin.envs"
 AGENT_SERVER_MODULE = "agentenv_dagster.builtin.agents"
+# {"starter": pid, "hosts": {host_id: folder}}: agent hosts forked ahead for the run of this
+# process (a dataset's shard run), which adopts each instead of starting its own
+FORKED_HOSTS_ENV = "AGENTENV_FORKED_AGENT_HOSTS"
 
 
 class DeploymentError(RuntimeError):
@@ -201,7 +211,7 @@ class LocalProvider:
         settings = {**self._agent_config(entry), "name": agent_name}
         if workspace is not None:
             settings["workspace"] = {"container": container, "path_prepend": entry.path_prepend}
-        host_id = _host_id(process_env)
+        host_id = agent_host_id(process_env)
         if not start_host and host_id not in self._hosts:
             return None
         host_id, host_url = self._agent_host(process_env, ttl_seconds)
@@ -217,13 +227,24 @@ class LocalProvider:
         host cannot be known ahead: a coding CLI's agent (its checks belong to its step), or
         an agent its step would refuse (the step says why)."""
         try:
-            entry = self._agent_entry(agent_id, overrides)
-            if entry.kind in CODING_CLI_KINDS or self.ledger.closed:
+            env = None if self.ledger.closed else self.agent_host_env(agent_id, env_vars, overrides)
+            if env is None:
                 return False
-            self._agent_host(self._process_env(agent_id, entry, env_vars, None), ttl_seconds)
+            self._agent_host(env, ttl_seconds)
         except DeploymentError:
             return False
         return True
+
+    def agent_host_env(
+        self, agent_id: str, env_vars: dict[str, str] | None = None, overrides: dict[str, Any] | None = None,
+    ) -> dict[str, str] | None:
+        """The environment of the host ``deploy_agent(agent_id, ...)`` will use (which host
+        it is: :func:`agent_host_id`); None for a coding CLI's agent, whose checks belong to
+        its step. Raises ``DeploymentError`` for an agent the step would refuse."""
+        entry = self._agent_entry(agent_id, overrides)
+        if entry.kind in CODING_CLI_KINDS:
+            return None
+        return self._process_env(agent_id, entry, env_vars, None)
 
     def _agent_entry(self, agent_id: str, overrides: dict[str, Any] | None) -> AgentEntry:
         """The registry entry of ``agent_id``, with a step's inline settings on top."""
@@ -271,9 +292,10 @@ class LocalProvider:
 
     def _agent_host(self, env: dict[str, str], ttl_seconds: int) -> tuple[str, str]:
         """The URL of the run's agent host for this process environment, started on first
-        use (one per distinct environment: a key is per process). A file lock keeps ops in
-        other processes of the run from starting a second one."""
-        host_id = _host_id(env)
+        use (one per distinct environment: a key is per process), or adopted when it was
+        forked ahead for this run. A file lock keeps ops in other processes of the run from
+        starting a second one."""
+        host_id = agent_host_id(env)
         if host_id in self._hosts:  # this process found or started it already (a dead host fails the POST)
             return host_id, self._hosts[host_id]
         self.ledger.folder.mkdir(parents=True, exist_ok=True)
@@ -282,9 +304,27 @@ class LocalProvider:
             if entry and is_running(entry["pid"]):
                 url = entry["url"]
             else:
-                url = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env).url
+                server = self._adopt_forked_host(host_id)
+                if server is None:
+                    server = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env)
+                url = server.url
         self._hosts[host_id] = url
         return host_id, url
+
+    def _adopt_forked_host(self, host_id: str) -> ServerProcess | None:
+        """The host forked ahead for this process's run (``FORKED_HOSTS_ENV``), if it has
+        this environment and came up; else None, and the run starts its own."""
+        forked = json.loads(os.environ.get(FORKED_HOSTS_ENV) or "{}")
+        folder = (forked.get("hosts") or {}).get(host_id)
+        if folder is None or folder in _ADOPTED:
+            return None
+        _ADOPTED.add(folder)  # one run adopts it, once
+        try:
+            server = adopt_server(Path(folder), forked["starter"])
+        except ServerStartError as exc:
+            log.warning("the agent host forked ahead is not used, the run starts its own: %s", exc)
+            return None
+        return self._keep(server, host_id, "agent")
 
     def deploy_sandbox(
         self, sandbox_name: str, *, step_id: str, sandbox_mode: str, ttl_seconds: int,
@@ -426,6 +466,10 @@ class LocalProvider:
             module, args, workdir=self.run_dir / f"{kind}s" / instance_id,
             ttl_seconds=ttl_seconds, env=env,
         )
+        return self._keep(server, instance_id, kind)
+
+    def _keep(self, server: ServerProcess, instance_id: str, kind: str) -> ServerProcess:
+        """Written in the run's ledger, so the run's teardown ends it; ended now if that has begun."""
         self.ledger.record(instance_id, kind, pid=server.pid, url=server.url)
         if self.ledger.closed:
             terminate(server.pid)
@@ -433,9 +477,57 @@ class LocalProvider:
         return server
 
 
-def _host_id(env: dict[str, str]) -> str:
+# the forked hosts' folders this process has adopted: each once (one that has died since
+# left its ready file behind, and is not adopted again)
+_ADOPTED: set[str] = set()
+
+
+def agent_host_id(env: dict[str, str]) -> str:
     """The agent host of a process environment (a key is per process, so per host)."""
     return "agent-host-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def fork_agent_hosts(hosts: dict[str, tuple[dict[str, str], int]], runs: int, folder: Path) -> list[dict[str, Any]]:
+    """For each of ``runs`` runs, the agent hosts ``hosts`` (``{host_id: (environment, ttl)}``),
+    forked from one import (``fork_servers``) while the runs start: for each run what it
+    adopts (``adopting_forked_hosts``). Each run's teardown ends those it adopted;
+    :func:`end_forked_hosts` ends the rest."""
+    names = {(run, host_id): f"{host_id}-run-{run}" for run in range(runs) for host_id in hosts}
+    starter = fork_servers(AGENT_SERVER_MODULE, ["hosts"], {
+        name: {"env": hosts[host_id][0], "ttl_seconds": hosts[host_id][1]} for (_, host_id), name in names.items()
+    }, folder=folder)
+    return [{"starter": starter, "hosts": {host_id: str(folder / names[run, host_id]) for host_id in hosts}}
+            for run in range(runs)]
+
+
+@contextlib.contextmanager
+def adopting_forked_hosts(forked: dict[str, Any] | None) -> Iterator[None]:
+    """While the block runs, the run this process starts adopts these hosts (``FORKED_HOSTS_ENV``)."""
+    if not forked:
+        yield
+        return
+    os.environ[FORKED_HOSTS_ENV] = json.dumps(forked)
+    try:
+        yield
+    finally:
+        os.environ.pop(FORKED_HOSTS_ENV, None)
+
+
+def end_forked_hosts(forked: list[dict[str, Any]], starter_seconds: float = 30.0) -> None:
+    """End every host forked for the runs (a run's own teardown ended those it adopted),
+    once their starter is done forking (it ends as soon as it is)."""
+    starters = {run["starter"] for run in forked}
+    deadline = time.monotonic() + starter_seconds
+    while any(is_running(pid) for pid in starters) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in starters:
+        terminate(pid)  # (a no-op when it ended, as it does)
+    for run in forked:
+        for folder in run["hosts"].values():
+            try:
+                terminate(json.loads((Path(folder) / FORKED_FILE).read_text())["pid"])
+            except (OSError, ValueError, KeyError):  # never forked: its starter failed first
+                pass
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+
+READY_FILE = "ready.json"  # {"url": ..., "pid": ...}, written by the server once it listens
+LOG_FILE = "server.log"
+STARTER_LOG_FILE = "starter.log"  # fork_servers' starter's, beside the folders of the servers it forks
+FORKED_FILE = "forked.json"  # {"pid": ...}, written by fork_servers' starter as it forks the server
 
 
 class ServerStartError(RuntimeError):
@@ -42,9 +49,9 @@ def spawn_server(
     goes to ``<workdir>/server.log`` so a failed start can say why.
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    ready_file = workdir / "ready.json"
+    ready_file = workdir / READY_FILE
     ready_file.unlink(missing_ok=True)
-    log_path = workdir / "server.log"
+    log_path = workdir / LOG_FILE
     command = [
         sys.executable, "-m", module, *args,
         "--ready-file", str(ready_file), "--ttl-seconds", str(ttl_seconds),
@@ -59,25 +66,79 @@ def spawn_server(
             env={**os.environ, **(env or {})},
             cwd=workdir,
         )
-    deadline = time.monotonic() + ready_timeout
+
+    def exited() -> str | None:
+        if proc.poll() is None:
+            return None
+        return f"{module} exited with code {proc.returncode} before it was ready: {_tail(log_path)}"
+
+    try:
+        url = _wait_until_ready(ready_file, module, exited, ready_timeout)["url"]
+    except ServerStartError:
+        terminate(proc.pid)
+        raise
+    return ServerProcess(pid=proc.pid, url=url)
+
+
+def fork_servers(module: str, args: list[str], servers: dict[str, dict], *, folder: Path) -> int:
+    """Start ``python -m module args --spec F``, which imports the server once and forks one
+    server for each of ``servers`` (name: ``{"env", "ttl_seconds"}``), each in its own
+    session, in the folder ``folder/<name>``, with that environment on top of this one's;
+    then it exits. :func:`adopt_server` finds each. The pid of that starter.
+
+    What this saves is the import: an agent host's is most of a second of CPU, paid once
+    for the hosts of all the shard runs of a dataset, not once a host."""
+    spec = []
+    for name, server in servers.items():
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        spec.append({**server, "workdir": str(folder / name)})
+    (folder / "spec.json").write_text(json.dumps(spec))
+    with open(folder / STARTER_LOG_FILE, "ab") as log:
+        starter = subprocess.Popen(
+            [sys.executable, "-m", module, *args, "--spec", str(folder / "spec.json")],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
+        )
+    return starter.pid
+
+
+def adopt_server(workdir: Path, starter_pid: int, ready_timeout: float = 60.0) -> ServerProcess:
+    """The server :func:`fork_servers` forked into ``workdir``, once it has written its URL.
+    Raises ``ServerStartError`` when it (or its starter, before forking it) ended first."""
+    forked = workdir / FORKED_FILE
+    what = f"the server forked into {workdir}"
+
+    def exited() -> str | None:
+        if not forked.exists():
+            if is_running(starter_pid) or forked.exists():  # (it may have forked it and ended just now)
+                return None
+            return f"{what} was never forked: {_tail(workdir.parent / STARTER_LOG_FILE)}"
+        if is_running(json.loads(forked.read_text())["pid"]):
+            return None
+        return f"{what} exited before it was ready: {_tail(workdir / LOG_FILE)}"
+
+    ready = _wait_until_ready(workdir / READY_FILE, what, exited, ready_timeout)
+    return ServerProcess(pid=ready["pid"], url=ready["url"])
+
+
+def _wait_until_ready(ready_file: Path, what: str, exited: Callable[[], str | None], timeout: float) -> dict:
+    """The ready file's content once written, polling until ``exited()`` says why it never
+    will be, or ``timeout``."""
+    deadline = time.monotonic() + timeout
     delay = 0.02
     while time.monotonic() < deadline:
         if ready_file.exists():
             try:
-                url = json.loads(ready_file.read_text())["url"]
-            except (ValueError, KeyError):
-                url = None  # half-written; the server renames atomically, but be safe
-            if url:
-                return ServerProcess(pid=proc.pid, url=url)
-        if proc.poll() is not None:
-            raise ServerStartError(
-                f"{module} exited with code {proc.returncode} before it was ready: "
-                f"{_tail(log_path)}"
-            )
+                ready = json.loads(ready_file.read_text())
+            except ValueError:
+                ready = {}  # half-written; the server renames atomically, but be safe
+            if ready.get("url"):
+                return ready
+        reason = exited()
+        if reason is not None:
+            raise ServerStartError(reason)
         time.sleep(delay)
         delay = min(delay * 1.5, 0.2)
-    terminate(proc.pid)
-    raise ServerStartError(f"{module} was not ready within {ready_timeout:.0f}s: {_tail(log_path)}")
+    raise ServerStartError(f"{what} was not ready within {timeout:.0f}s: {_tail(ready_file.parent / LOG_FILE)}")
 
 
 def is_running(pid: int) -> bool:

@@ -24,7 +24,7 @@ from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG, 
 from agentenv_dagster.orchestration.shards import ForkedTraceback, beside
 from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
 from agentenv_dagster.runtime.local import Ledger
-from projects import leaked_servers, make_project
+from projects import forked_hosts, leaked_servers, make_project
 
 VERIFICATION = dg.AssetKey(["verifications", "words", "success_criteria"])
 
@@ -389,14 +389,40 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
             runs = sorted(
                 (r.tags.get(RANGE_START_TAG) or r.tags["dagster/partition"], r.tags.get(RANGE_END_TAG))
                 for r in rows_runs(instance))
+            run_ids = [r.run_id for r in rows_runs(instance)]
             assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
     finally:
         release.set()
     # forked: the two shards, then the suite asset's run beside the reports (else in this process)
     assert methods == (["forkserver"] if other_thread else ["fork", "fork"])
     assert runs == [("r1", "r2"), ("r3", None)]  # a slice of one row is a plain partition run
+    # each run's agent host is one forked for it from one import as the runs started
+    state = project / ".agentenv" / "state"
+    hosts = [e["pid"] for run_id in run_ids for e in Ledger.of_run(state / "runs" / run_id).entries().values() if e["pid"]]
+    assert len(hosts) == 2 and sorted(hosts) == sorted(forked_hosts(state))
     assert [(r.task_id, r.final_status.value) for r in done.results] == [
         ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]
+
+
+def test_shard_runs_start_their_own_agent_hosts_when_none_could_be_forked_for_them(project, monkeypatch):
+    from agentenv_dagster.runtime import local
+
+    fork_servers = local.fork_servers  # a starter that cannot import what it would fork
+    monkeypatch.setattr(local, "fork_servers", lambda module, *args, **kwargs: fork_servers(
+        "agentenv_dagster.builtin.no_such_module", *args, **kwargs))
+    path = project / "tasks" / "words.yaml"
+    path.write_text(WORDS_TASK.format(extra=""))
+    with dg.instance_for_test() as instance:
+        done = run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
+                                   shards=2, rows_in_flight=4)
+        run_ids = [r.run_id for r in rows_runs(instance)]
+    assert [(r.task_id, r.final_status.value) for r in done.results] == [
+        ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]
+    state = project / ".agentenv" / "state"
+    assert forked_hosts(state) == [] and "No module named" in next(state.glob("forked-hosts/*/starter.log")).read_text()
+    for run_id in run_ids:  # each run started its own host, as a run does without shards
+        (host_id,) = [i for i, e in Ledger.of_run(state / "runs" / run_id).entries().items() if e["pid"]]
+        assert (state / "runs" / run_id / "agents" / host_id / "server.log").exists()
 
 
 def _write_pid(path) -> None:

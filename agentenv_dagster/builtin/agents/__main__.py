@@ -3,6 +3,8 @@
 
 ``python -m agentenv_dagster.builtin.agents host --ready-file R --ttl-seconds S`` serves an
 agent host instead: one process in which a run deploys all its agents (see ``host.py``).
+``python -m agentenv_dagster.builtin.agents hosts --spec F`` imports once and forks an agent
+host for each entry of F (``runtime.processes.fork_servers``), then exits.
 """
 
 from __future__ import annotations
@@ -45,13 +47,23 @@ if __name__ == "__main__":
     without_a2a_spans()
 
 from agentenv_dagster.builtin.agents.brains import BRAINS, build_brain
-from agentenv_dagster.builtin.serving import add_serving_arguments, serve
+from agentenv_dagster.builtin.serving import add_serving_arguments, fork_and_serve, serve
 from agentenv_dagster.runtime.sandbox import LocalSandbox
 
 HOST = "host"
+HOSTS = "hosts"
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [HOSTS]:
+        forked = argparse.ArgumentParser(prog=f"python -m agentenv_dagster.builtin.agents {HOSTS}")
+        forked.add_argument("--spec", required=True, type=Path)
+        spec = forked.parse_args(argv[1:]).spec
+        import agentenv_dagster.builtin.agents.host  # noqa: F401 - here, once: what every fork shares
+
+        fork_and_serve(spec, _agent_host)
+        return
     parser = argparse.ArgumentParser(prog="python -m agentenv_dagster.builtin.agents")
     parser.add_argument("kind", choices=sorted([*BRAINS, HOST]))
     parser.add_argument("--sandbox", type=Path)
@@ -59,10 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     add_serving_arguments(parser)
     args = parser.parse_args(argv)
     if args.kind == HOST:
-        from agentenv_dagster.builtin.agents.host import AgentHost
-
-        host = AgentHost()
-        serve(host.app(), args, on_ready=host.set_url)
+        app, on_ready = _agent_host()
+        serve(app, args, on_ready=on_ready)
         return
     if args.sandbox is None or args.config_file is None:
         parser.error("an agent needs --sandbox and --config-file")
@@ -84,6 +94,13 @@ def main(argv: list[str] | None = None) -> None:
         args=args,
         workspace=config.get("workspace"),
     )
+
+
+def _agent_host():
+    from agentenv_dagster.builtin.agents.host import AgentHost
+
+    host = AgentHost()
+    return host.app(), host.set_url
 
 
 if __name__ == "__main__":

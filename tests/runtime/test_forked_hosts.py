@@ -1,0 +1,64 @@
+"""Agent hosts forked from one import: each a whole host of its own, adopted by its run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentenv_dagster.runtime import local
+from agentenv_dagster.runtime.a2a_client import A2AClient
+from agentenv_dagster.runtime.local import end_forked_hosts, fork_agent_hosts
+from agentenv_dagster.runtime.processes import FORKED_FILE, ServerStartError, adopt_server, is_running
+from fakes.messages_api import text_reply
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_hosts_forked_from_one_import_serve_their_own_agents_in_their_own_sessions(tmp_path, fake_messages_api):
+    keys = {"agent-host-a": "key-a", "agent-host-b": "key-b"}  # a key is per process: a host per key
+    forked = fork_agent_hosts({host_id: ({"ANTHROPIC_API_KEY": key}, 120) for host_id, key in keys.items()},
+                              2, tmp_path / "forked")
+    try:
+        assert [sorted(run["hosts"]) for run in forked] == [sorted(keys)] * 2  # each run its own of each
+        servers = {(run, host_id): adopt_server(Path(folder), forked[run]["starter"])
+                   for run in range(2) for host_id, folder in forked[run]["hosts"].items()}
+        assert len({s.pid for s in servers.values()}) == len({s.url for s in servers.values()}) == 4
+        assert all(os.getsid(s.pid) == s.pid for s in servers.values())  # each its own session: ended as a group
+        fake_messages_api.enqueue(*[text_reply(f"answer {i}") for i in range(4)])
+        async with httpx.AsyncClient(timeout=30) as http:
+            replies = []
+            for (run, host_id), server in servers.items():
+                created = await http.post(f"{server.url}/agents", json={
+                    "id": "agent", "sandbox": str(tmp_path / f"sandbox-{run}-{host_id}"),
+                    "config": {"kind": "anthropic", "model": "claude-test", "base_url": fake_messages_api.base_url}})
+                assert created.status_code == 201
+                replies.append((await A2AClient(http).send_and_wait(created.json()["url"], "hi", timeout_seconds=20)).text)
+    finally:
+        end_forked_hosts(forked)
+    assert replies == [f"answer {i}" for i in range(4)]
+    # each host's agent called the model with its own host's key: each has its own environment
+    assert [r.headers["authorization"] for r in fake_messages_api.requests] == [f"Bearer {keys[h]}" for _, h in servers]
+    assert not any(is_running(s.pid) for s in servers.values())
+
+
+def test_a_starter_that_cannot_fork_fails_its_hosts_adoption_with_its_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(local, "AGENT_SERVER_MODULE", "agentenv_dagster.builtin.no_such_module")
+    (forked,) = fork_agent_hosts({"agent-host-a": ({}, 60)}, 1, tmp_path / "forked")
+    folder = Path(forked["hosts"]["agent-host-a"])
+    with pytest.raises(ServerStartError, match="was never forked: .*No module named agentenv_dagster.builtin.no_such_module"):
+        adopt_server(folder, forked["starter"], ready_timeout=60)
+    assert not (folder / FORKED_FILE).exists()
+    end_forked_hosts([forked])  # nothing to end: no error
+
+
+def test_the_hosts_no_run_adopted_end_with_the_runs(tmp_path):
+    forked = fork_agent_hosts({"agent-host-a": ({}, 120)}, 2, tmp_path / "forked")
+    adopted = adopt_server(Path(forked[0]["hosts"]["agent-host-a"]), forked[0]["starter"])
+    end_forked_hosts(forked)  # also before the second is up: it waits for the starter to be done forking
+    pids = [json.loads((Path(run["hosts"]["agent-host-a"]) / FORKED_FILE).read_text())["pid"] for run in forked]
+    assert adopted.pid == pids[0]
+    assert not any(is_running(pid) for pid in pids)
