@@ -8,6 +8,7 @@ run.md / task.html with upstream's exit code.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,7 @@ from ..plan import TaskPlan
 from ..reports.evaluation import evaluation_result
 from ..reports.experiment import experiment_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
-from ..reports.render import WrittenReports, write_reports, write_suite
+from ..reports.render import WrittenReports, make_report_folders, write_reports, write_suite
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
 from ..runtime.collector import fewer_full_sweeps
@@ -207,9 +208,13 @@ def _run_task(
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant.variant_id, str(replicate) if repeats > 1 else None) if p)
             tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate)}
+            report_folders = functools.partial(  # made while the shards run (this process waits)
+                make_report_folders, out, variant.variant_id or "default",
+                [_row_task_id(task.task_id, variant.plan.document.row_of(key)) for key in keys or []], replicate)
             runs.append((variant, replicate, run_rows(
                 variant.plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
-                shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))))
+                shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"),
+                meanwhile=report_folders)))
     suite_assets.append(_suite_assets_beside(task_run, config, instance))
     results = []
     for variant, replicate, contexts in runs:
@@ -220,7 +225,7 @@ def _run_task(
             response = context.find_prompt_response(PROMPT_ID)
             url = response.agent_trajectory_object_url if response else None
             results.append(evaluation_result(
-                context, task_id=f"{task.task_id}/{row_id}" if row_id else task.task_id,
+                context, task_id=_row_task_id(task.task_id, row_id),
                 description=task.description, agent_type=variant.task.agent.type if variant.task.agent else "none",
                 started=row_started, completed=row_completed, verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
                 trajectory=json.loads(ObjectStore.read(url)) if url else None,
@@ -241,6 +246,11 @@ def _run_task(
             write_suite(out / variant_id / task.task_id, suite)
             suites.append(suite)
     return results, suites
+
+
+def _row_task_id(task_id: str, row_id: str) -> str:
+    """A dataset row's task id (``<task_id>/<row_id>``, as upstream names its row-tasks)."""
+    return f"{task_id}/{row_id}" if row_id else task_id
 
 
 def _suite_assets_beside(task_run: _TaskRun, config: AgentEnvConfig,

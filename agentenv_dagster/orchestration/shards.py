@@ -39,8 +39,10 @@ from .resources import AgentEnvResource
 def run_rows(
     plan: TaskPlan, config: AgentEnvConfig, rows: list[str] | None, *, output_dir: Path,
     instance: dg.DagsterInstance | None, rows_in_flight: int | None, tags: dict[str, str], shards: int = 1,
+    meanwhile: Callable[[], None] | None = None,
 ) -> dict[str, TaskStepContext]:
-    """Each row's final context, in row order (key ``""`` for a task without a dataset)."""
+    """Each row's final context, in row order (key ``""`` for a task without a dataset).
+    ``meanwhile`` is this process's own work while shard runs go on (it waits for them)."""
     if not rows:
         run = execute_plan(plan, config, output_dir=output_dir, instance=instance, tags=tags)
         return {"": run.context}
@@ -66,6 +68,8 @@ def run_rows(
                                     forked[i] if forked else None)
                         for i, (chunk, share) in enumerate(zip(chunks, shares))
                     ]
+                    if meanwhile is not None:
+                        meanwhile()
                     contexts = {k: c for future in futures for k, c in future.result().items()}
         finally:
             end_forked_hosts(forked)

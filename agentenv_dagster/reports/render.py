@@ -31,18 +31,28 @@ class WrittenReports:
 
 
 def task_json_path(out_dir: Path | str, result: EvaluationResult) -> Path:
-    """`<out_dir>/<variant>/<task_id>/<NN>/task.json`; a dataset task id's `/` nests folders.
+    """`<out_dir>/<variant>/<task_id>/<NN>/task.json`; a dataset task id's `/` nests folders."""
+    return report_folder(out_dir, result.variant_id, result.task_id, result.replicate_index) / "task.json"
 
-    Ids come from task documents, so a segment that would climb out of `out_dir` is refused.
-    """
-    segments = [result.variant_id, *result.task_id.split("/")]
+
+def report_folder(out_dir: Path | str, variant_id: str, task_id: str, replicate_index: int) -> Path:
+    """`<out_dir>/<variant>/<task_id>/<NN>`. Ids come from task documents, so a segment that
+    would climb out of `out_dir` is refused."""
+    segments = [variant_id, *task_id.split("/")]
     for segment in segments:
         if segment in ("", ".", "..") or "\\" in segment:
             raise ValueError(
-                f"task {result.task_id!r} (variant {result.variant_id!r}): "
-                f"path segment {segment!r} cannot name a report folder"
+                f"task {task_id!r} (variant {variant_id!r}): path segment {segment!r} cannot name a report folder"
             )
-    return Path(out_dir).joinpath(*segments, f"{result.replicate_index:02d}", "task.json")
+    return Path(out_dir).joinpath(*segments, f"{replicate_index:02d}")
+
+
+def make_report_folders(out_dir: Path | str, variant_id: str, task_ids: list[str], replicate_index: int) -> None:
+    """The folders `write_reports` will write these tasks' task.json into, made ahead: while a
+    dataset's shard runs go on, this process is idle, and a thousand rows' folders cost
+    ~0.8 s of CPU on a small disk (two `mkdir` a row) that would otherwise follow the runs."""
+    for task_id in task_ids:
+        report_folder(out_dir, variant_id, task_id, replicate_index).mkdir(parents=True, exist_ok=True)
 
 
 def write_reports(

@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import textwrap
 import threading
+import time
 from dataclasses import replace
 from datetime import datetime
 
@@ -373,9 +374,15 @@ def test_simulation_trials_are_replicates_each_a_run_tagged_with_its_replicate(p
 @pytest.mark.parametrize("other_thread", [False, True], ids=["forked", "from-forkserver"])
 def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_thread, monkeypatch):
     """Shards fork from the caller when it runs no other thread, else from a forkserver."""
+    from agentenv_dagster.orchestration import coder_eval
+
     methods = []
     get_context = multiprocessing.get_context
     monkeypatch.setattr(multiprocessing, "get_context", lambda method: methods.append(method) or get_context(method))
+    folders_made = []  # (when, where, which) the rows' report folders were made
+    make_report_folders = coder_eval.make_report_folders
+    monkeypatch.setattr(coder_eval, "make_report_folders", lambda *args: folders_made.append(
+        (time.time(), os.getpid(), args[2])) or make_report_folders(*args))
     path = project / "tasks" / "words.yaml"
     path.write_text(WORDS_TASK.format(extra=""))
     release = threading.Event()
@@ -390,6 +397,7 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
                 (r.tags.get(RANGE_START_TAG) or r.tags["dagster/partition"], r.tags.get(RANGE_END_TAG))
                 for r in rows_runs(instance))
             run_ids = [r.run_id for r in rows_runs(instance)]
+            ended = [instance.get_run_record_by_id(run_id).end_time for run_id in run_ids]
             assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
     finally:
         release.set()
@@ -400,6 +408,10 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
     state = project / ".agentenv" / "state"
     hosts = [e["pid"] for run_id in run_ids for e in Ledger.of_run(state / "runs" / run_id).entries().values() if e["pid"]]
     assert len(hosts) == 2 and sorted(hosts) == sorted(forked_hosts(state))
+    # the rows' report folders were made here while the shards ran, and the reports filled them
+    ((made, pid, task_ids),) = folders_made
+    assert pid == os.getpid() and made < min(ended) and task_ids == ["words/r1", "words/r2", "words/r3"]
+    assert all((project / "out" / "default" / "words" / row / "00" / "task.json").is_file() for row in ("r1", "r2", "r3"))
     assert [(r.task_id, r.final_status.value) for r in done.results] == [
         ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]
 

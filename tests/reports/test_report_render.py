@@ -9,7 +9,7 @@ import pytest
 from report_samples import HOSTILE_IMG, HOSTILE_SCRIPT
 
 from agentenv_dagster.reports.models import EvaluationResult, RunSummary
-from agentenv_dagster.reports.render import task_json_path, write_reports
+from agentenv_dagster.reports.render import make_report_folders, task_json_path, write_reports
 
 
 @pytest.fixture
@@ -43,6 +43,21 @@ def test_task_ids_cannot_leave_the_run_directory(tmp_path, task_id):
     result = EvaluationResult(task_id=task_id, final_status="SUCCESS")
     with pytest.raises(ValueError, match=r"path segment '(\.\.|\.|)' cannot name a report folder"):
         task_json_path(tmp_path, result)
+    with pytest.raises(ValueError, match=r"path segment '(\.\.|\.|)' cannot name a report folder"):
+        make_report_folders(tmp_path / "run", "default", [task_id], 0)
+    assert not (tmp_path / "run").exists()
+
+
+def test_report_folders_made_ahead_are_those_the_rows_task_json_go_into(tmp_path, summary, results):
+    """A dataset's folders are made while its shard runs go on; the reports then fill them."""
+    out = tmp_path / "run"
+    make_report_folders(out, "opus", ["sentiment/row-3", "sentiment/row-4"], 1)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "opus", "opus/sentiment", "opus/sentiment/row-3", "opus/sentiment/row-3/01",
+        "opus/sentiment/row-4", "opus/sentiment/row-4/01"]
+    written = write_reports(out, summary, results)
+    assert written.task_jsons[1].parent == out / "opus" / "sentiment" / "row-3" / "01"
+    assert EvaluationResult.model_validate_json(written.task_jsons[1].read_text()) == results[1]
 
 
 def test_run_md_summary_table(written):
