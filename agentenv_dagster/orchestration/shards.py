@@ -12,9 +12,12 @@ Afterwards the suite's Dagster run goes ``beside`` the reports in the same way.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import logging
 import math
 import multiprocessing
+import os
 import pickle
 import sys
 import threading
@@ -35,6 +38,8 @@ from .execute import execute_plan, opened_instance
 from .hosts_ahead import fork_shard_hosts
 from .resources import AgentEnvResource
 
+log = logging.getLogger(__name__)
+
 
 def run_rows(
     plan: TaskPlan, config: AgentEnvConfig, rows: list[str] | None, *, output_dir: Path,
@@ -42,7 +47,7 @@ def run_rows(
     meanwhile: Callable[[], None] | None = None,
 ) -> dict[str, TaskStepContext]:
     """Each row's final context, in row order (key ``""`` for a task without a dataset).
-    ``meanwhile`` is this process's own work while shard runs go on (it waits for them)."""
+    ``meanwhile`` is work of this process's to do while shard runs go on (see ``_when_idle``)."""
     if not rows:
         run = execute_plan(plan, config, output_dir=output_dir, instance=instance, tags=tags)
         return {"": run.context}
@@ -68,12 +73,33 @@ def run_rows(
                                     forked[i] if forked else None)
                         for i, (chunk, share) in enumerate(zip(chunks, shares))
                     ]
-                    if meanwhile is not None:
-                        meanwhile()
-                    contexts = {k: c for future in futures for k, c in future.result().items()}
+                    done = _when_idle(meanwhile) if meanwhile is not None else lambda: None
+                    try:
+                        contexts = {k: c for future in futures for k, c in future.result().items()}
+                    finally:
+                        done()
         finally:
             end_forked_hosts(forked)
     return {k: contexts[k] for k in rows if k in contexts}
+
+
+def _when_idle(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn()`` in a thread of this process at the lowest CPU priority (Linux gives a thread its
+    own), so it takes what the shard runs leave idle (their prompts wait on the agents), not
+    what their start needs. Returns the wait for it. Its work is done ahead of when it is
+    needed, and done again then if need be: what it raises is logged, not raised."""
+
+    def run() -> None:
+        with contextlib.suppress(AttributeError, OSError):  # (elsewhere, at the thread's usual priority)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - an optimisation's failure: its work is redone when needed
+            log.debug("%s, done ahead, failed: %s", getattr(fn, "__name__", fn), exc)
+
+    thread = threading.Thread(target=run, name="while-the-shards-run")
+    thread.start()
+    return thread.join
 
 
 def beside(fn: Callable[..., None], *args: Any) -> Callable[[], None]:

@@ -379,10 +379,12 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
     methods = []
     get_context = multiprocessing.get_context
     monkeypatch.setattr(multiprocessing, "get_context", lambda method: methods.append(method) or get_context(method))
-    folders_made = []  # (when, where, which) the rows' report folders were made
+    own_priority = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    folders_made = []  # (when, where, at which CPU priority, which) the rows' report folders were made
     make_report_folders = coder_eval.make_report_folders
-    monkeypatch.setattr(coder_eval, "make_report_folders", lambda *args: folders_made.append(
-        (time.time(), os.getpid(), args[2])) or make_report_folders(*args))
+    monkeypatch.setattr(coder_eval, "make_report_folders", lambda *args: folders_made.append((
+        time.time(), os.getpid(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), args[2],
+    )) or make_report_folders(*args))
     path = project / "tasks" / "words.yaml"
     path.write_text(WORDS_TASK.format(extra=""))
     release = threading.Event()
@@ -408,9 +410,11 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
     state = project / ".agentenv" / "state"
     hosts = [e["pid"] for run_id in run_ids for e in Ledger.of_run(state / "runs" / run_id).entries().values() if e["pid"]]
     assert len(hosts) == 2 and sorted(hosts) == sorted(forked_hosts(state))
-    # the rows' report folders were made here while the shards ran, and the reports filled them
-    ((made, pid, task_ids),) = folders_made
+    # the rows' report folders were made here while the shards ran, with what CPU they left
+    # idle (the lowest priority, in a thread of its own), and the reports filled them
+    ((made, pid, priority, task_ids),) = folders_made
     assert pid == os.getpid() and made < min(ended) and task_ids == ["words/r1", "words/r2", "words/r3"]
+    assert priority == 19 and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own_priority
     assert all((project / "out" / "default" / "words" / row / "00" / "task.json").is_file() for row in ("r1", "r2", "r3"))
     assert [(r.task_id, r.final_status.value) for r in done.results] == [
         ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]
