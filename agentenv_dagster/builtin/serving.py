@@ -62,12 +62,12 @@ def _announce(ready_file: Path, url: str) -> None:
     _write_atomically(ready_file, {"url": url, "pid": os.getpid()})
 
 
-def fork_and_serve(spec: Path, make_app: AppFactory) -> None:
-    """For each server of ``spec`` (written by ``fork_servers``): fork a child that serves
-    ``make_app()`` as a server started on its own would, then say its pid in the server's
-    folder. Returns once all are forked; they go on in their own sessions. This process has
-    run no event loop and no thread, so each child starts clean."""
-    for server in json.loads(spec.read_text()):
+def fork_and_serve(servers: list[dict[str, Any]], make_app: AppFactory) -> None:
+    """For each of ``servers`` (from ``fork_servers``): fork a child that serves ``make_app()``
+    as a server started on its own would, then say its pid in the server's folder. Returns
+    once all are forked; they go on in their own sessions. This process has run no event
+    loop and no thread, so each child starts clean."""
+    for server in servers:
         workdir = Path(server["workdir"])
         pid = os.fork()
         if pid == 0:
@@ -81,6 +81,9 @@ def _serve_forked(workdir: Path, server: dict[str, Any], make_app: AppFactory) -
     try:
         os.setsid()
         os.chdir(workdir)
+        devnull = os.open(os.devnull, os.O_RDONLY)  # not the starter's input, the spec's pipe
+        os.dup2(devnull, 0)
+        os.close(devnull)
         log = os.open(LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)

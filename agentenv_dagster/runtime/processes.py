@@ -81,10 +81,11 @@ def spawn_server(
 
 
 def fork_servers(module: str, args: list[str], servers: dict[str, dict], *, folder: Path) -> int:
-    """Start ``python -m module args --spec F``, which imports the server once and forks one
-    server for each of ``servers`` (name: ``{"env", "ttl_seconds"}``), each in its own
-    session, in the folder ``folder/<name>``, with that environment on top of this one's;
-    then it exits. :func:`adopt_server` finds each. The pid of that starter.
+    """Start ``python -m module args``, which reads ``servers`` (name: ``{"env", "ttl_seconds"}``)
+    on its standard input, imports the server once and forks one server for each, in its own
+    session and in the folder ``folder/<name>``, with that environment on top of this one's;
+    then it exits. :func:`adopt_server` finds each. The pid of that starter. (The environments,
+    which may hold keys, go through the pipe: nothing of them is written to disk.)
 
     What this saves is the import: an agent host's is most of a second of CPU, paid once
     for the hosts of all the shard runs of a dataset, not once a host."""
@@ -92,12 +93,16 @@ def fork_servers(module: str, args: list[str], servers: dict[str, dict], *, fold
     for name, server in servers.items():
         (folder / name).mkdir(parents=True, exist_ok=True)
         spec.append({**server, "workdir": str(folder / name)})
-    (folder / "spec.json").write_text(json.dumps(spec))
     with open(folder / STARTER_LOG_FILE, "ab") as log:
         starter = subprocess.Popen(
-            [sys.executable, "-m", module, *args, "--spec", str(folder / "spec.json")],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
+            [sys.executable, "-m", module, *args],
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=folder,
         )
+    try:
+        with starter.stdin:
+            starter.stdin.write(json.dumps(spec).encode())
+    except BrokenPipeError:  # it ended first: adopting its servers says why (its log)
+        pass
     return starter.pid
 
 

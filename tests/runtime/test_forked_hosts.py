@@ -40,6 +40,8 @@ async def test_hosts_forked_from_one_import_serve_their_own_agents_in_their_own_
     finally:
         end_forked_hosts(forked)
     assert replies == [f"answer {i}" for i in range(4)]
+    for path in (tmp_path / "forked").rglob("*"):  # the keys went through a pipe, not to disk
+        assert not path.is_file() or b"key-" not in path.read_bytes(), path
     # each host's agent called the model with its own host's key: each has its own environment
     assert [r.headers["authorization"] for r in fake_messages_api.requests] == [f"Bearer {keys[h]}" for _, h in servers]
     assert not any(is_running(s.pid) for s in servers.values())

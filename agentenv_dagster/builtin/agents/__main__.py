@@ -3,8 +3,9 @@
 
 ``python -m agentenv_dagster.builtin.agents host --ready-file R --ttl-seconds S`` serves an
 agent host instead: one process in which a run deploys all its agents (see ``host.py``).
-``python -m agentenv_dagster.builtin.agents hosts --spec F`` imports once and forks an agent
-host for each entry of F (``runtime.processes.fork_servers``), then exits.
+``python -m agentenv_dagster.builtin.agents hosts`` imports once and forks an agent host for
+each entry of the JSON list on its standard input (``runtime.processes.fork_servers``), then
+exits.
 """
 
 from __future__ import annotations
@@ -56,13 +57,11 @@ HOSTS = "hosts"
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == [HOSTS]:
-        forked = argparse.ArgumentParser(prog=f"python -m agentenv_dagster.builtin.agents {HOSTS}")
-        forked.add_argument("--spec", required=True, type=Path)
-        spec = forked.parse_args(argv[1:]).spec
+    if argv == [HOSTS]:
+        servers = json.load(sys.stdin)
         import agentenv_dagster.builtin.agents.host  # noqa: F401 - here, once: what every fork shares
 
-        fork_and_serve(spec, _agent_host)
+        fork_and_serve(servers, _agent_host)
         return
     parser = argparse.ArgumentParser(prog="python -m agentenv_dagster.builtin.agents")
     parser.add_argument("kind", choices=sorted([*BRAINS, HOST]))
