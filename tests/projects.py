@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from agentenv_dagster.runtime.local import Ledger
-from agentenv_dagster.runtime.processes import FORKED_FILE, is_running, terminate
+from agentenv_dagster.runtime.processes import forked_pid, is_running, terminate
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = (REPO.parent / "shared").resolve()
@@ -60,7 +60,7 @@ def leaked_servers(state_dir: Path) -> list[str]:
 
 def forked_hosts(state_dir: Path) -> list[int]:
     """The pids of the agent hosts forked for shard runs under ``state_dir``."""
-    return [json.loads(path.read_text())["pid"] for path in (state_dir / "forked-hosts").glob(f"*/*/{FORKED_FILE}")]
+    return [pid for folder in (state_dir / "forked-hosts").glob("*/*/") if (pid := forked_pid(folder)) is not None]
 
 
 def run_steps(root: Path, steps: list[dict], *, context: dict | None = None):

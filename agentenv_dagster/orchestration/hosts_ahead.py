@@ -8,7 +8,7 @@ that thread as it ends; the deploy_agent op then finds its host in the run's led
 cannot start ahead (or fails to) is left to the step, which starts it or says why.
 
 The shard runs of a dataset go further: their hosts are forked from one import as the runs
-start (``fork_shard_hosts``), and each run adopts its own instead of starting it.
+start (``forked_shard_hosts``), and each run adopts its own instead of starting it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import dagster as dg
 
 from ..config import AgentEnvConfig
 from ..plan import TaskPlan
-from ..runtime.local import DeploymentError, LocalProvider, agent_host_id, fork_agent_hosts
+from ..runtime.local import DeploymentError, LocalProvider, agent_host_id, end_forked_hosts, fork_agent_hosts
 from ..steps.deploy import DeployAgentStep
 from .resources import AgentEnvResource
 from .rows import step_fields
@@ -69,10 +69,20 @@ def _hosts_ahead(context: dg.OpExecutionContext, resource: AgentEnvResource) -> 
     return hosts
 
 
-def fork_shard_hosts(plan: TaskPlan, config: AgentEnvConfig, runs: int) -> list[dict[str, Any]]:
+@contextmanager
+def forked_shard_hosts(plan: TaskPlan, config: AgentEnvConfig, runs: int) -> Iterator[list[dict[str, Any]]]:
     """What each of ``runs`` shard runs of ``plan`` adopts: the agent hosts its deploy_agent
     steps will use (those known ahead), forked from one import while the runs start rather
-    than started by each run (an agent host's import is ~0.8 s of CPU); [] when none is."""
+    than started by each run (an agent host's import is ~0.8 s of CPU); [] when none is.
+    Those no run adopted end with the block."""
+    forked = _fork_shard_hosts(plan, config, runs)
+    try:
+        yield forked
+    finally:
+        end_forked_hosts(forked)
+
+
+def _fork_shard_hosts(plan: TaskPlan, config: AgentEnvConfig, runs: int) -> list[dict[str, Any]]:
     folder = config.state_dir / "forked-hosts" / secrets.token_hex(4)
     provider = LocalProvider(config, folder)
     hosts: dict[str, tuple[dict[str, str], int]] = {}

@@ -4,7 +4,7 @@ run over a range of partitions, run side by side in their own processes.
 One run's ops are barriers and its Python is one core: grading (CPU) cannot overlap the
 prompts (waiting). Two shards on two cores do overlap them: on the 1,000-row benchmark,
 16.5–18.4 s in one run against 14.4–15.6 s in two. Each shard has an agent host of its own;
-they are forked from one import as the runs start (``hosts_ahead.fork_shard_hosts``).
+they are forked from one import as the runs start (``hosts_ahead.forked_shard_hosts``).
 ``rows_in_flight`` is shared out (the shares add up to it, and there are never more shards
 than rows in flight), so the agents see the same number of prompts at once either way.
 Afterwards the suite's Dagster run goes ``beside`` the reports in the same way.
@@ -24,7 +24,7 @@ import threading
 import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import dagster as dg
 
@@ -33,9 +33,9 @@ from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
 from ..runtime.base import warm_http
-from ..runtime.local import adopting_forked_hosts, end_forked_hosts
+from ..runtime.local import adopting_forked_hosts
 from .execute import execute_plan, opened_instance
-from .hosts_ahead import fork_shard_hosts
+from .hosts_ahead import forked_shard_hosts
 from .resources import AgentEnvResource
 
 log = logging.getLogger(__name__)
@@ -61,33 +61,32 @@ def run_rows(
         # the bound holds across the shards: their shares add up to it
         shares = [total // len(chunks) + (i < total % len(chunks)) for i in range(len(chunks))]
         blob = pickle.dumps(plan)
-        forked = fork_shard_hosts(plan, config, len(chunks))  # importing while the runs start
-        try:
-            # the parent opens the instance first: a new SQLite instance creates its tables on
-            # opening, and two shards doing that at once collide ("table runs already exists")
-            with opened_instance(config, instance) as opened:
-                ref = opened.get_ref()
-                with ProcessPoolExecutor(len(chunks), mp_context=_start_method()) as pool:
-                    futures = [
-                        pool.submit(_shard, blob, config, ref, chunk, share, tags, output_dir / f"shard-{i}",
-                                    forked[i] if forked else None)
-                        for i, (chunk, share) in enumerate(zip(chunks, shares))
-                    ]
-                    done = _when_idle(meanwhile) if meanwhile is not None else lambda: None
-                    try:
-                        contexts = {k: c for future in futures for k, c in future.result().items()}
-                    finally:
-                        done()
-        finally:
-            end_forked_hosts(forked)
+        # the hosts import while the runs start; the parent opens the instance first: a new
+        # SQLite instance creates its tables on opening, and two shards doing that at once
+        # collide ("table runs already exists")
+        with forked_shard_hosts(plan, config, len(chunks)) as forked, opened_instance(config, instance) as opened:
+            ref = opened.get_ref()
+            with ProcessPoolExecutor(len(chunks), mp_context=_start_method()) as pool:
+                futures = [
+                    pool.submit(_shard, blob, config, ref, chunk, share, tags, output_dir / f"shard-{i}",
+                                forked[i] if forked else None)
+                    for i, (chunk, share) in enumerate(zip(chunks, shares))
+                ]
+                with _when_idle(meanwhile):
+                    contexts = {k: c for future in futures for k, c in future.result().items()}
     return {k: contexts[k] for k in rows if k in contexts}
 
 
-def _when_idle(fn: Callable[[], None]) -> Callable[[], None]:
-    """``fn()`` in a thread of this process at the lowest CPU priority (Linux gives a thread its
-    own), so it takes what the shard runs leave idle (their prompts wait on the agents), not
-    what their start needs. Returns the wait for it. Its work is done ahead of when it is
-    needed, and done again then if need be: what it raises is logged, not raised."""
+@contextlib.contextmanager
+def _when_idle(fn: Callable[[], None] | None) -> Iterator[None]:
+    """While the block runs, ``fn()`` in a thread of this process at the lowest CPU priority
+    (Linux gives a thread its own), so it takes what the shard runs leave idle (their prompts
+    wait on the agents), not what their start needs; the block's end waits for it. Its work is
+    done ahead of when it is needed, and done again then if need be: what it raises is logged,
+    not raised."""
+    if fn is None:
+        yield
+        return
 
     def run() -> None:
         with contextlib.suppress(AttributeError, OSError):  # (elsewhere, at the thread's usual priority)
@@ -99,7 +98,10 @@ def _when_idle(fn: Callable[[], None]) -> Callable[[], None]:
 
     thread = threading.Thread(target=run, name="while-the-shards-run")
     thread.start()
-    return thread.join
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def beside(fn: Callable[..., None], *args: Any) -> Callable[[], None]:

@@ -30,7 +30,7 @@ from filelock import FileLock
 from ..config import BUILTIN_AGENTS, CODING_CLI_KINDS, AgentEntry, AgentEnvConfig
 from ..context import DeployedAgent, DeployedEnv, DeployedSandbox
 from .processes import (
-    FORKED_FILE, ServerProcess, ServerStartError, adopt_server, fork_servers, is_running, spawn_server, terminate,
+    ServerProcess, ServerStartError, adopt_server, fork_servers, forked_pid, is_running, spawn_server, terminate,
 )
 from .sandbox import LocalSandbox
 
@@ -524,10 +524,9 @@ def end_forked_hosts(forked: list[dict[str, Any]], starter_seconds: float = 30.0
         terminate(pid)  # (a no-op when it ended, as it does)
     for run in forked:
         for folder in run["hosts"].values():
-            try:
-                terminate(json.loads((Path(folder) / FORKED_FILE).read_text())["pid"])
-            except (OSError, ValueError, KeyError):  # never forked: its starter failed first
-                pass
+            pid = forked_pid(Path(folder))
+            if pid is not None:  # (None: never forked, its starter failed first)
+                terminate(pid)
 
 
 @dataclass(frozen=True)

@@ -109,20 +109,28 @@ def fork_servers(module: str, args: list[str], servers: dict[str, dict], *, fold
 def adopt_server(workdir: Path, starter_pid: int, ready_timeout: float = 60.0) -> ServerProcess:
     """The server :func:`fork_servers` forked into ``workdir``, once it has written its URL.
     Raises ``ServerStartError`` when it (or its starter, before forking it) ended first."""
-    forked = workdir / FORKED_FILE
     what = f"the server forked into {workdir}"
 
     def exited() -> str | None:
-        if not forked.exists():
-            if is_running(starter_pid) or forked.exists():  # (it may have forked it and ended just now)
+        pid = forked_pid(workdir)
+        if pid is None:
+            if is_running(starter_pid) or forked_pid(workdir) is not None:  # (it may have forked it and ended just now)
                 return None
             return f"{what} was never forked: {_tail(workdir.parent / STARTER_LOG_FILE)}"
-        if is_running(json.loads(forked.read_text())["pid"]):
+        if is_running(pid):
             return None
         return f"{what} exited before it was ready: {_tail(workdir / LOG_FILE)}"
 
     ready = _wait_until_ready(workdir / READY_FILE, what, exited, ready_timeout)
     return ServerProcess(pid=ready["pid"], url=ready["url"])
+
+
+def forked_pid(workdir: Path) -> int | None:
+    """The pid of the server :func:`fork_servers` forked into ``workdir``; None before it is forked."""
+    try:
+        return json.loads((workdir / FORKED_FILE).read_text())["pid"]
+    except FileNotFoundError:
+        return None
 
 
 def _wait_until_ready(ready_file: Path, what: str, exited: Callable[[], str | None], timeout: float) -> dict:

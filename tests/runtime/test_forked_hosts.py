@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from agentenv_dagster.runtime import local
 from agentenv_dagster.runtime.a2a_client import A2AClient
 from agentenv_dagster.runtime.local import end_forked_hosts, fork_agent_hosts
-from agentenv_dagster.runtime.processes import FORKED_FILE, ServerStartError, adopt_server, is_running
+from agentenv_dagster.runtime.processes import ServerStartError, adopt_server, forked_pid, is_running
 from fakes.messages_api import text_reply
 
 pytestmark = pytest.mark.anyio
@@ -53,7 +52,7 @@ def test_a_starter_that_cannot_fork_fails_its_hosts_adoption_with_its_reason(tmp
     folder = Path(forked["hosts"]["agent-host-a"])
     with pytest.raises(ServerStartError, match="was never forked: .*No module named agentenv_dagster.builtin.no_such_module"):
         adopt_server(folder, forked["starter"], ready_timeout=60)
-    assert not (folder / FORKED_FILE).exists()
+    assert forked_pid(folder) is None
     end_forked_hosts([forked])  # nothing to end: no error
 
 
@@ -61,6 +60,6 @@ def test_the_hosts_no_run_adopted_end_with_the_runs(tmp_path):
     forked = fork_agent_hosts({"agent-host-a": ({}, 120)}, 2, tmp_path / "forked")
     adopted = adopt_server(Path(forked[0]["hosts"]["agent-host-a"]), forked[0]["starter"])
     end_forked_hosts(forked)  # also before the second is up: it waits for the starter to be done forking
-    pids = [json.loads((Path(run["hosts"]["agent-host-a"]) / FORKED_FILE).read_text())["pid"] for run in forked]
+    pids = [forked_pid(Path(run["hosts"]["agent-host-a"])) for run in forked]
     assert adopted.pid == pids[0]
     assert not any(is_running(pid) for pid in pids)
