@@ -68,7 +68,9 @@ async def test_agents_in_one_host_are_separate(host, tmp_path):
 
 async def test_the_host_starts_without_the_stores_and_routes_agents_never_use(tmp_path):
     """a2a-sdk loads SQLAlchemy stores and FastAPI routes when installed (Dagster brings them):
-    an agent's process keeps them out (half its start-up) and serves all the same."""
+    an agent's process keeps them out (half its start-up) and serves all the same. Before
+    Python 3.13 it also queues its events in culsans' thread-safe queues: an agent's process
+    gives it asyncio's instead (``queues.py``)."""
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     server = spawn_server("agentenv_dagster.builtin.agents", ["host"], workdir=tmp_path / "host", ttl_seconds=120,
                           env={"PYTHONPATH": pythonpath, "PYTHONPROFILEIMPORTTIME": "1"})
@@ -84,6 +86,9 @@ async def test_the_host_starts_without_the_stores_and_routes_agents_never_use(tm
                 (tmp_path / "host" / "server.log").read_text().splitlines() if line.startswith("import time:")]
     assert "a2a.server.tasks" in imported and "uvicorn" in imported
     assert "sqlalchemy.engine" not in imported and "fastapi.applications" not in imported  # asked for, not loaded
+    if sys.version_info < (3, 13):  # a2a's queues are asyncio's, with 3.13's shutdown: not culsans over aiologic
+        assert "agentenv_dagster.builtin.agents.queues" in imported
+        assert "culsans" not in imported and "aiologic" not in imported
 
 
 async def test_deleting_an_agent_cancels_its_running_task(host, tmp_path):

@@ -45,6 +45,9 @@ if __name__ == "__main__":
     # half the time: ~0.8 s less before a run's first agent answers.
     for _optional in UNUSED_BY_AGENTS:
         sys.modules.setdefault(_optional, None)
+    from agentenv_dagster.builtin.agents import queues
+
+    queues.install()  # before a2a's telemetry, which imports a2a's queues
     without_a2a_spans()
 
 from agentenv_dagster.builtin.agents.brains import BRAINS, build_brain
