@@ -8,9 +8,11 @@ A sandbox backed by a container is probed inside it instead (:class:`ContainerFi
 from __future__ import annotations
 
 import errno
+import os
 import posixpath
 import shlex
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
@@ -34,11 +36,15 @@ class LocalSandbox:
         if ".." in parts:
             raise SandboxPathError(f"path {container_path!r} leaves the sandbox")
         host = self.root.joinpath(*parts)
-        root = self.root.resolve()
-        resolved = host.resolve()
-        if resolved != root and root not in resolved.parents:
+        resolved = os.path.realpath(host)  # symlinks followed: a link out of the root is refused
+        if resolved != self._real_root and not resolved.startswith(self._real_root.rstrip(os.sep) + os.sep):
             raise SandboxPathError(f"path {container_path!r} leaves the sandbox")
         return host
+
+    @cached_property
+    def _real_root(self) -> str:
+        """The root with its symlinks resolved, once: an agent resolves a path a file it writes."""
+        return os.path.realpath(self.root)
 
 
 class SandboxFiles(Protocol):
