@@ -4,18 +4,19 @@ would use otherwise (culsans' asyncio side), scenario for scenario."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 
-import culsans
 import pytest
 
 from agentenv_dagster.builtin.agents.queues import QueueShutDown, ShutdownQueue
 
 pytestmark = pytest.mark.anyio
 
-QUEUES = {
-    "ours": (lambda maxsize=0: ShutdownQueue(maxsize=maxsize), QueueShutDown),
-    "culsans": (lambda maxsize=0: culsans.Queue(maxsize=maxsize).async_q, culsans.AsyncQueueShutDown),
-}
+QUEUES = {"ours": (lambda maxsize=0: ShutdownQueue(maxsize=maxsize), QueueShutDown)}
+if importlib.util.find_spec("culsans"):  # a2a-sdk's dependency before Python 3.13
+    import culsans
+
+    QUEUES["culsans"] = (lambda maxsize=0: culsans.Queue(maxsize=maxsize).async_q, culsans.AsyncQueueShutDown)
 
 
 @pytest.fixture(params=sorted(QUEUES))
