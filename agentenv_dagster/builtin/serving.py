@@ -90,8 +90,9 @@ def _serve_forked(workdir: Path, server: dict[str, Any], make_app: AppFactory) -
         os.close(log)
         os.environ.update(server["env"])
         app, on_ready = make_app()
-        args = argparse.Namespace(ready_file=workdir / READY_FILE, ttl_seconds=server["ttl_seconds"],
-                                  host="127.0.0.1", port=0)
+        parser = argparse.ArgumentParser()  # the arguments a spawned server gets
+        add_serving_arguments(parser)
+        args = parser.parse_args(["--ready-file", str(workdir / READY_FILE), "--ttl-seconds", str(server["ttl_seconds"])])
         serve(app, args, on_ready=on_ready)
         code = 0
     except BaseException:  # noqa: BLE001 - said in the log: the parent's waiter reads it

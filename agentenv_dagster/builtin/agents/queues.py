@@ -75,6 +75,6 @@ def install() -> None:
     module = types.ModuleType(COMPAT_MODULE, __doc__)
     module.AsyncQueue = ShutdownQueue
     module.QueueShutDown = QueueShutDown
-    module.create_async_queue = lambda maxsize=0: ShutdownQueue(maxsize=maxsize)
+    module.create_async_queue = ShutdownQueue  # called as create_async_queue(maxsize=...)
     module.__all__ = ["AsyncQueue", "QueueShutDown", "create_async_queue"]
     sys.modules[COMPAT_MODULE] = module
