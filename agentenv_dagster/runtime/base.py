@@ -21,6 +21,7 @@ from ..config import AgentEnvConfig
 from .a2a_client import A2AClient
 from .artifacts import FilesystemArtifactStore, ObjectStore
 from .dataplane import DataPlaneClient
+from .http1 import Http1Transport
 from .judge import LLMJudge, llm_judge
 from .local import LocalProvider
 
@@ -97,9 +98,11 @@ def warm_http() -> None:
 
 
 def _http_client(max_connections: int = 100) -> httpx.AsyncClient:
+    """httpx, its plain-HTTP requests over the lean transport (``http1``), the rest over its own."""
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(180.0, connect=10.0), verify=_tls(),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        timeout=httpx.Timeout(180.0, connect=10.0), verify=_tls(), limits=limits,
+        transport=Http1Transport(httpx.AsyncHTTPTransport(verify=_tls(), limits=limits), limits),
     )
 
 
