@@ -26,7 +26,7 @@ from ..plan import TaskPlan
 from ..reports.evaluation import evaluation_result
 from ..reports.experiment import experiment_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
-from ..reports.render import WrittenReports, make_report_folders, write_reports, write_suite
+from ..reports.render import WrittenReports, prepare_reports, write_reports, write_suite
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
 from ..runtime.collector import fewer_full_sweeps
@@ -208,13 +208,13 @@ def _run_task(
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant.variant_id, str(replicate) if repeats > 1 else None) if p)
             tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate)}
-            report_folders = functools.partial(  # made while the shards run (this process waits)
-                make_report_folders, out, variant.variant_id or "default",
+            reports_ahead = functools.partial(  # done while the shards run (this process waits)
+                prepare_reports, out, variant.variant_id or "default",
                 [_row_task_id(task.task_id, variant.plan.document.row_of(key)) for key in keys or []], replicate)
             runs.append((variant, replicate, run_rows(
                 variant.plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
                 shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"),
-                meanwhile=report_folders)))
+                meanwhile=reports_ahead)))
     suite_assets.append(_suite_assets_beside(task_run, config, instance))
     results = []
     for variant, replicate, contexts in runs:

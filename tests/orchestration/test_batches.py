@@ -381,10 +381,10 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
     monkeypatch.setattr(multiprocessing, "get_context", lambda method: methods.append(method) or get_context(method))
     own_priority = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     folders_made = []  # (when, where, at which CPU priority, which) the rows' report folders were made
-    make_report_folders = coder_eval.make_report_folders
-    monkeypatch.setattr(coder_eval, "make_report_folders", lambda *args: folders_made.append((
+    prepare_reports = coder_eval.prepare_reports
+    monkeypatch.setattr(coder_eval, "prepare_reports", lambda *args: folders_made.append((
         time.time(), os.getpid(), os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), args[2],
-    )) or make_report_folders(*args))
+    )) or prepare_reports(*args))
     path = project / "tasks" / "words.yaml"
     path.write_text(WORDS_TASK.format(extra=""))
     release = threading.Event()

@@ -8,8 +8,9 @@ import re
 import pytest
 from report_samples import HOSTILE_IMG, HOSTILE_SCRIPT
 
+from agentenv_dagster.reports import render
 from agentenv_dagster.reports.models import EvaluationResult, RunSummary
-from agentenv_dagster.reports.render import make_report_folders, task_json_path, write_reports
+from agentenv_dagster.reports.render import prepare_reports, task_json_path, write_reports
 
 
 @pytest.fixture
@@ -44,18 +45,23 @@ def test_task_ids_cannot_leave_the_run_directory(tmp_path, task_id):
     with pytest.raises(ValueError, match=r"path segment '(\.\.|\.|)' cannot name a report folder"):
         task_json_path(tmp_path, result)
     with pytest.raises(ValueError, match=r"path segment '(\.\.|\.|)' cannot name a report folder"):
-        make_report_folders(tmp_path / "run", "default", [task_id], 0)
+        prepare_reports(tmp_path / "run", "default", [task_id], 0)
     assert not (tmp_path / "run").exists()
 
 
-def test_report_folders_made_ahead_are_those_the_rows_task_json_go_into(tmp_path, summary, results):
-    """A dataset's folders are made while its shard runs go on; the reports then fill them."""
+def test_reports_prepared_ahead_are_those_the_reports_then_fill(tmp_path, summary, results, monkeypatch):
+    """A dataset's folders are made, and the templates compiled, while its shard runs go on;
+    the reports then fill the folders without reading a template again."""
     out = tmp_path / "run"
-    make_report_folders(out, "opus", ["sentiment/row-3", "sentiment/row-4"], 1)
+    render._environment.cache_clear()
+    prepare_reports(out, "opus", ["sentiment/row-3", "sentiment/row-4"], 1)
+    loader = render._environment().loader
+    monkeypatch.setattr(loader, "get_source", lambda *a: pytest.fail(f"a template read again: {a[1]}"))
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
         "opus", "opus/sentiment", "opus/sentiment/row-3", "opus/sentiment/row-3/01",
         "opus/sentiment/row-4", "opus/sentiment/row-4/01"]
     written = write_reports(out, summary, results)
+    render._environment().get_template("suite.md")  # (a dataset's suite.md, written next)
     assert written.task_jsons[1].parent == out / "opus" / "sentiment" / "row-3" / "01"
     assert EvaluationResult.model_validate_json(written.task_jsons[1].read_text()) == results[1]
 
