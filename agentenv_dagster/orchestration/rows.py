@@ -9,7 +9,7 @@ dataset costs a handful of ops rather than a thousand runs.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 import dagster as dg
 
@@ -104,37 +104,45 @@ def rows_not_passed(instance: dg.DagsterInstance, job: dg.JobDefinition, keys: l
                      for kind, _, path in node_assets(node.tags)["produced"] if kind == VERIFICATION]
     again: set[str] = set()
     for key in verifications:
-        latest = latest_metadata(instance, key, keys)
+        latest = latest_metadata(instance, key, keys, ("passed",))
         again |= {k for k in keys if k not in latest or _value(latest[k].get("passed")) is not True}
     return [k for k in keys if k in again]
 
 
-def latest_metadata(instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str]) -> dict[str, dict[str, Any]]:
-    """Each row's latest materialization metadata of ``key`` (rows never materialized left
-    out): two queries for the whole dataset, not one a row."""
+def latest_metadata(
+    instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], labels: Collection[str],
+) -> dict[str, dict[str, Any]]:
+    """Each row's latest materialization metadata of ``key``, the entries named in ``labels``
+    (rows never materialized left out): two queries for the whole dataset, not one a row. The
+    project's local storage unpacks only those entries; others read the events."""
     latest = instance.event_log_storage.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     wanted = set(rows)
+    lean = getattr(instance.event_log_storage, "materialization_metadata", None)
     by_row: dict[str, dict[str, Any]] = {}
     ids = sorted(storage_id for row, storage_id in latest.items() if row in wanted)
     for start in range(0, len(ids), 500):  # SQLite caps a query's bound parameters
         chunk = ids[start:start + 500]
+        if lean is not None:
+            by_row.update(lean(chunk, labels))
+            continue
         records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=chunk),
                                                   limit=len(chunk)).records
         for record in records:
             materialization = record.asset_materialization
-            by_row[materialization.partition] = dict(materialization.metadata)
+            by_row[materialization.partition] = {k: v for k, v in materialization.metadata.items() if k in labels}
     return by_row
 
 
 def latest_replicates(
-    instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], replicates: int,
+    instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], replicates: int, labels: Collection[str],
 ) -> dict[tuple[str, int], dict[str, Any]]:
-    """Each (row, replicate)'s latest materialization metadata of ``key``, for a task whose
-    launches run every row ``replicates`` times (each verification says which replicate it is).
-    The newest records of all the rows first; a row that ran but whose replicates are not all
-    among them (other rows re-run since, more often) is read on its own."""
+    """Each (row, replicate)'s latest materialization metadata of ``key`` (the entries named in
+    ``labels``), for a task whose launches run every row ``replicates`` times (each
+    verification says which replicate it is). The newest records of all the rows first; a row
+    that ran but whose replicates are not all among them (other rows re-run since, more often)
+    is read on its own."""
     if replicates == 1:
-        return {(row, 0): metadata for row, metadata in latest_metadata(instance, key, rows).items()}
+        return {(row, 0): metadata for row, metadata in latest_metadata(instance, key, rows, labels).items()}
     ran = set(instance.event_log_storage.get_latest_storage_id_by_partition(
         key, dg.DagsterEventType.ASSET_MATERIALIZATION))
     found: dict[tuple[str, int], dict[str, Any]] = {}
@@ -145,7 +153,8 @@ def latest_replicates(
         for record in records:
             materialization = record.asset_materialization
             replicate = int(_value(materialization.metadata.get("replicate")) or 0)
-            found.setdefault((materialization.partition, replicate), dict(materialization.metadata))
+            found.setdefault((materialization.partition, replicate),
+                             {k: v for k, v in materialization.metadata.items() if k in labels})
 
     for start in range(0, len(rows), 500):  # SQLite caps a query's bound parameters
         chunk = rows[start:start + 500]

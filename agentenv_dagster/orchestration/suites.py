@@ -147,9 +147,12 @@ def _row_results(
     """Each row's latest verification (of each replicate, for a task that runs several, as
     upstream's suite counts every replicate's row-task) as a task result, in dataset order;
     rows that never ran are left out."""
-    found = latest_replicates(instance, key, rows, replicates)
+    found = latest_replicates(instance, key, rows, replicates, RESULT_LABELS)
     return [_result(f"{task_id}/{document.row_of(row)}", {k: v.value for k, v in found[(row, r)].items()})
             for row in rows for r in range(replicates) if (row, r) in found]
+
+
+RESULT_LABELS = ("passed", "prompt_error", "score", "results")  # what a row's result is read from
 
 
 def _result(task_id: str, metadata: dict[str, Any]) -> EvaluationResult:
