@@ -19,7 +19,9 @@ latest-materialization entry updated once), about a quarter of the storage's CPU
 Any other use of the storage writes what is held first, so every read, and the order of the
 events, is as if each had been written at once. The op's checks then find the rows' latest
 materializations (``latest_materializations``) from the event log's columns, not by reading
-the events back (500 rows: ~15 ms of CPU, not ~300 ms).
+the events back (500 rows: ~15 ms of CPU, not ~300 ms); a dataset's suite reads each row's
+latest verification back as the few metadata entries it needs, unpacked from the stored JSON
+(``materialization_metadata``), not as whole events.
 A pool's slot is taken in one statement: Dagster's select-then-update relies on a row lock
 SQLite does not have, and two runs reaching a pool with one free slot could both take it.
 Production uses PostgreSQL (``deploy/dagster.yaml``), where none of the above applies. What
