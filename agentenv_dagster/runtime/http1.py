@@ -3,7 +3,7 @@
 httpx's own transport (httpcore, over anyio and h11) spends ~1.1-1.4 ms of CPU on a small
 JSON-RPC round trip to an agent on this machine; this one ~0.4 ms (``bench/http1.py``). It
 writes a request in one write and reads the reply with asyncio's stream reader: on the
-1,000-row fan-out that is ~0.5 s of each shard run's CPU, spent while its prompts wait.
+1,000-row fan-out that is ~0.3 s of each shard run's CPU, spent while its prompts wait.
 httpx's client layer stays (its requests, responses, decoding, errors, proxies); what this
 does not speak goes to httpx's transport, unchanged: https, and a request body of unknown
 length. Connections are kept alive per origin and reused when a reply was read to its end.

@@ -146,8 +146,12 @@ async def test_a_cancelled_request_closes_its_connection(make_client, server):
     async with make_client() as client:
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(client.get(f"{server}/slow", params={"n": "cancelled", "seconds": "0.3"}), 0.05)
-        await asyncio.sleep(0.4)  # the server has replied by now
-        assert (await client.get(f"{server}/gone", params={"n": "cancelled"})).json() is True
+        gone = None
+        for _ in range(100):  # until the server has replied (to a connection no one reads)
+            await asyncio.sleep(0.05)
+            if (gone := (await client.get(f"{server}/gone", params={"n": "cancelled"})).json()) is not None:
+                break
+        assert gone is True
         second = (await client.get(f"{server}/slow", params={"n": "2", "seconds": "0"})).json()
     assert second["n"] == "2"
 
@@ -163,7 +167,7 @@ async def test_a_read_timeout_and_a_refused_connection_are_httpx_errors(make_cli
 
 async def test_the_pool_limit_holds_and_times_out(make_client, server):
     async with make_client(httpx.Limits(max_connections=1)) as client:
-        slow = asyncio.ensure_future(client.get(f"{server}/slow", params={"n": "1", "seconds": "0.5"}))
+        slow = asyncio.ensure_future(client.get(f"{server}/slow", params={"n": "1", "seconds": "1"}))
         await asyncio.sleep(0.1)
         with pytest.raises(httpx.PoolTimeout):
             await client.get(f"{server}/port", timeout=httpx.Timeout(5, pool=0.1))
