@@ -22,10 +22,9 @@ from statistics import median
 
 import httpx
 
-from agentenv_dagster.runtime.http1 import Http1Transport
+from agentenv_dagster.runtime.base import LANE_CONNECTIONS, http_client
 from agentenv_dagster.runtime.loop import run
 
-LANE = httpx.Limits(max_connections=4, max_keepalive_connections=4)
 PAYLOAD = {"jsonrpc": "2.0", "id": "1", "method": "SendMessage",
            "params": {"message": {"role": "ROLE_USER", "parts": [{"text": "Classify: item 7 was great"}]}}}
 
@@ -45,9 +44,11 @@ def serve(port: int) -> None:
 
 
 def client(transport: str) -> httpx.AsyncClient:
+    """A lane's client as a step runtime makes it, or the same over httpx's own transport."""
     if transport == "http1":
-        return httpx.AsyncClient(limits=LANE, transport=Http1Transport(httpx.AsyncHTTPTransport(limits=LANE), LANE))
-    return httpx.AsyncClient(limits=LANE)
+        return http_client(max_connections=LANE_CONNECTIONS)
+    limits = httpx.Limits(max_connections=LANE_CONNECTIONS, max_keepalive_connections=LANE_CONNECTIONS)
+    return httpx.AsyncClient(limits=limits)
 
 
 async def cpu_a_request(url: str, transport: str, requests: int, in_flight: int) -> float:

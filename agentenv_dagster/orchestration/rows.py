@@ -129,7 +129,7 @@ def latest_metadata(
                                                   limit=len(chunk)).records
         for record in records:
             materialization = record.asset_materialization
-            by_row[materialization.partition] = {k: v for k, v in materialization.metadata.items() if k in labels}
+            by_row[materialization.partition] = _entries(materialization, labels)
     return by_row
 
 
@@ -153,8 +153,7 @@ def latest_replicates(
         for record in records:
             materialization = record.asset_materialization
             replicate = int(_value(materialization.metadata.get("replicate")) or 0)
-            found.setdefault((materialization.partition, replicate),
-                             {k: v for k, v in materialization.metadata.items() if k in labels})
+            found.setdefault((materialization.partition, replicate), _entries(materialization, labels))
 
     for start in range(0, len(rows), 500):  # SQLite caps a query's bound parameters
         chunk = rows[start:start + 500]
@@ -163,6 +162,10 @@ def latest_replicates(
         if row in ran and any((row, r) not in found for r in range(replicates)):
             keep([row], 10 * replicates)
     return found
+
+
+def _entries(materialization: dg.AssetMaterialization, labels: Collection[str]) -> dict[str, Any]:
+    return {label: value for label, value in materialization.metadata.items() if label in labels}
 
 
 def _value(metadata_value: Any) -> Any:

@@ -52,7 +52,7 @@ class StepRuntime:
         self.http: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> "StepRuntime":
-        self._connect(_http_client())
+        self._connect(http_client())
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -73,7 +73,7 @@ class StepRuntime:
         views: asyncio.Queue[StepRuntime] = asyncio.Queue()
         for _ in range(count):
             view = copy.copy(self)
-            view._connect(_http_client(max_connections=4))
+            view._connect(http_client(max_connections=LANE_CONNECTIONS))
             views.put_nowait(view)
         try:
             yield views
@@ -83,6 +83,9 @@ class StepRuntime:
 
     def judge(self, model: str | None = None, base_url: str | None = None) -> LLMJudge:
         return llm_judge(self.config, model, base_url)
+
+
+LANE_CONNECTIONS = 4  # a lane's pool (one row at a time uses it)
 
 
 @functools.cache
@@ -98,8 +101,9 @@ def warm_http() -> None:
     import httpcore  # noqa: F401
 
 
-def _http_client(max_connections: int = 100) -> httpx.AsyncClient:
-    """httpx, its plain-HTTP requests over the lean transport (``http1``), the rest over its own."""
+def http_client(max_connections: int = 100) -> httpx.AsyncClient:
+    """A step runtime's client: httpx, its plain-HTTP requests over the lean transport
+    (``http1``), the rest over its own."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     return httpx.AsyncClient(
         timeout=httpx.Timeout(180.0, connect=10.0), verify=_tls(), limits=limits,
