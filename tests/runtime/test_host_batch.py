@@ -70,3 +70,27 @@ def test_a_batch_is_written_down_before_its_rows_see_their_agents_and_a_failed_w
     assert written == [({"url": "http://agents/a"}, [both]), ({"url": "http://agents/b"}, [both])]
     assert [type(e).__name__ + ": " + str(e) for e in failed] == ["OSError: disk full"] * 2
     assert recorded == [both]
+
+
+def test_a_host_that_is_gone_fails_every_row_of_its_batch_with_the_systems_words():
+    """The batches go over the lean transport (``runtime.http1``): a refused connection is
+    still httpx's ``ConnectError`` (what a deploy turns into "the run's agent host ... failed"),
+    and says what the system said."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+    async def deploy() -> list:
+        batch = HostBatch(url)
+        try:
+            return await asyncio.gather(batch.add({"id": "a"}), batch.add({"id": "b"}), return_exceptions=True)
+        finally:
+            await batch.aclose()
+
+    failed = asyncio.run(deploy())
+    assert [type(e) for e in failed] == [httpx.ConnectError] * 2
+    assert all("Connection refused" in str(e) for e in failed)
