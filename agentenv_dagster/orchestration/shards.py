@@ -32,7 +32,6 @@ from ..compiler import step_registry
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
-from ..runtime.base import warm_http
 from ..runtime.local import adopting_forked_hosts
 from .execute import execute_plan, opened_instance
 from .hosts_ahead import forked_shard_hosts
@@ -159,10 +158,8 @@ def _forks_safely() -> bool:
 def _start_method():
     """Shard processes forked from this one while it runs no other thread (what the CLI has
     imported comes along: ~1.5 s sooner than a fresh start on 2 cores), else from a server
-    that has imported Dagster and this package once (fork-safe: the server runs no threads).
-    Forking, the HTTP set-up every shard's steps need comes along too (``warm_http``)."""
+    that has imported Dagster and this package once (fork-safe: the server runs no threads)."""
     if _forks_safely():
-        warm_http()
         return multiprocessing.get_context("fork")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["dagster", "agentenv_dagster.orchestration.shards"])

@@ -11,6 +11,7 @@ import copy
 import functools
 import logging
 import ssl
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator
@@ -94,20 +95,14 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def warm_http() -> None:
-    """What a step's first HTTP client costs in a fresh process (the TLS context, and httpcore,
-    which httpx imports on first use): paid once before shard runs fork, not once in each."""
-    _tls()
-    import httpcore  # noqa: F401
-
-
 def http_client(max_connections: int = 100) -> httpx.AsyncClient:
     """A step runtime's client: httpx, its plain-HTTP requests over the lean transport
-    (``http1``), the rest over its own."""
+    (``http1``), the rest over its own, built when the first of them comes. The TLS context
+    is built ahead only for the proxies the environment names (httpx mounts them now)."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(180.0, connect=10.0), verify=_tls(), limits=limits,
-        transport=Http1Transport(httpx.AsyncHTTPTransport(verify=_tls(), limits=limits), limits),
+        timeout=httpx.Timeout(180.0, connect=10.0), verify=_tls() if urllib.request.getproxies() else True,
+        limits=limits, transport=Http1Transport(lambda: httpx.AsyncHTTPTransport(verify=_tls(), limits=limits), limits),
     )
 
 

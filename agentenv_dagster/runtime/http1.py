@@ -7,6 +7,8 @@ writes a request in one write and reads the reply with asyncio's stream reader: 
 httpx's client layer stays (its requests, responses, decoding, errors, proxies); what this
 does not speak goes to httpx's transport, unchanged: https, and a request body of unknown
 length. Connections are kept alive per origin and reused when a reply was read to its end.
+That transport is built on its first request: a run that only speaks plain HTTP never imports
+httpcore nor loads the CA bundle (~0.1 s of a process's CPU).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ CHUNK = 65536
 
 class Http1Transport(httpx.AsyncBaseTransport):
     """``http://`` requests over kept-alive asyncio connections, at most ``max_connections`` at once
-    (httpx's ``Limits``: ``pool`` is the timeout for a free one); anything else to ``fallback``."""
+    (httpx's ``Limits``: ``pool`` is the timeout for a free one); anything else to the transport
+    ``fallback()`` makes, when the first such request comes."""
 
-    def __init__(self, fallback: httpx.AsyncBaseTransport, limits: httpx.Limits = httpx.Limits()) -> None:
-        self._fallback = fallback
+    def __init__(self, fallback: Callable[[], httpx.AsyncBaseTransport], limits: httpx.Limits = httpx.Limits()) -> None:
+        self._make_fallback = fallback
+        self._fallback: httpx.AsyncBaseTransport | None = None
         self._idle: dict[tuple[str, int], deque[_Connection]] = {}
         self._max_idle = limits.max_keepalive_connections if limits.max_keepalive_connections is not None else 2 ** 31
         self._slots = asyncio.Semaphore(limits.max_connections) if limits.max_connections else None
@@ -36,6 +40,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if request.url.scheme != "http" or "transfer-encoding" in request.headers:
+            if self._fallback is None:
+                self._fallback = self._make_fallback()
             return await self._fallback.handle_async_request(request)
         if self._closed:
             raise RuntimeError("the transport is closed")
@@ -55,7 +61,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
         for idle in self._idle.values():
             while idle:
                 idle.pop().close()
-        await self._fallback.aclose()
+        if self._fallback is not None:
+            await self._fallback.aclose()
 
     async def _take_slot(self, request: httpx.Request, timeout: float | None) -> None:
         if self._slots is None:

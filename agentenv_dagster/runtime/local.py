@@ -158,19 +158,14 @@ class LocalProvider:
         run's agent host, started on first use (see ``builtin/agents/host.py``). With a
         ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools (its Bash
         inside the sandbox's ``container`` when it has one)."""
-        return self._hosted_agent(*self._deploy_one(
-            (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides)))
-
-    def _deploy_one(self, args: tuple) -> tuple["HostedRequest", dict[str, Any]]:
-        """Ask the host (started if need be) for one agent; the request and the host's answer."""
-        request = self._hosted_request(*args)
+        request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides)
         try:
             created = _http().post(f"{request.host_url}/agents", json=request.body)
         except httpx.HTTPError as exc:
             raise request.host_failed(exc) from None
         answer = created.json() if created.status_code == 201 else {"error": created.text}
         self._record_hosted(request.host_id, [(request.body, answer)])
-        return request, answer
+        return self._hosted_agent(request, answer)
 
     async def deploy_agent_async(
         self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
@@ -183,11 +178,11 @@ class LocalProvider:
         request = self._hosted_request(*args, start_host=False)
         if request is None:
             # finding or starting the host blocks for a while: off the loop, and once (the rows
-            # behind the first find it known)
+            # behind the first find it known); the agent then goes in a batch like theirs
             async with self._host_starting:
                 request = self._hosted_request(*args, start_host=False)
                 if request is None:
-                    return self._hosted_agent(*await asyncio.to_thread(self._deploy_one, args))
+                    request = await asyncio.to_thread(self._hosted_request, *args)
         batch = self._batches.get(request.host_url)
         if batch is None:
             batch = self._batches[request.host_url] = HostBatch(
@@ -573,7 +568,7 @@ class HostBatch:
             if self._http is None:
                 # plain HTTP on loopback, over the lean transport (``http1``) as the prompts go: with
                 # httpx's own, its requests' large bodies cost a shard ~0.2 s of CPU more
-                lean = Http1Transport(httpx.AsyncHTTPTransport(verify=False))
+                lean = Http1Transport(lambda: httpx.AsyncHTTPTransport(verify=False))
                 self._http = httpx.AsyncClient(timeout=30, transport=lean)
             response = await self._http.post(f"{self.host_url}/agents", json={"agents": [b for b, _ in batch]})
             response.raise_for_status()

@@ -23,7 +23,8 @@ BIG = bytes(range(256)) * 800  # 200 KiB: longer than one read
 
 
 def lean(limits: httpx.Limits = httpx.Limits(), fallback: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
-    return httpx.AsyncClient(limits=limits, transport=Http1Transport(fallback or httpx.AsyncHTTPTransport(limits=limits), limits))
+    return httpx.AsyncClient(limits=limits, transport=Http1Transport(
+        lambda: fallback or httpx.AsyncHTTPTransport(limits=limits), limits))
 
 
 def stock(limits: httpx.Limits = httpx.Limits()) -> httpx.AsyncClient:
@@ -286,6 +287,34 @@ async def test_https_and_a_body_of_unknown_length_go_to_httpx(server):
 
     async with lean() as client:  # and httpx's transport sends it as it would
         assert (await client.post(f"{server}/echo", content=streamed())).content == b"ab"
+
+
+async def test_httpx_transport_is_built_by_the_first_request_it_takes_and_closed_with_ours(server):
+    """A run that only speaks plain HTTP never builds it (nor imports httpcore, nor loads the
+    CA bundle); the first https request builds it, and later ones reuse it."""
+    built, closed = [], []
+
+    class Fallback(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, json={"by": len(built)})
+
+        async def aclose(self) -> None:
+            closed.append(True)
+
+    def make() -> httpx.AsyncBaseTransport:
+        built.append(True)
+        return Fallback()
+
+    client = httpx.AsyncClient(transport=Http1Transport(make))
+    async with client:
+        assert (await client.post(f"{server}/echo", content=b"ab")).content == b"ab"
+        assert built == []
+        assert [(await client.get("https://example.invalid/")).json() for _ in range(2)] == [{"by": 1}] * 2
+    assert (built, closed) == ([True], [True])
+
+    async with httpx.AsyncClient(transport=Http1Transport(make)) as unused:
+        await unused.post(f"{server}/echo", content=b"ab")
+    assert (built, closed) == ([True], [True])  # nothing built, nothing to close
 
 
 def _closed_port() -> int:
