@@ -6,7 +6,7 @@ after ``--latency`` seconds) and the same concurrency (``--in-flight``) on both 
 (a) agentenv_dagster: a Coder Eval task with ``dataset``, run as ``--shards`` concurrent Dagster
     runs over slices of the rows (default: one per core, at most 2; each row a partition of the
     job, every op running its step for all its run's rows; the 32 rows in flight shared out
-    between the runs) — sandboxes, the replay agent answering over real A2A in the
+    between the runs; each core's slice in two runs that take turns at the agent) — sandboxes, the replay agent answering over real A2A in the
     run's agent host, a deterministic ``classification_match`` criterion, per-row asset
     materializations, the suite rollup and the reports;
 (b) Inspect AI: its ``mockllm`` model answering through ``custom_outputs`` after the same

@@ -3,6 +3,7 @@ its step for all rows, each row's verification a partition materialization."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing
 import os
@@ -418,6 +419,72 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
     assert all((project / "out" / "default" / "words" / row / "00" / "task.json").is_file() for row in ("r1", "r2", "r3"))
     assert [(r.task_id, r.final_status.value) for r in done.results] == [
         ("words/r1", "SUCCESS"), ("words/r2", "SUCCESS"), ("words/r3", "ERROR")]
+
+
+TURNS_TASK = textwrap.dedent("""
+    task_id: words
+    description: enough rows for each core's slice to go in two runs that take turns
+    initial_prompt: "Say ${{row.word}}"
+    agent:
+      type: replay
+      delay_seconds: 0.2
+      episodes:
+        - {{match: "Say", reply: "ok", actions: [{{tool: Write, arguments: {{file_path: out.txt, content: said}}}}]}}
+    sandbox: {{python: null}}
+    dataset:
+      rows: [{rows}]
+    success_criteria:
+      - {{type: file_exists, path: out.txt, description: the agent wrote}}
+""")
+
+
+def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
+    """With enough rows (32 a core, one lane each: 16 rounds a run), each core's slice is two
+    runs: the later one starts as the earlier one's prompts begin, prompts only on the lanes
+    the earlier one hands over, and the earlier one grades while it does."""
+    rows = [f"r{i:02d}" for i in range(64)]
+    path = project / "tasks" / "words.yaml"
+    path.write_text(TURNS_TASK.format(rows=", ".join(f"{{id: {row}, word: hi}}" for row in rows)))
+    with dg.instance_for_test() as instance:
+        done = run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
+                                   shards=2, rows_in_flight=2)
+        runs = {(r.tags[RANGE_START_TAG], r.tags[RANGE_END_TAG]): r.run_id for r in rows_runs(instance)}
+        records = {span: instance.get_run_record_by_id(run_id) for span, run_id in runs.items()}
+        started = {span: r.start_time for span, r in records.items()}
+        ended = {span: r.end_time for span, r in records.items()}
+        began = {(span, e.step_key): e.timestamp for span, run_id in runs.items()
+                 for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)}
+    assert sorted(runs) == [("r00", "r15"), ("r16", "r31"), ("r32", "r47"), ("r48", "r63")]
+    assert [r.final_status.value for r in done.results] == ["SUCCESS"] * 64
+    prompts = _prompt_spans(project / "out" / "contexts")
+    assert sorted(prompts) == rows
+    for earlier, later in ((("r00", "r15"), ("r16", "r31")), (("r32", "r47"), ("r48", "r63"))):
+        firsts = sorted(prompts[r] for r in rows if earlier[0] <= r <= earlier[1])
+        seconds = sorted(prompts[r] for r in rows if later[0] <= r <= later[1])
+        # the later run started once the earlier one's prompts began, and its prompt op was
+        # waiting for a lane before the earlier one's last prompt ended
+        assert firsts[0][0] < started[later] < began[later, "prompt"] < firsts[-1][1]
+        # one lane a core: its prompts one after another, the later run's on the lane handed over
+        core = firsts + seconds
+        assert all(end <= next_start + 0.002 for (_, end), (next_start, _) in zip(core, core[1:]))
+        # the lane went over as the earlier run's last row ended, not with the run: it graded
+        # while the later one prompted
+        assert seconds[0][0] < ended[earlier] and began[earlier, "criteria"] < seconds[-1][1]
+    # and never more rows in flight at the agent than asked for, over both cores (a duration is
+    # rounded to the millisecond)
+    edges = sorted([(s, 1) for s, _ in prompts.values()] + [(e - 0.002, -1) for _, e in prompts.values()])
+    assert max(itertools.accumulate(step for _, step in edges)) == 2
+
+
+def _prompt_spans(folder) -> dict[str, tuple[float, float]]:
+    """When each row's prompt step ran (``step_timings`` of the contexts the shard runs wrote)."""
+    spans = {}
+    for path in folder.rglob("context.json"):
+        for row, context in json.loads(path.read_text()).items():
+            timing = context["metadata"]["step_timings"]["prompt"]
+            start = datetime.fromisoformat(timing["started_at_utc"]).timestamp()
+            spans[row] = (start, start + timing["duration_seconds"])
+    return spans
 
 
 def test_shard_runs_start_their_own_agent_hosts_when_none_could_be_forked_for_them(project, monkeypatch):

@@ -1,0 +1,153 @@
+"""Two shard runs on one core that take turns at the agent, handing their lanes over row by row.
+
+A run's ops are barriers: its grading waits for its last prompt, and the agent waits while it
+grades. With a core's rows split between an earlier and a later run, the later run starts as
+the earlier one's prompts begin (its start, sandboxes and agents overlap those prompts), and its
+prompt op takes each lane the earlier run's last rows leave (so the rows in flight stay the
+core's share, with no drain between the two); the earlier run grades while the later one
+prompts. Only the steps that talk to the agent are gated (``GATED_STEP_TYPES``).
+
+Two pipes join the pair, made before their processes fork: "my prompts began" (a byte, or
+the end of the pipe), and a byte for each lane handed over. However the earlier run ends (done,
+failed, killed), its ends close and the later run sees the end of both pipes: it goes on with
+every lane, so a dying run cannot leave its partner waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator, Sequence
+
+GATED_STEP_TYPES = frozenset({"prompt_agent"})
+
+
+@dataclass
+class Handover:
+    """One run's ends of its pair's pipes: as the earlier run (``began_w``, ``lanes_w``) or the
+    later one (``began_r``, ``lanes_r``); ``gated`` are its plan's gated steps, in plan order."""
+
+    gated: tuple[str, ...]
+    began_w: int | None = None
+    lanes_w: int | None = None
+    began_r: int | None = None
+    lanes_r: int | None = None
+    received: int = 0  # lanes handed over to this (later) run so far
+    ended: bool = False  # the earlier run will hand over no more: every lane is this run's
+
+    def fds(self) -> list[int]:
+        return [fd for fd in (self.began_w, self.lanes_w, self.began_r, self.lanes_r) if fd is not None]
+
+    def waits_at(self, step_id: str) -> bool:
+        return self.lanes_r is not None and step_id in self.gated
+
+    def hands_over_at(self, step_id: str) -> bool:
+        return self.lanes_w is not None and bool(self.gated) and step_id == self.gated[-1]
+
+    def prompts_begin(self, step_id: str) -> None:
+        """The earlier run, at a gated step: the later run may start now (once)."""
+        if self.began_w is not None and step_id in self.gated:
+            _write_and_close(self, "began_w", b"b")
+
+    def wait_for_turn(self) -> None:
+        """The later run, before it starts: until the earlier run's prompts begin, or it ended."""
+        if self.began_r is not None:
+            os.read(self.began_r, 1)
+            os.close(self.began_r)
+            self.began_r = None
+
+    def hand_over(self) -> None:
+        """The earlier run, at its last gated step: one lane its rows no longer need."""
+        if self.lanes_w is not None:
+            with contextlib.suppress(BrokenPipeError):  # the later run has ended
+                os.write(self.lanes_w, b"l")
+
+    def close(self) -> None:
+        """Every end still open: the later run sees the end of the pipes and takes every lane."""
+        for name in ("began_w", "lanes_w", "began_r", "lanes_r"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+    @contextlib.asynccontextmanager
+    async def lanes_handed_over(self, lanes: asyncio.Queue) -> AsyncIterator[None]:
+        """The later run, at a gated step: of the lanes in ``lanes``, only those handed over so
+        far; the others as they are handed over (all of them at the end of the pipe)."""
+        held = [lanes.get_nowait() for _ in range(lanes.qsize())]
+
+        def release(count: int) -> None:
+            for _ in range(min(count, len(held))):
+                lanes.put_nowait(held.pop())
+
+        release(len(held) if self.ended else self.received)
+        loop = asyncio.get_running_loop()
+        fd = None if self.ended or self.lanes_r is None else self.lanes_r
+
+        def readable() -> None:
+            data = os.read(fd, 64)
+            if data:
+                self.received += len(data)
+                release(len(data))
+                return
+            self.ended = True
+            loop.remove_reader(fd)
+            release(len(held))
+
+        if fd is not None:
+            loop.add_reader(fd, readable)
+        try:
+            yield
+        finally:
+            if fd is not None and not self.ended:
+                loop.remove_reader(fd)
+            for lane in held:  # never used: back, for their owner to close
+                lanes.put_nowait(lane)
+
+
+def pair(gated: tuple[str, ...]) -> tuple[Handover, Handover]:
+    """The earlier and the later run of a core, joined by two new pipes."""
+    began_r, began_w = os.pipe()
+    lanes_r, lanes_w = os.pipe()
+    return (Handover(gated, began_w=began_w, lanes_w=lanes_w),
+            Handover(gated, began_r=began_r, lanes_r=lanes_r))
+
+
+_current: Handover | None = None
+
+
+def current() -> Handover | None:
+    """This process's run's part in a pair (set by ``taking_turns``), if any."""
+    return _current
+
+
+@contextlib.contextmanager
+def taking_turns(handover: Handover | None, every: Sequence[Handover]) -> Iterator[None]:
+    """In a shard's process: its own ends of the pipes open, every other pair's closed (so
+    that each pipe ends when its one writer does), its turn waited for; closed as it ends."""
+    global _current
+    own = set(handover.fds()) if handover else set()
+    for other in every:
+        for fd in other.fds():
+            if fd not in own:
+                os.close(fd)
+    if handover is None:
+        yield
+        return
+    _current = handover
+    try:
+        handover.wait_for_turn()
+        yield
+    finally:
+        _current = None
+        handover.close()
+
+
+def _write_and_close(handover: Handover, name: str, data: bytes) -> None:
+    fd = getattr(handover, name)
+    with contextlib.suppress(BrokenPipeError):
+        os.write(fd, data)
+    os.close(fd)
+    setattr(handover, name, None)

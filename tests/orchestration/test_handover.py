@@ -1,0 +1,90 @@
+"""Two shard runs of a core take turns at the agent over two pipes, and a run that dies leaves
+its partner every lane (real processes, forked as the shard runs are)."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+
+from agentenv_dagster.orchestration.handover import Handover, pair, taking_turns
+
+
+def _earlier_run(earlier: Handover, later: Handover, go, then) -> None:
+    """The earlier run: its prompts begin, it hands one lane over when told, then it dies
+    without handing over the rest."""
+    with taking_turns(earlier, [earlier, later]):
+        earlier.prompts_begin("prompt")
+        go.wait(10)
+        earlier.hand_over()
+        then.wait(10)
+        os._exit(0)  # killed, say: its ends close with the process
+
+
+async def _until(predicate, seconds: float = 10.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def test_the_later_run_takes_each_lane_handed_over_and_every_lane_when_the_earlier_run_dies():
+    fork = multiprocessing.get_context("fork")
+    go, then = fork.Event(), fork.Event()
+    earlier, later = pair(("prompt",))
+    child = fork.Process(target=_earlier_run, args=(earlier, later, go, then))
+    child.start()
+    earlier.close()  # this process's copies of the earlier run's ends, as the shards' parent does
+    try:
+        later.wait_for_turn()  # returns once the earlier run's prompts began
+        assert later.began_r is None
+
+        async def lanes_as_handed_over() -> list[int]:
+            lanes: asyncio.Queue[str] = asyncio.Queue()
+            for lane in ("a", "b", "c"):
+                lanes.put_nowait(lane)
+            seen = []
+            async with later.lanes_handed_over(lanes):
+                seen.append(lanes.qsize())  # none handed over yet
+                go.set()
+                await _until(lambda: lanes.qsize() == 1)
+                seen.append(lanes.qsize())
+                then.set()  # it dies: the end of the pipe hands over the rest
+                await _until(lambda: lanes.qsize() == 3)
+                seen.append(lanes.qsize())
+            return seen
+
+        assert asyncio.run(lanes_as_handed_over()) == [0, 1, 3]
+        assert (later.received, later.ended) == (1, True)
+    finally:
+        go.set()
+        then.set()
+        child.join(10)
+        later.close()
+    assert child.exitcode == 0
+
+
+def test_a_later_run_s_next_gated_step_starts_with_the_lanes_it_was_handed_and_gives_back_the_rest():
+    earlier, later = pair(("prompt", "follow_up"))
+    for _ in range(2):
+        earlier.hand_over()
+
+    async def lanes() -> tuple[int, int]:
+        """Of four lanes, how many a gated step of the later run has; how many it gives back."""
+        lanes: asyncio.Queue[int] = asyncio.Queue()
+        for lane in range(4):
+            lanes.put_nowait(lane)
+        async with later.lanes_handed_over(lanes):
+            await asyncio.sleep(0.05)  # the two bytes are read
+            during = lanes.qsize()
+        return during, lanes.qsize()
+
+    try:
+        assert later.waits_at("prompt") and later.waits_at("follow_up") and not later.waits_at("criteria")
+        assert earlier.hands_over_at("follow_up") and not earlier.hands_over_at("prompt")
+        assert asyncio.run(lanes()) == (2, 4)  # at its first gated step; the unused back to their owner
+        assert asyncio.run(lanes()) == (2, 4)  # at the next, what was handed over still counts
+        earlier.close()
+        assert asyncio.run(lanes()) == (4, 4)  # and at the end of the pipe, all
+    finally:
+        earlier.close()
+        later.close()
