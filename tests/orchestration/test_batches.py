@@ -476,6 +476,24 @@ def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
     assert max(itertools.accumulate(step for _, step in edges)) == 2
 
 
+def test_when_the_earlier_run_of_a_core_dies_the_later_one_takes_every_lane_and_finishes(project, monkeypatch):
+    """A run that dies (here, as it would hand its first lane over) leaves its partner no
+    lane held: the end of the pipes hands it every lane. The command then says which run died."""
+    from agentenv_dagster.orchestration import handover
+
+    monkeypatch.setattr(handover.Handover, "hand_over", lambda self: os._exit(3))  # in the forked runs
+    rows = [f"r{i:02d}" for i in range(64)]
+    path = project / "tasks" / "words.yaml"
+    path.write_text(TURNS_TASK.format(rows=", ".join(f"{{id: {row}, word: hi}}" for row in rows)))
+    with dg.instance_for_test() as instance:
+        with pytest.raises(RuntimeError, match="_shard ended with exit code 3"):
+            run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
+                                shards=2, rows_in_flight=2)
+        ran = instance.get_materialized_partitions(VERIFICATION)
+    assert ran == set(rows[16:32]) | set(rows[48:])  # the later runs' rows, every one
+    # (and, as the project fixture checks, no agent host or server is left behind)
+
+
 def _prompt_spans(folder) -> dict[str, tuple[float, float]]:
     """When each row's prompt step ran (``step_timings`` of the contexts the shard runs wrote)."""
     spans = {}
