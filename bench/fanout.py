@@ -189,7 +189,8 @@ def main() -> None:
     args = parser.parse_args()
     ideal = args.rows * args.latency / args.in_flight
     print(f"{args.rows} rows, {args.latency * 1000:.0f} ms per answer, {args.in_flight} in flight: "
-          f"ideal {ideal:.2f} s; agentenv_dagster in {args.shards} shard run(s)", flush=True)
+          f"ideal {ideal:.2f} s; agentenv_dagster in {args.shards} shard(s), a core's rows in two runs "
+          "when they are enough to take turns", flush=True)
     times = {}
     cores = os.cpu_count() or 1
     for name, run in (("agentenv_dagster", run_agentenv), ("inspect_ai", run_inspect)):
