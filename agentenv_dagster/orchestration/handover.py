@@ -128,11 +128,9 @@ def taking_turns(handover: Handover | None, every: Sequence[Handover]) -> Iterat
     """In a shard's process: its own ends of the pipes open, every other pair's closed (so
     that each pipe ends when its one writer does), its turn waited for; closed as it ends."""
     global _current
-    own = set(handover.fds()) if handover else set()
     for other in every:
-        for fd in other.fds():
-            if fd not in own:
-                os.close(fd)
+        if other is not handover:
+            other.close()
     if handover is None:
         yield
         return
