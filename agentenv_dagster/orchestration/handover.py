@@ -37,19 +37,19 @@ class Handover:
     received: int = 0  # lanes handed over to this (later) run so far
     ended: bool = False  # the earlier run will hand over no more: every lane is this run's
 
-    def fds(self) -> list[int]:
-        return [fd for fd in (self.began_w, self.lanes_w, self.began_r, self.lanes_r) if fd is not None]
-
     def waits_at(self, step_id: str) -> bool:
         return self.lanes_r is not None and step_id in self.gated
 
     def hands_over_at(self, step_id: str) -> bool:
-        return self.lanes_w is not None and bool(self.gated) and step_id == self.gated[-1]
+        return self.lanes_w is not None and step_id in self.gated[-1:]
 
     def prompts_begin(self, step_id: str) -> None:
         """The earlier run, at a gated step: the later run may start now (once)."""
         if self.began_w is not None and step_id in self.gated:
-            _write_and_close(self, "began_w", b"b")
+            with contextlib.suppress(BrokenPipeError):  # the later run has ended
+                os.write(self.began_w, b"b")
+            os.close(self.began_w)
+            self.began_w = None
 
     def wait_for_turn(self) -> None:
         """The later run, before it starts: until the earlier run's prompts begin, or it ended."""
@@ -142,10 +142,3 @@ def taking_turns(handover: Handover | None, every: Sequence[Handover]) -> Iterat
         _current = None
         handover.close()
 
-
-def _write_and_close(handover: Handover, name: str, data: bytes) -> None:
-    fd = getattr(handover, name)
-    with contextlib.suppress(BrokenPipeError):
-        os.write(fd, data)
-    os.close(fd)
-    setattr(handover, name, None)

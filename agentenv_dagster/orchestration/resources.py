@@ -158,14 +158,14 @@ class AgentEnvResource(dg.ConfigurableResource):
         async def go() -> list[StepOutcome | StepFailed]:
             async with StepRuntime(config, run, logger, artifacts=artifacts.get_store(),
                                    objects=artifacts.get_object_store()) as rt:
-                gated = turns is not None and turns.waits_at(step.id)
-                if len(contexts) == 1 and not gated:
+                waits = turns is not None and turns.waits_at(step.id)
+                if len(contexts) == 1 and not waits:
                     try:
                         return [await run_step(step, next(iter(contexts.values())), rt)]
                     except StepFailed as failed:
                         return [failed]
                 async with rt.lanes(min(self.rows_in_flight, len(contexts))) as lanes:
-                    async with turns.lanes_handed_over(lanes) if gated else nullcontext():
+                    async with turns.lanes_handed_over(lanes) if waits else nullcontext():
                         return await asyncio.gather(*(one(lanes, ctx) for ctx in contexts.values()))
 
         try:
