@@ -20,13 +20,16 @@ import dagster as dg
 
 from ..compiler import checked_plan, coder_eval_document, experiment_documents, step_registry
 from ..config import AgentEnvConfig
+from ..context import TaskStepContext
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..plan import TaskPlan
 from ..reports.evaluation import evaluation_result
 from ..reports.experiment import experiment_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
-from ..reports.render import WrittenReports, prepare_reports, write_reports, write_suite
+from ..reports.render import (
+    WrittenReports, prepare_reports, task_json_path, write_reports, write_suite, write_task_json,
+)
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
 from ..runtime.collector import fewer_full_sweeps
@@ -121,7 +124,7 @@ def run_coder_eval_tasks(
             results += task_results
             suites += task_suites
         summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
-        reports = write_reports(out, summary, results)
+        reports = write_reports(out, summary, results, [task_json_path(out, r) for r in results])
         if experiment is not None:
             definition = load_coder_eval_experiment(experiment).experiment
             _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
@@ -211,27 +214,16 @@ def _run_task(
             reports_ahead = functools.partial(  # done while the shards run (this process waits)
                 prepare_reports, out, variant.variant_id or "default",
                 [_row_task_id(task.task_id, variant.plan.document.row_of(key)) for key in keys or []], replicate)
-            runs.append((variant, replicate, run_rows(
+            row_result = _RowResult(
+                out, task.task_id, task.description, variant.task.agent.type if variant.task.agent else "none",
+                variant.plan.document.row_of, variant.task.model_dump(mode="json", exclude_none=True), str(path),
+                config.model.prices, variant.variant_id or "default", replicate)
+            runs.append(run_rows(
                 variant.plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
                 shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"),
-                meanwhile=reports_ahead)))
+                meanwhile=reports_ahead, finish=row_result))
     suite_assets.append(_suite_assets_beside(task_run, config, instance))
-    results = []
-    for variant, replicate, contexts in runs:
-        resolved = variant.task.model_dump(mode="json", exclude_none=True)  # the same for each of its rows
-        for key, context in contexts.items():
-            row_id = variant.plan.document.row_of(key)
-            row_started, row_completed = _span(context)
-            response = context.find_prompt_response(PROMPT_ID)
-            url = response.agent_trajectory_object_url if response else None
-            results.append(evaluation_result(
-                context, task_id=_row_task_id(task.task_id, row_id),
-                description=task.description, agent_type=variant.task.agent.type if variant.task.agent else "none",
-                started=row_started, completed=row_completed, verifier_id=VERIFIER_ID, prompt_id=PROMPT_ID,
-                trajectory=json.loads(ObjectStore.read(url)) if url else None,
-                resolved_task=resolved, source_file=str(path),
-                prices=config.model.prices, variant_id=variant.variant_id or "default", replicate_index=replicate,
-            ))
+    results = [result for finished in runs for result in finished.values()]
     suites = []
     if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
         for variant in task_run.variants:
@@ -246,6 +238,38 @@ def _run_task(
             write_suite(out / variant_id / task.task_id, suite)
             suites.append(suite)
     return results, suites
+
+
+@dataclass(frozen=True)
+class _RowResult:
+    """A row's finished context as its task.json record, written. ``run_rows`` calls it in the
+    row's shard process as its run ends: the earlier runs' rows while the later runs go on, the
+    last ones on every core at once, not all of them in this process after the runs."""
+
+    out: Path
+    task_id: str
+    description: str
+    agent_type: str
+    row_of: Callable[[str], str]
+    resolved: dict[str, Any]  # the variant's task, resolved: the same for each of its rows
+    source_file: str
+    prices: dict[str, dict[str, float]]
+    variant_id: str
+    replicate: int
+
+    def __call__(self, key: str, context: TaskStepContext) -> EvaluationResult:
+        started, completed = _span(context)
+        response = context.find_prompt_response(PROMPT_ID)
+        url = response.agent_trajectory_object_url if response else None
+        result = evaluation_result(
+            context, task_id=_row_task_id(self.task_id, self.row_of(key)), description=self.description,
+            agent_type=self.agent_type, started=started, completed=completed, verifier_id=VERIFIER_ID,
+            prompt_id=PROMPT_ID, trajectory=json.loads(ObjectStore.read(url)) if url else None,
+            resolved_task=self.resolved, source_file=self.source_file, prices=self.prices,
+            variant_id=self.variant_id, replicate_index=self.replicate,
+        )
+        write_task_json(self.out, result)
+        return result
 
 
 def _row_task_id(task_id: str, row_id: str) -> str:

@@ -48,19 +48,24 @@ log = logging.getLogger(__name__)
 def run_rows(
     plan: TaskPlan, config: AgentEnvConfig, rows: list[str] | None, *, output_dir: Path,
     instance: dg.DagsterInstance | None, rows_in_flight: int | None, tags: dict[str, str], shards: int = 1,
-    meanwhile: Callable[[], None] | None = None,
-) -> dict[str, TaskStepContext]:
-    """Each row's final context, in row order (key ``""`` for a task without a dataset).
-    ``meanwhile`` is work of this process's to do while shard runs go on (see ``_when_idle``)."""
+    meanwhile: Callable[[], None] | None = None, finish: Callable[[str, TaskStepContext], Any] | None = None,
+) -> dict[str, Any]:
+    """Each row's final context, in row order (key ``""`` for a task without a dataset), or
+    what ``finish(key, context)`` made of it: in the row's shard process as its run ends, so the
+    earlier runs' rows are finished while the later runs go on, and the last ones on every core
+    at once. ``meanwhile`` is work of this process's to do while shard runs go on (see
+    ``_when_idle``)."""
+    finish = finish or _as_it_is
     if not rows:
         run = execute_plan(plan, config, output_dir=output_dir, instance=instance, tags=tags)
-        return {"": run.context}
+        return {"": finish("", run.context)}
     total = rows_in_flight or AgentEnvResource.model_fields["rows_in_flight"].default
     size = math.ceil(len(rows) / max(1, min(shards, len(rows), total)))  # every shard has a row in flight
     chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
     if len(chunks) == 1:
         contexts = execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=rows,
                                 rows_in_flight=rows_in_flight, tags=tags).contexts
+        finished = {k: finish(k, c) for k, c in contexts.items()}
     else:
         # the bound holds across the shards: their shares add up to it
         shares = [total // len(chunks) + (i < total % len(chunks)) for i in range(len(chunks))]
@@ -73,22 +78,22 @@ def run_rows(
         try:
             with forked_shard_hosts(plan, config, len(runs)) as forked, opened_instance(config, instance) as opened:
                 args = [(blob, config, opened.get_ref(), keys, share, tags, output_dir / f"shard-{i}",
-                         forked[i] if forked else None) for i, (keys, share, _) in enumerate(runs)]
+                         forked[i] if forked else None, finish) for i, (keys, share, _) in enumerate(runs)]
                 if every:
                     waits = [_forked(_shard, *a, turns, every) for a, (_, _, turns) in zip(args, runs)]
                     for turns in every:
                         turns.close()  # the parent's copies: each pipe ends with its one writer
                     with _when_idle(meanwhile):
-                        contexts = {k: c for found in _all_of(waits) for k, c in found.items()}
+                        finished = {k: c for found in _all_of(waits) for k, c in found.items()}
                 else:
                     with ProcessPoolExecutor(len(runs), mp_context=_start_method()) as pool:
                         futures = [pool.submit(_shard, *a) for a in args]
                         with _when_idle(meanwhile):
-                            contexts = {k: c for future in futures for k, c in future.result().items()}
+                            finished = {k: c for future in futures for k, c in future.result().items()}
         finally:
             for turns in every:  # (already closed, unless something failed before the runs forked)
                 turns.close()
-    return {k: contexts[k] for k in rows if k in contexts}
+    return {k: finished[k] for k in rows if k in finished}
 
 
 @contextlib.contextmanager
@@ -201,14 +206,21 @@ def _start_method():
 
 def _shard(plan_blob: bytes, config: AgentEnvConfig, instance_ref, keys: list[str], rows_in_flight: int,
            tags: dict[str, str], output_dir: Path, forked_hosts: dict[str, Any] | None,
-           turns: Handover | None = None, every: tuple[Handover, ...] = ()) -> dict[str, TaskStepContext]:
+           finish: Callable[[str, TaskStepContext], Any], turns: Handover | None = None,
+           every: tuple[Handover, ...] = ()) -> dict[str, Any]:
     gc.freeze()  # what a fork brought along stays out of the collector's sweeps (and its pages shared)
     with taking_turns(turns, every):  # a later run waits here for its turn
         step_registry(config)  # a project's own step modules importable before the plan is read back
         plan = pickle.loads(plan_blob)
         with adopting_forked_hosts(forked_hosts), dg.DagsterInstance.from_ref(instance_ref) as instance:
-            return execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=keys,
-                                rows_in_flight=rows_in_flight, tags=tags).contexts
+            contexts = execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=keys,
+                                    rows_in_flight=rows_in_flight, tags=tags).contexts
+    return {k: finish(k, c) for k, c in contexts.items()}
+
+
+def _as_it_is(key: str, context: TaskStepContext) -> TaskStepContext:
+    """A row's context, unfinished (``run_rows`` without ``finish``)."""
+    return context
 
 
 TURN_ROUNDS = 8  # a core's rows take turns in two runs when each has this many rounds of its lanes

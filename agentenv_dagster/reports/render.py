@@ -50,10 +50,10 @@ def report_folder(out_dir: Path | str, variant_id: str, task_id: str, replicate_
 
 
 def prepare_reports(out_dir: Path | str, variant_id: str, task_ids: list[str], replicate_index: int) -> None:
-    """What `write_reports` needs, done ahead: the folders it will write these tasks' task.json
-    into, and its templates compiled. While a dataset's shard runs go on, this process is idle;
-    a thousand rows' folders cost ~0.8 s of CPU on a small disk (two `mkdir` a row) and the
-    templates ~0.1 s, which would otherwise follow the runs."""
+    """What the reports need, done ahead: the folders these tasks' task.json go in (the shard
+    runs write them as they end), and the templates compiled. While a dataset's shard runs go
+    on, this process is idle; a thousand rows' folders cost ~0.8 s of CPU on a small disk (two
+    `mkdir` a row) and the templates ~0.1 s, which would otherwise follow the runs."""
     for task_id in task_ids:
         report_folder(out_dir, variant_id, task_id, replicate_index).mkdir(parents=True, exist_ok=True)
     for template in TEMPLATES:
@@ -61,28 +61,32 @@ def prepare_reports(out_dir: Path | str, variant_id: str, task_ids: list[str], r
 
 
 def write_reports(
-    out_dir: Path | str, summary: RunSummary, results: list[EvaluationResult]
+    out_dir: Path | str, summary: RunSummary, results: list[EvaluationResult], task_jsons: list[Path] | None = None
 ) -> WrittenReports:
-    """Write every report of one run; existing files are overwritten so a re-run refreshes them."""
+    """Write every report of one run; existing files are overwritten so a re-run refreshes them.
+    ``task_jsons``: where the results' task.json files are, when they were written already
+    (`write_task_json`, by the runs that made them)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    task_jsons = []
-    for result in results:
-        path = task_json_path(out_dir, result)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_judge_transcripts(result, path.parent)
-        path.write_text(result.model_dump_json(indent=2), encoding="utf-8")
-        task_jsons.append(path)
     written = WrittenReports(
         run_json=out_dir / "run.json",
         run_md=out_dir / "run.md",
         task_html=out_dir / "task.html",
-        task_jsons=task_jsons,
+        task_jsons=task_jsons if task_jsons is not None else [write_task_json(out_dir, r) for r in results],
     )
     written.run_json.write_text(summary.model_dump_json(indent=2), encoding="utf-8")
     written.run_md.write_text(_render("run.md", summary, results), encoding="utf-8")
     written.task_html.write_text(_render("task.html", summary, results), encoding="utf-8")
     return written
+
+
+def write_task_json(out_dir: Path | str, result: EvaluationResult) -> Path:
+    """A result's task.json, with its judges' transcripts beside it (their paths in it)."""
+    path = task_json_path(out_dir, result)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_judge_transcripts(result, path.parent)
+    path.write_text(result.model_dump_json(indent=2), encoding="utf-8")
+    return path
 
 
 def write_suite(folder: Path, suite: dict[str, Any]) -> None:

@@ -25,6 +25,8 @@ from agentenv_dagster.orchestration.execute import dagster_yaml, execute_plan
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG, ROWS_TAG
 from agentenv_dagster.orchestration.shards import ForkedTraceback, beside
 from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
+from agentenv_dagster.reports.models import EvaluationResult
+from agentenv_dagster.reports.render import task_json_path
 from agentenv_dagster.runtime.local import Ledger
 from projects import forked_hosts, leaked_servers, make_project
 
@@ -441,7 +443,8 @@ TURNS_TASK = textwrap.dedent("""
 def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
     """With enough rows (32 a core, one lane each: 16 rounds a run), each core's slice is two
     runs: the later one starts as the earlier one's prompts begin, prompts only on the lanes
-    the earlier one hands over, and the earlier one grades while it does."""
+    the earlier one hands over, and the earlier one grades while it does, then writes its rows'
+    task.json."""
     rows = [f"r{i:02d}" for i in range(64)]
     path = project / "tasks" / "words.yaml"
     path.write_text(TURNS_TASK.format(rows=", ".join(f"{{id: {row}, word: hi}}" for row in rows)))
@@ -456,6 +459,10 @@ def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
                  for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)}
     assert sorted(runs) == [("r00", "r15"), ("r16", "r31"), ("r32", "r47"), ("r48", "r63")]
     assert [r.final_status.value for r in done.results] == ["SUCCESS"] * 64
+    files = {r.task_id.rsplit("/", 1)[1]: task_json_path(project / "out", r) for r in done.results}
+    assert all(EvaluationResult.model_validate_json(files[r.task_id.rsplit("/", 1)[1]].read_text()) == r
+               for r in done.results)
+    written = {row: path.stat().st_mtime for row, path in files.items()}
     prompts = _prompt_spans(project / "out" / "contexts")
     assert sorted(prompts) == rows
     for earlier, later in ((("r00", "r15"), ("r16", "r31")), (("r32", "r47"), ("r48", "r63"))):
@@ -470,6 +477,10 @@ def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
         # the lane went over as the earlier run's last row ended, not with the run: it graded
         # while the later one prompted
         assert seconds[0][0] < ended[earlier] and began[earlier, "criteria"] < seconds[-1][1]
+        # a run's rows became their task.json in its process as it ended: the earlier run's
+        # while the later one went on, not all of them in the command's after both
+        assert all(ended[earlier] <= written[r] < ended[later] for r in rows if earlier[0] <= r <= earlier[1])
+        assert all(ended[later] <= written[r] for r in rows if later[0] <= r <= later[1])
     # and never more rows in flight at the agent than asked for, over both cores (a duration is
     # rounded to the millisecond)
     edges = sorted([(s, 1) for s, _ in prompts.values()] + [(e - 0.002, -1) for _, e in prompts.values()])
