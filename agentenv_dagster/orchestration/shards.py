@@ -11,7 +11,9 @@ With enough rows a core's slice goes in two runs that take turns at the agent
 (``handover``): the later one starts as the earlier one's prompts begin and takes its lanes
 as its last rows end, so each run's grading overlaps the other's prompts (1,000 rows at
 200 ms: ~1.2 s, 10 %, sooner). Those runs are bare forked processes, which inherit their pipes.
-Afterwards the suite's Dagster run goes ``beside`` the reports in the same way.
+Each run's process also finishes its rows as it ends (``finish``: the command's task.json
+records), so the earlier runs' rows are done while the later runs go on. Afterwards the
+suite's Dagster run goes ``beside`` the reports in the same way.
 """
 
 from __future__ import annotations
