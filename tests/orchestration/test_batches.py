@@ -457,7 +457,7 @@ def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
         ended = {span: r.end_time for span, r in records.items()}
         began = {(span, e.step_key): e.timestamp for span, run_id in runs.items()
                  for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)}
-    assert sorted(runs) == [("r00", "r15"), ("r16", "r31"), ("r32", "r47"), ("r48", "r63")]
+    assert sorted(runs) == [("r00", "r19"), ("r20", "r31"), ("r32", "r51"), ("r52", "r63")]  # the later: fewer
     assert [r.final_status.value for r in done.results] == ["SUCCESS"] * 64
     files = {r.task_id.rsplit("/", 1)[1]: task_json_path(project / "out", r) for r in done.results}
     assert all(EvaluationResult.model_validate_json(files[r.task_id.rsplit("/", 1)[1]].read_text()) == r
@@ -465,7 +465,7 @@ def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
     written = {row: path.stat().st_mtime for row, path in files.items()}
     prompts = _prompt_spans(project / "out" / "contexts")
     assert sorted(prompts) == rows
-    for earlier, later in ((("r00", "r15"), ("r16", "r31")), (("r32", "r47"), ("r48", "r63"))):
+    for earlier, later in ((("r00", "r19"), ("r20", "r31")), (("r32", "r51"), ("r52", "r63"))):
         firsts = sorted(prompts[r] for r in rows if earlier[0] <= r <= earlier[1])
         seconds = sorted(prompts[r] for r in rows if later[0] <= r <= later[1])
         # the later run started once the earlier one's prompts began, and its prompt op was
@@ -501,7 +501,7 @@ def test_when_the_earlier_run_of_a_core_dies_the_later_one_takes_every_lane_and_
             run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
                                 shards=2, rows_in_flight=2)
         ran = instance.get_materialized_partitions(VERIFICATION)
-    assert ran == set(rows[16:32]) | set(rows[48:])  # the later runs' rows, every one
+    assert ran == set(rows[20:32]) | set(rows[52:])  # the later runs' rows, every one
     # (and, as the project fixture checks, no agent host or server is left behind)
 
 
