@@ -1,16 +1,18 @@
-"""Two shard runs on one core that take turns at the agent, handing their lanes over row by row.
+"""Shard runs on one core that take turns at the agent, handing their lanes over row by row.
 
 A run's ops are barriers: its grading waits for its last prompt, and the agent waits while it
-grades. With a core's rows split between an earlier and a later run, the later run starts as
-the earlier one's prompts begin (its start, sandboxes and agents overlap those prompts), and its
+grades. With a core's rows split between runs in a chain, each later run starts as the run
+before it begins prompting (its start, sandboxes and agents overlap those prompts), and its
 prompt op takes each lane the earlier run's last rows leave (so the rows in flight stay the
-core's share, with no drain between the two); the earlier run grades while the later one
-prompts. Only the steps that talk to the agent are gated (``GATED_STEP_TYPES``).
+core's share, with no drain between them); the earlier run grades while the later one
+prompts. A run in the middle of a chain is both: it says its prompts began once it has its
+first lane, and hands its lanes on as its own last rows end. Only the steps that talk to the
+agent are gated (``GATED_STEP_TYPES``).
 
-Two pipes join the pair, made before their processes fork: "my prompts began" (a byte, or
-the end of the pipe), and a byte for each lane handed over. However the earlier run ends (done,
-failed, killed), its ends close and the later run sees the end of both pipes: it goes on with
-every lane, so a dying run cannot leave its partner waiting.
+Two pipes join each link of the chain, made before the processes fork: "my prompts began" (a
+byte, or the end of the pipe), and a byte for each lane handed over. However the earlier run
+ends (done, failed, killed), its ends close and the later run sees the end of both pipes: it
+goes on with every lane, so a dying run cannot leave the next waiting.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ GATED_STEP_TYPES = frozenset({"prompt_agent"})
 
 @dataclass
 class Handover:
-    """One run's ends of its pair's pipes: as the earlier run (``began_w``, ``lanes_w``) or the
-    later one (``began_r``, ``lanes_r``); ``gated`` are its plan's gated steps, in plan order."""
+    """One run's ends of its links' pipes: to the next run (``began_w``, ``lanes_w``) and from
+    the one before (``began_r``, ``lanes_r``); ``gated`` are its plan's gated steps, in plan
+    order."""
 
     gated: tuple[str, ...]
     began_w: int | None = None
@@ -44,9 +47,14 @@ class Handover:
         return self.lanes_w is not None and step_id in self.gated[-1:]
 
     def prompts_begin(self, step_id: str) -> None:
-        """The earlier run, at a gated step: the later run may start now (once)."""
-        if self.began_w is not None and step_id in self.gated:
-            with contextlib.suppress(BrokenPipeError):  # the later run has ended
+        """A run with lanes of its own, at a gated step: the next run may start now (once). A
+        run that waits for its lanes says so as it gets the first (``lanes_handed_over``)."""
+        if step_id in self.gated and self.lanes_r is None:
+            self._say_began()
+
+    def _say_began(self) -> None:
+        if self.began_w is not None:
+            with contextlib.suppress(BrokenPipeError):  # the next run has ended
                 os.write(self.began_w, b"b")
             os.close(self.began_w)
             self.began_w = None
@@ -79,6 +87,8 @@ class Handover:
         held = [lanes.get_nowait() for _ in range(lanes.qsize())]
 
         def release(count: int) -> None:
+            if count:
+                self._say_began()
             for _ in range(min(count, len(held))):
                 lanes.put_nowait(held.pop())
 
@@ -107,12 +117,14 @@ class Handover:
                 lanes.put_nowait(lane)
 
 
-def pair(gated: tuple[str, ...]) -> tuple[Handover, Handover]:
-    """The earlier and the later run of a core, joined by two new pipes."""
-    began_r, began_w = os.pipe()
-    lanes_r, lanes_w = os.pipe()
-    return (Handover(gated, began_w=began_w, lanes_w=lanes_w),
-            Handover(gated, began_r=began_r, lanes_r=lanes_r))
+def chain(gated: tuple[str, ...], runs: int) -> list[Handover]:
+    """A core's ``runs`` runs in the order they take turns, each joined to the next by two new
+    pipes."""
+    chained = [Handover(gated) for _ in range(runs)]
+    for earlier, later in zip(chained, chained[1:]):
+        later.began_r, earlier.began_w = os.pipe()
+        later.lanes_r, earlier.lanes_w = os.pipe()
+    return chained
 
 
 _current: Handover | None = None

@@ -7,10 +7,11 @@ prompts (waiting). Two shards on two cores do overlap them: on the 1,000-row ben
 they are forked from one import as the runs start (``hosts_ahead.forked_shard_hosts``).
 ``rows_in_flight`` is shared out (the shares add up to it, and there are never more shards
 than rows in flight), so the agents see the same number of prompts at once either way.
-With enough rows a core's slice goes in two runs that take turns at the agent
-(``handover``): the later one starts as the earlier one's prompts begin and takes its lanes
-as its last rows end, so each run's grading overlaps the other's prompts (1,000 rows at
-200 ms: ~1.2 s, 10 %, sooner). Those runs are bare forked processes, which inherit their pipes.
+With enough rows a core's slice goes in runs that take turns at the agent (``handover``):
+each later one starts as the one before it begins prompting and takes its lanes as its last
+rows end, so each run's grading overlaps the next one's prompts (two runs a core against one,
+1,000 rows at 200 ms: ~1.2 s, 10 %, sooner). Those runs are bare forked processes, which
+inherit their pipes.
 Each run's process also finishes its rows as it ends (``finish``: the command's task.json
 records), so the earlier runs' rows are done while the later runs go on. Afterwards the
 suite's Dagster run goes ``beside`` the reports in the same way.
@@ -40,7 +41,7 @@ from ..context import TaskStepContext
 from ..plan import TaskPlan
 from ..runtime.local import adopting_forked_hosts
 from .execute import execute_plan, opened_instance
-from .handover import GATED_STEP_TYPES, Handover, pair, taking_turns
+from .handover import GATED_STEP_TYPES, Handover, chain, taking_turns
 from .hosts_ahead import forked_shard_hosts
 from .resources import AgentEnvResource
 
@@ -225,27 +226,33 @@ def _as_it_is(key: str, context: TaskStepContext) -> TaskStepContext:
     return context
 
 
-TURN_ROUNDS = 8  # a core's rows take turns in two runs when each has this many rounds of its lanes
-# Of a core's rows, the earlier run's part. A row's grading after the last prompt (criteria,
-# teardown) costs more than its setting up before the first one (sandbox, workspace, agent), and
-# only the later run's grading is left when the prompts end: so it takes the fewer rows (1,000
-# rows at 200 ms: 0.34 s sooner over five A/B pairs than halves). It still sets its rows up
-# while the earlier run prompts, with time to spare.
-EARLIER_PART = 0.6
+TURN_ROUNDS = 6  # a core's rows take turns in runs when each has this many rounds of its lanes
+# Of a core's rows, each run's part, by how many runs take turns. The first run's set-up (its
+# sandboxes, workspaces and agents) is all that precedes the prompts, and the last run's grading
+# (criteria, teardown) all that follows them: in three runs both are small, and the middle run
+# sets its rows up while the first one prompts (so the first needs enough rows to cover that)
+# and grades them while the last one prompts. A row's grading costs more than its setting up,
+# so the last run takes the fewest. (1,000 rows at 200 ms: three runs a core against two, the
+# first prompt ~0.4 s sooner and the last grading ~0.2 s shorter; at 1 s, 1.09x the ideal.)
+PARTS = {3: (0.3, 0.45, 0.25), 2: (0.6, 0.4)}
 
 
 def _runs(plan: TaskPlan, chunks: list[list[str]], shares: list[int]) -> list[tuple[list[str], int, Handover | None]]:
-    """Each shard run's rows, rows in flight and part in a pair taking turns: a core's rows in
-    two runs (``handover``, the later one with the fewer: ``EARLIER_PART``) when each has
-    ``TURN_ROUNDS`` rounds of its lanes or more, its plan has steps that talk to the agent, and
-    this process can fork its runs (they inherit the pipes); else a run a core."""
+    """Each shard run's rows, rows in flight and part in a chain taking turns: a core's rows in
+    three runs, or two (``handover``, ``PARTS``), when each has ``TURN_ROUNDS`` rounds of its
+    lanes or more, its plan has steps that talk to the agent, and this process can fork its
+    runs (they inherit the pipes); else a run a core."""
     gated = tuple(s.id for s in plan.steps if s.type_name in GATED_STEP_TYPES)
-    parts = [math.ceil(len(chunk) * EARLIER_PART) for chunk in chunks]  # the earlier runs' rows
-    if not gated or not _forks_safely() or any(
-            len(c) - part < TURN_ROUNDS * n for c, part, n in zip(chunks, parts, shares)):
-        return [(chunk, share, None) for chunk, share in zip(chunks, shares)]
-    runs: list[tuple[list[str], int, Handover | None]] = []
-    for chunk, part, share in zip(chunks, parts, shares):
-        earlier, later = pair(gated)
-        runs += [(chunk[:part], share, earlier), (chunk[part:], share, later)]
-    return runs
+    for parts in PARTS.values():
+        splits = [_split(chunk, parts) for chunk in chunks]
+        if gated and _forks_safely() and all(
+                min(map(len, split)) >= TURN_ROUNDS * n for split, n in zip(splits, shares)):
+            return [(rows, share, turns) for split, share in zip(splits, shares)
+                    for rows, turns in zip(split, chain(gated, len(parts)))]
+    return [(chunk, share, None) for chunk, share in zip(chunks, shares)]
+
+
+def _split(chunk: list[str], parts: tuple[float, ...]) -> list[list[str]]:
+    """``chunk`` in consecutive slices, each ``parts`` of it (the last one the rest)."""
+    ends = [math.ceil(len(chunk) * sum(parts[:i + 1])) for i in range(len(parts) - 1)] + [len(chunk)]
+    return [chunk[start:end] for start, end in zip([0, *ends], ends)]

@@ -425,7 +425,7 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
 
 TURNS_TASK = textwrap.dedent("""
     task_id: words
-    description: enough rows for each core's slice to go in two runs that take turns
+    description: enough rows for each core's slice to go in runs that take turns
     initial_prompt: "Say ${{row.word}}"
     agent:
       type: replay
@@ -440,11 +440,11 @@ TURNS_TASK = textwrap.dedent("""
 """)
 
 
-def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
-    """With enough rows (32 a core, one lane each: 16 rounds a run), each core's slice is two
-    runs: the later one starts as the earlier one's prompts begin, prompts only on the lanes
-    the earlier one hands over, and the earlier one grades while it does, then writes its rows'
-    task.json."""
+def test_a_core_s_rows_go_in_three_runs_that_take_turns_at_the_agent(project):
+    """With enough rows (32 a core, one lane each: 10, 14 and 8 rounds), each core's slice is
+    three runs in a chain: each later one starts as the one before it begins prompting, prompts
+    only on the lanes that one hands over, and that one grades while it does, then writes its
+    rows' task.json."""
     rows = [f"r{i:02d}" for i in range(64)]
     path = project / "tasks" / "words.yaml"
     path.write_text(TURNS_TASK.format(rows=", ".join(f"{{id: {row}, word: hi}}" for row in rows)))
@@ -457,7 +457,8 @@ def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
         ended = {span: r.end_time for span, r in records.items()}
         began = {(span, e.step_key): e.timestamp for span, run_id in runs.items()
                  for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)}
-    assert sorted(runs) == [("r00", "r19"), ("r20", "r31"), ("r32", "r51"), ("r52", "r63")]  # the later: fewer
+    chains = [[("r00", "r09"), ("r10", "r23"), ("r24", "r31")], [("r32", "r41"), ("r42", "r55"), ("r56", "r63")]]
+    assert sorted(runs) == sorted(span for spans in chains for span in spans)  # small, large, small
     assert [r.final_status.value for r in done.results] == ["SUCCESS"] * 64
     files = {r.task_id.rsplit("/", 1)[1]: task_json_path(project / "out", r) for r in done.results}
     assert all(EvaluationResult.model_validate_json(files[r.task_id.rsplit("/", 1)[1]].read_text()) == r
@@ -465,22 +466,26 @@ def test_a_core_s_rows_go_in_two_runs_that_take_turns_at_the_agent(project):
     written = {row: path.stat().st_mtime for row, path in files.items()}
     prompts = _prompt_spans(project / "out" / "contexts")
     assert sorted(prompts) == rows
-    for earlier, later in ((("r00", "r19"), ("r20", "r31")), (("r32", "r51"), ("r52", "r63"))):
-        firsts = sorted(prompts[r] for r in rows if earlier[0] <= r <= earlier[1])
-        seconds = sorted(prompts[r] for r in rows if later[0] <= r <= later[1])
-        # the later run started once the earlier one's prompts began, and its prompt op was
-        # waiting for a lane before the earlier one's last prompt ended
-        assert firsts[0][0] < started[later] < began[later, "prompt"] < firsts[-1][1]
-        # one lane a core: its prompts one after another, the later run's on the lane handed over
-        core = firsts + seconds
+
+    def of(span):
+        return [r for r in rows if span[0] <= r <= span[1]]
+
+    for spans in chains:
+        # one lane a core: its prompts one after another, each later run's on the lane handed over
+        core = sorted(prompts[r] for span in spans for r in of(span))
         assert all(end <= next_start + 0.002 for (_, end), (next_start, _) in zip(core, core[1:]))
-        # the lane went over as the earlier run's last row ended, not with the run: it graded
-        # while the later one prompted
-        assert seconds[0][0] < ended[earlier] and began[earlier, "criteria"] < seconds[-1][1]
-        # a run's rows became their task.json in its process as it ended: the earlier run's
-        # while the later one went on, not all of them in the command's after both
-        assert all(ended[earlier] <= written[r] < ended[later] for r in rows if earlier[0] <= r <= earlier[1])
-        assert all(ended[later] <= written[r] for r in rows if later[0] <= r <= later[1])
+        for earlier, later in zip(spans, spans[1:]):
+            firsts, seconds = sorted(prompts[r] for r in of(earlier)), sorted(prompts[r] for r in of(later))
+            # the later run started once the earlier one's prompts began, and its prompt op was
+            # waiting for a lane before the earlier one's last prompt ended
+            assert firsts[0][0] < started[later] < began[later, "prompt"] < firsts[-1][1]
+            # the lane went over as the earlier run's last row ended, not with the run: it graded
+            # while the later one prompted
+            assert seconds[0][0] < ended[earlier] and began[earlier, "criteria"] < seconds[-1][1]
+            # a run's rows became their task.json in its process as it ended: the earlier run's
+            # while the later one went on, not all of them in the command's after the last
+            assert all(ended[earlier] <= written[r] < ended[later] for r in of(earlier))
+        assert all(ended[spans[-1]] <= written[r] for r in of(spans[-1]))
     # and never more rows in flight at the agent than asked for, over both cores (a duration is
     # rounded to the millisecond)
     edges = sorted([(s, 1) for s, _ in prompts.values()] + [(e - 0.002, -1) for _, e in prompts.values()])
@@ -493,7 +498,7 @@ def test_when_the_earlier_run_of_a_core_dies_the_later_one_takes_every_lane_and_
     from agentenv_dagster.orchestration import handover
 
     monkeypatch.setattr(handover.Handover, "hand_over", lambda self: os._exit(3))  # in the forked runs
-    rows = [f"r{i:02d}" for i in range(64)]
+    rows = [f"r{i:02d}" for i in range(40)]  # 20 a core: two runs, 12 rows and 8
     path = project / "tasks" / "words.yaml"
     path.write_text(TURNS_TASK.format(rows=", ".join(f"{{id: {row}, word: hi}}" for row in rows)))
     with dg.instance_for_test() as instance:
@@ -501,7 +506,7 @@ def test_when_the_earlier_run_of_a_core_dies_the_later_one_takes_every_lane_and_
             run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
                                 shards=2, rows_in_flight=2)
         ran = instance.get_materialized_partitions(VERIFICATION)
-    assert ran == set(rows[20:32]) | set(rows[52:])  # the later runs' rows, every one
+    assert ran == set(rows[12:20]) | set(rows[32:])  # the later runs' rows, every one
     # (and, as the project fixture checks, no agent host or server is left behind)
 
 

@@ -1,13 +1,14 @@
-"""Two shard runs of a core take turns at the agent over two pipes, and a run that dies leaves
-its partner every lane (real processes, forked as the shard runs are)."""
+"""A core's shard runs take turns at the agent over two pipes a link, and a run that dies leaves
+the next every lane (real processes, forked as the shard runs are)."""
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
 import os
+import select
 
-from agentenv_dagster.orchestration.handover import Handover, pair, taking_turns
+from agentenv_dagster.orchestration.handover import Handover, chain, taking_turns
 
 
 def _earlier_run(earlier: Handover, later: Handover, go, then) -> None:
@@ -30,7 +31,7 @@ async def _until(predicate, seconds: float = 10.0) -> None:
 def test_the_later_run_takes_each_lane_handed_over_and_every_lane_when_the_earlier_run_dies():
     fork = multiprocessing.get_context("fork")
     go, then = fork.Event(), fork.Event()
-    earlier, later = pair(("prompt",))
+    earlier, later = chain(("prompt",), 2)
     child = fork.Process(target=_earlier_run, args=(earlier, later, go, then))
     child.start()
     earlier.close()  # this process's copies of the earlier run's ends, as the shards' parent does
@@ -64,7 +65,7 @@ def test_the_later_run_takes_each_lane_handed_over_and_every_lane_when_the_earli
 
 
 def test_a_later_run_s_next_gated_step_starts_with_the_lanes_it_was_handed_and_gives_back_the_rest():
-    earlier, later = pair(("prompt", "follow_up"))
+    earlier, later = chain(("prompt", "follow_up"), 2)
     for _ in range(2):
         earlier.hand_over()
 
@@ -88,3 +89,34 @@ def test_a_later_run_s_next_gated_step_starts_with_the_lanes_it_was_handed_and_g
     finally:
         earlier.close()
         later.close()
+
+
+def test_a_middle_run_says_its_prompts_began_once_it_has_a_lane_and_hands_its_lanes_on():
+    """In a chain of three, the middle run opening its prompt op starts nothing; its first lane
+    from the first run starts the last run, and the lanes it no longer needs go on to it."""
+    first, middle, last = chain(("prompt",), 3)
+    assert (first.began_r, last.began_w) == (None, None)  # the chain's ends
+
+    def began(run: Handover) -> bool:
+        return bool(select.select([run.began_r], [], [], 0.05)[0])
+
+    async def middle_prompts() -> list[int]:
+        lanes: asyncio.Queue[int] = asyncio.Queue()
+        for lane in range(2):
+            lanes.put_nowait(lane)
+        middle.prompts_begin("prompt")
+        seen = [lanes.qsize(), began(last)]
+        async with middle.lanes_handed_over(lanes):
+            first.hand_over()
+            await _until(lambda: lanes.qsize() == 1)
+            seen += [lanes.qsize(), began(last)]
+            middle.hand_over()  # a row of its own ended with none waiting
+        return seen
+
+    try:
+        assert asyncio.run(middle_prompts()) == [2, False, 1, True]
+        last.wait_for_turn()
+        assert os.read(last.lanes_r, 8) == b"l"
+    finally:
+        for run in (first, middle, last):
+            run.close()
