@@ -27,9 +27,7 @@ from ..plan import TaskPlan
 from ..reports.evaluation import evaluation_result
 from ..reports.experiment import experiment_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
-from ..reports.render import (
-    WrittenReports, prepare_reports, task_json_path, write_reports, write_suite, write_task_json,
-)
+from ..reports.render import WrittenReports, prepare_reports, write_reports, write_suite, write_task_json
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
 from ..runtime.collector import fewer_full_sweeps
@@ -124,7 +122,7 @@ def run_coder_eval_tasks(
             results += task_results
             suites += task_suites
         summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
-        reports = write_reports(out, summary, results, [task_json_path(out, r) for r in results])
+        reports = write_reports(out, summary, results, task_jsons_written=True)
         if experiment is not None:
             definition = load_coder_eval_experiment(experiment).experiment
             _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)

@@ -61,18 +61,18 @@ def prepare_reports(out_dir: Path | str, variant_id: str, task_ids: list[str], r
 
 
 def write_reports(
-    out_dir: Path | str, summary: RunSummary, results: list[EvaluationResult], task_jsons: list[Path] | None = None
+    out_dir: Path | str, summary: RunSummary, results: list[EvaluationResult], *, task_jsons_written: bool = False
 ) -> WrittenReports:
     """Write every report of one run; existing files are overwritten so a re-run refreshes them.
-    ``task_jsons``: where the results' task.json files are, when they were written already
-    (`write_task_json`, by the runs that made them)."""
+    ``task_jsons_written``: the results' task.json files are there already (`write_task_json`,
+    by the runs that made them)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = WrittenReports(
         run_json=out_dir / "run.json",
         run_md=out_dir / "run.md",
         task_html=out_dir / "task.html",
-        task_jsons=task_jsons if task_jsons is not None else [write_task_json(out_dir, r) for r in results],
+        task_jsons=[task_json_path(out_dir, r) if task_jsons_written else write_task_json(out_dir, r) for r in results],
     )
     written.run_json.write_text(summary.model_dump_json(indent=2), encoding="utf-8")
     written.run_md.write_text(_render("run.md", summary, results), encoding="utf-8")
