@@ -12,7 +12,10 @@ agent are gated (``GATED_STEP_TYPES``).
 Two pipes join each link of the chain, made before the processes fork: "my prompts began" (a
 byte, or the end of the pipe), and a byte for each lane handed over. However the earlier run
 ends (done, failed, killed), its ends close and the later run sees the end of both pipes: it
-goes on with every lane, so a dying run cannot leave the next waiting.
+goes on with the lanes the runs before that one hand over (the last run of three also holds the
+read end of the first link's lanes pipe, for when the middle run dies while the first still
+prompts), and with every lane once none is left to come: a dying run cannot leave the next
+waiting, nor give it lanes an earlier run still holds.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterator, Sequence
 
 GATED_STEP_TYPES = frozenset({"prompt_agent"})
@@ -29,16 +32,27 @@ GATED_STEP_TYPES = frozenset({"prompt_agent"})
 @dataclass
 class Handover:
     """One run's ends of its links' pipes: to the next run (``began_w``, ``lanes_w``) and from
-    the one before (``began_r``, ``lanes_r``); ``gated`` are its plan's gated steps, in plan
-    order."""
+    the one before (``began_r``, ``lanes_r``), then the read ends of the lanes pipes into the
+    runs before that one, nearest first (``lanes_beyond``: where lanes come from once the run
+    before has ended); ``gated`` are its plan's gated steps, in plan order."""
 
     gated: tuple[str, ...]
     began_w: int | None = None
     lanes_w: int | None = None
     began_r: int | None = None
     lanes_r: int | None = None
+    lanes_beyond: list[int] = field(default_factory=list)
     received: int = 0  # lanes handed over to this (later) run so far
-    ended: bool = False  # the earlier run will hand over no more: every lane is this run's
+    sources_ended: int = 0  # of lanes_r and lanes_beyond, how many pipes have ended
+
+    @property
+    def ended(self) -> bool:
+        """No earlier run will hand over more: every lane is this run's."""
+        return not self._sources()
+
+    def _sources(self) -> list[int]:
+        """The lanes pipes still to read, in turn: from the run before, then from those before it."""
+        return [] if self.lanes_r is None else [self.lanes_r, *self.lanes_beyond][self.sources_ended:]
 
     def waits_at(self, step_id: str) -> bool:
         return self.lanes_r is not None and step_id in self.gated
@@ -73,17 +87,22 @@ class Handover:
                 os.write(self.lanes_w, b"l")
 
     def close(self) -> None:
-        """Every end still open: the later run sees the end of the pipes and takes every lane."""
+        """Every end still open: the later run sees the end of the pipes and takes every lane
+        the runs before it no longer hold."""
         for name in ("began_w", "lanes_w", "began_r", "lanes_r"):
             fd = getattr(self, name)
             if fd is not None:
                 os.close(fd)
                 setattr(self, name, None)
+        while self.lanes_beyond:
+            os.close(self.lanes_beyond.pop())
 
     @contextlib.asynccontextmanager
     async def lanes_handed_over(self, lanes: asyncio.Queue) -> AsyncIterator[None]:
         """The later run, at a gated step: of the lanes in ``lanes``, only those handed over so
-        far; the others as they are handed over (all of them at the end of the pipe)."""
+        far; the others as they are handed over (all of them once every pipe they come by has
+        ended). A run before that ends with lanes it was handed and did not hand on (it died)
+        leaves them unused until the runs before it are done: the core's lanes stay its share."""
         held = [lanes.get_nowait() for _ in range(lanes.qsize())]
 
         def release(count: int) -> None:
@@ -94,36 +113,40 @@ class Handover:
 
         release(len(held) if self.ended else self.received)
         loop = asyncio.get_running_loop()
-        fd = None if self.ended or self.lanes_r is None else self.lanes_r
 
         def readable() -> None:
+            fd = self._sources()[0]
             data = os.read(fd, 64)
             if data:
                 self.received += len(data)
                 release(len(data))
                 return
-            self.ended = True
             loop.remove_reader(fd)
-            release(len(held))
+            self.sources_ended += 1
+            if self.ended:
+                release(len(held))
+            else:  # the run before ended: the lanes the one before it hands over are this run's
+                loop.add_reader(self._sources()[0], readable)
 
-        if fd is not None:
-            loop.add_reader(fd, readable)
+        if not self.ended:
+            loop.add_reader(self._sources()[0], readable)
         try:
             yield
         finally:
-            if fd is not None and not self.ended:
-                loop.remove_reader(fd)
+            if not self.ended:
+                loop.remove_reader(self._sources()[0])
             for lane in held:  # never used: back, for their owner to close
                 lanes.put_nowait(lane)
 
 
 def chain(gated: tuple[str, ...], runs: int) -> list[Handover]:
     """A core's ``runs`` runs in the order they take turns, each joined to the next by two new
-    pipes."""
+    pipes, and holding the read ends of the lanes pipes into the runs before the one before it."""
     chained = [Handover(gated) for _ in range(runs)]
     for earlier, later in zip(chained, chained[1:]):
         later.began_r, earlier.began_w = os.pipe()
         later.lanes_r, earlier.lanes_w = os.pipe()
+        later.lanes_beyond = [os.dup(fd) for fd in (earlier.lanes_r, *earlier.lanes_beyond) if fd is not None]
     return chained
 
 

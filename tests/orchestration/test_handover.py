@@ -1,5 +1,6 @@
 """A core's shard runs take turns at the agent over two pipes a link, and a run that dies leaves
-the next every lane (real processes, forked as the shard runs are)."""
+the next every lane the runs before it no longer hold (real processes, forked as the shard runs
+are)."""
 
 from __future__ import annotations
 
@@ -120,3 +121,66 @@ def test_a_middle_run_says_its_prompts_began_once_it_has_a_lane_and_hands_its_la
     finally:
         for run in (first, middle, last):
             run.close()
+
+
+def _middle_run(middle: Handover, every, lanes: int, then) -> None:
+    """The middle run: once the first run's prompts began, it takes ``lanes`` lanes, hands one
+    on, and dies holding the others."""
+    async def prompts() -> None:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        for lane in range(4):
+            queue.put_nowait(lane)
+        async with middle.lanes_handed_over(queue):  # its first lane says its prompts began
+            await _until(lambda: queue.qsize() == lanes)
+            middle.hand_over()
+            then.wait(10)
+            os._exit(0)
+
+    with taking_turns(middle, every):
+        asyncio.run(prompts())
+
+
+def test_when_the_middle_run_dies_the_last_takes_only_the_lanes_the_first_no_longer_holds():
+    """Four lanes: the first run hands two to the middle run, which hands one on and dies. The
+    last run goes on with that one (the middle run's other lane is not counted on), then with
+    each lane the first run hands over, and with all four once the first run is done: never more
+    lanes at the agent than the core's four."""
+    fork = multiprocessing.get_context("fork")
+    then = fork.Event()
+    first, middle, last = every = chain(("prompt",), 3)
+    child = fork.Process(target=_middle_run, args=(middle, every, 2, then))
+    child.start()
+    middle.close()  # this process's copies, as the shards' parent does: here it is the first and last runs
+    try:
+        first.prompts_begin("prompt")
+        first.hand_over()
+        first.hand_over()
+
+        async def lanes_of_the_last_run() -> list[int]:
+            lanes: asyncio.Queue[int] = asyncio.Queue()
+            for lane in range(4):
+                lanes.put_nowait(lane)
+            seen = []
+            async with last.lanes_handed_over(lanes):
+                await _until(lambda: lanes.qsize() == 1)  # the one the middle run handed on
+                then.set()  # it dies with the other
+                await _until(lambda: not child.is_alive())
+                await asyncio.sleep(0.2)  # the end of its pipe read
+                seen.append(lanes.qsize())
+                first.hand_over()
+                await _until(lambda: lanes.qsize() == 2)
+                seen.append(lanes.qsize())
+                first.close()  # the first run is done: no lane is held before the last run
+                await _until(lambda: lanes.qsize() == 4)
+                seen.append(lanes.qsize())
+            return seen
+
+        last.wait_for_turn()  # once the middle run has its first lane
+        assert asyncio.run(lanes_of_the_last_run()) == [1, 2, 4]
+        assert (last.received, last.ended) == (2, True)
+    finally:
+        then.set()
+        child.join(10)
+        for run in every:
+            run.close()
+    assert child.exitcode == 0
