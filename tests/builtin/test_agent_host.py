@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -152,3 +155,30 @@ def test_an_agent_process_wraps_a2a_methods_in_spans_only_when_tracing_is_on(tra
     assert handler[-1] == "DefaultRequestHandlerV2.on_message_send" and queue[-1] == "EventQueueSource.enqueue_event"
     spans = "trace_function.<locals>.async_wrapper"
     assert (spans in handler, spans in queue) == (traced, traced)
+
+
+async def test_the_host_ends_at_sigterm_without_waiting_for_what_it_still_runs(tmp_path):
+    """SIGTERM is a run's teardown: the host ends then, its request still running cut off, not
+    after uvicorn's graceful shutdown has let that request finish (its agent sleeps 30 s)."""
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    server = spawn_server("agentenv_dagster.builtin.agents", ["host"], workdir=tmp_path / "host", ttl_seconds=120,
+                          env={"PYTHONPATH": pythonpath})
+    slow = {"kind": "replay", "episodes": [{"match": ".", "reply": "late", "actions": [
+        {"write_file": "started.txt", "content": "yes"}, {"sleep": 30}]}]}
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            url = (await http.post(f"{server.url}/agents", json={
+                "id": "s", "sandbox": str(tmp_path / "s"), "config": slow})).json()["url"]
+            sending = asyncio.ensure_future(A2AClient(http).send_and_wait(url, "go", timeout_seconds=60))
+            while not (tmp_path / "s" / "started.txt").exists():
+                assert not sending.done()
+                await asyncio.sleep(0.02)
+            os.kill(server.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10  # (against the agent's 30 s)
+            while is_running(server.pid) and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert not is_running(server.pid)
+            with pytest.raises(httpx.TransportError):
+                await sending
+    finally:
+        terminate(server.pid)
