@@ -52,7 +52,7 @@ from typing import Any, Collection, Iterator
 
 import sqlalchemy as db
 import yaml
-from dagster import AssetKey
+from dagster import AssetKey, BoolMetadataValue, FloatMetadataValue, IntMetadataValue, JsonMetadataValue, TextMetadataValue
 from dagster._core.events import DagsterEventType
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -266,10 +266,26 @@ def _metadata(event: str, labels: Collection[str]) -> dict[str, Any]:
     Dagster's way."""
     try:
         entries = json.loads(event)["dagster_event"]["event_specific_data"]["materialization"]["metadata_entries"]
-        return {e["label"]: unpack_value(e["entry_data"]) for e in entries if e["label"] in labels}
+        return {e["label"]: _unpacked(e["entry_data"]) for e in entries if e["label"] in labels}
     except (KeyError, TypeError):
         metadata = deserialize_value(event, EventLogEntry).asset_materialization.metadata
         return {label: value for label, value in metadata.items() if label in labels}
+
+
+# The metadata values a verification carries, by their stored class, and the field holding the
+# value. JSON comes back as it was stored: serdes unpacks the objects in it, then packs them again.
+_PLAIN_VALUES = {"BoolMetadataEntryData": (BoolMetadataValue, "value"), "FloatMetadataEntryData": (FloatMetadataValue, "value"),
+                 "IntMetadataEntryData": (IntMetadataValue, "value"), "TextMetadataEntryData": (TextMetadataValue, "text"),
+                 "JsonMetadataEntryData": (JsonMetadataValue, "data")}
+
+
+def _unpacked(packed: dict[str, Any]) -> Any:
+    """``unpack_value(packed)``, built directly for a plain value (a quarter of the CPU: a
+    suite reads three a row), Dagster's way for any other."""
+    kind, field = _PLAIN_VALUES.get(packed.get("__class__"), (None, ""))
+    if kind is None or packed.keys() != {"__class__", field}:
+        return unpack_value(packed)
+    return kind(packed[field])
 
 
 def _record_check_execution(conn: db.engine.Connection, event: EventLogEntry, event_id: int, row: dict) -> None:
