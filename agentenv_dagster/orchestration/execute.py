@@ -20,6 +20,7 @@ from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
 from ..plan import TaskPlan
 from ..runtime.collector import fewer_full_sweeps
+from .compute_logs import compute_logs_yaml
 from .definitions import build_job, run_config
 from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY
@@ -67,8 +68,9 @@ DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\ncode_serve
 
 
 def dagster_yaml(home: Path) -> str:
-    """The project instance's settings: no telemetry or UI prompts, the local storage."""
-    return DAGSTER_YAML + local_storage_yaml(home)
+    """The project instance's settings: no telemetry or UI prompts, the local storage and
+    compute logs."""
+    return DAGSTER_YAML + local_storage_yaml(home) + compute_logs_yaml(home)
 
 
 def project_dagster_home(config: AgentEnvConfig) -> Path:
