@@ -36,6 +36,10 @@ from dagster._utils import ensure_file, touch_file
 class LocalComputeLogs(LocalComputeLogManager):
     """``LocalComputeLogManager`` whose mirror is a ``tail --pid`` alone, where GNU tail is."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        tail_ends_with_its_process()  # asked once, as the instance opens: the runs forked from it know
+
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData | None, config_value: Any) -> LocalComputeLogs:
         return cls(inst_data=inst_data, **config_value)
