@@ -2,7 +2,8 @@
 
 Shared by every embedded server (envs and agents): bind port 0, write the URL to the ready
 file once listening, exit at SIGTERM (at once: it is a run's teardown) or when the TTL runs
-out (the last line of defence against leaks). ``fork_and_serve`` serves several from one import (``fork_servers``).
+out (the last line of defence against leaks). ``fork_and_serve`` serves several from one
+import (``fork_servers``).
 """
 
 from __future__ import annotations

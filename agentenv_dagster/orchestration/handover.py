@@ -32,9 +32,9 @@ GATED_STEP_TYPES = frozenset({"prompt_agent"})
 @dataclass
 class Handover:
     """One run's ends of its links' pipes: to the next run (``began_w``, ``lanes_w``) and from
-    the one before (``began_r``, ``lanes_r``), then the read ends of the lanes pipes into the
-    runs before that one, nearest first (``lanes_beyond``: where lanes come from once the run
-    before has ended); ``gated`` are its plan's gated steps, in plan order."""
+    the one before (``began_r``, ``lanes_r``); the read ends of the lanes pipes into the run
+    before and those before it, nearest first (``lanes_beyond``: where lanes come from once
+    the run before has ended); ``gated`` are its plan's gated steps, in plan order."""
 
     gated: tuple[str, ...]
     began_w: int | None = None
@@ -141,7 +141,7 @@ class Handover:
 
 def chain(gated: tuple[str, ...], runs: int) -> list[Handover]:
     """A core's ``runs`` runs in the order they take turns, each joined to the next by two new
-    pipes, and holding the read ends of the lanes pipes into the runs before the one before it."""
+    pipes, each later one also holding the read ends of the lanes pipes into the runs before it."""
     chained = [Handover(gated) for _ in range(runs)]
     for earlier, later in zip(chained, chained[1:]):
         later.began_r, earlier.began_w = os.pipe()

@@ -52,7 +52,14 @@ from typing import Any, Collection, Iterator
 
 import sqlalchemy as db
 import yaml
-from dagster import AssetKey, BoolMetadataValue, FloatMetadataValue, IntMetadataValue, JsonMetadataValue, TextMetadataValue
+from dagster import (
+    AssetKey,
+    BoolMetadataValue,
+    FloatMetadataValue,
+    IntMetadataValue,
+    JsonMetadataValue,
+    TextMetadataValue,
+)
 from dagster._core.events import DagsterEventType
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -274,9 +281,11 @@ def _metadata(event: str, labels: Collection[str]) -> dict[str, Any]:
 
 # The metadata values a verification carries, by their stored class, and the field holding the
 # value. JSON comes back as it was stored: serdes unpacks the objects in it, then packs them again.
-_PLAIN_VALUES = {"BoolMetadataEntryData": (BoolMetadataValue, "value"), "FloatMetadataEntryData": (FloatMetadataValue, "value"),
-                 "IntMetadataEntryData": (IntMetadataValue, "value"), "TextMetadataEntryData": (TextMetadataValue, "text"),
-                 "JsonMetadataEntryData": (JsonMetadataValue, "data")}
+_PLAIN_VALUES = {
+    "BoolMetadataEntryData": (BoolMetadataValue, "value"), "FloatMetadataEntryData": (FloatMetadataValue, "value"),
+    "IntMetadataEntryData": (IntMetadataValue, "value"), "TextMetadataEntryData": (TextMetadataValue, "text"),
+    "JsonMetadataEntryData": (JsonMetadataValue, "data"),
+}
 
 
 def _unpacked(packed: dict[str, Any]) -> Any:
