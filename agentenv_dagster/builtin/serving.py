@@ -53,10 +53,12 @@ async def _serve(app, args: argparse.Namespace, on_ready) -> None:
     if on_ready is not None:
         on_ready(url)
     _announce(args.ready_file, url)
-    # SIGTERM is a run's teardown, which waits for the server to end: end now. uvicorn's
-    # graceful shutdown ticks in 0.1 s steps (~0.15-0.2 s a server, on every run's teardown)
-    # for requests the torn-down run no longer waits on, and an embedded server keeps nothing.
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _end_now)
+    # SIGTERM is a run's teardown, which waits for the server to end: end now (``_end``), not
+    # after uvicorn's graceful shutdown, which ticks in 0.1 s steps (~0.15-0.2 s a server, on
+    # every run's teardown) and lets requests the torn-down run no longer waits on finish.
+    loop = asyncio.get_running_loop()
+    spared = {asyncio.current_task(), serving}
+    loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(_end(spared)))
     try:
         await asyncio.wait_for(asyncio.shield(serving), timeout=args.ttl_seconds)
     except asyncio.TimeoutError:
@@ -64,7 +66,19 @@ async def _serve(app, args: argparse.Namespace, on_ready) -> None:
         await serving
 
 
-def _end_now() -> NoReturn:
+END_GRACE_SECONDS = 3.0  # under the teardown's 5 s before it kills the process group
+
+
+async def _end(spared: set[asyncio.Task]) -> NoReturn:
+    """The process's end at SIGTERM: what still runs (a request, an agent's task) is
+    cancelled, so its own clean-up runs (a coding agent stops its CLI's process group, which
+    is not the server's) for up to ``END_GRACE_SECONDS``; then the process exits. The server
+    itself (``spared``) is not wound down: nothing of it outlives the process."""
+    running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task() and task not in spared]
+    for task in running:
+        task.cancel()
+    if running:
+        await asyncio.wait(running, timeout=END_GRACE_SECONDS)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -7,10 +7,12 @@ work in their sandbox folder, beside the real item-store env over MCP."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import os
 import shutil
+import signal
 import stat
 import sys
 import textwrap
@@ -180,7 +182,7 @@ FAKE_CODEX = textwrap.dedent('''\
     prompt = sys.stdin.read()
     with open(os.environ["FAKE_CODEX_LOG"], "a") as log:
         log.write(json.dumps({{"argv": sys.argv[1:], "stdin": prompt, "cwd": os.getcwd(),
-                              "path": os.environ["PATH"]}}) + "\\n")
+                              "path": os.environ["PATH"], "pid": os.getpid()}}) + "\\n")
     for line in open(os.environ["FAKE_CODEX_EVENTS"]):
         event = json.loads(line)
         item = event.get("item") or {{}}
@@ -305,6 +307,34 @@ async def test_a_failed_codex_turn_fails_the_task_with_its_message(a2a, provide,
 
     assert reply.state == "failed" and reply.data["error_type"] == "CodexError"
     assert reply.data["error_message"] == "codex turn failed: unexpected status 401 Unauthorized"
+
+
+async def test_a_codex_run_still_going_at_the_teardown_is_stopped_with_its_host(a2a, provide, fake_codex, item_store,
+                                                                                 tmp_path):
+    """The teardown's SIGTERM ends the host at once, and the codex CLI it runs (in a process
+    group of its own, which the teardown's signals do not reach) is stopped first, not left
+    to run on."""
+    log = fake_codex([{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+                      {"type": "sleep", "seconds": 60}])
+    provider = provide(AgentEntry(kind="codex"))
+    url, card = await deploy(a2a, provider, tmp_path / "ws", item_store)
+    sending = asyncio.ensure_future(a2a.send_and_wait(url, "Take your time", timeout_seconds=90))
+    while not log.exists():
+        assert not sending.done()
+        await anyio.sleep(0.05)
+    codex = json.loads(log.read_text().splitlines()[0])["pid"]
+    try:
+        assert is_running(codex)
+        assert provider.teardown()  # what was running: the host
+        deadline = anyio.current_time() + 10  # (against the CLI's 60 s)
+        while is_running(codex) and anyio.current_time() < deadline:
+            await anyio.sleep(0.05)
+        assert not is_running(codex)
+        with pytest.raises(httpx.TransportError):
+            await sending
+    finally:
+        if is_running(codex):  # (the test failed: nothing of it is left running)
+            os.killpg(codex, signal.SIGKILL)
 
 
 # --- deploy-time checks ----------------------------------------------------------------------
