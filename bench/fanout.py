@@ -19,8 +19,9 @@ steadier than wall time on a shared machine), divided by the cores: the wall tim
 would take with no waiting at all, against the ideal. Where that is near or above 1.2 the
 machine's cores, not the waiting, bound both tools (``--latency 1.0`` asks for a fifth of the
 CPU a second). Then, from the runs' event logs, where agentenv_dagster's time went: when the
-runs started, each op's span over every shard run (the first op also waits for the run's agent
-host to come up), the suite asset's run and the command's work after the runs, and how close
+runs started, each op's span over every shard run (the agent op also waits for the run's agent
+host, forked as the runs start, to come up), the suite asset's run and the command's work after
+the runs, and how close
 the prompts alone came to their ideal. Needs ``pip install -e '.[bench]'``.
 
     python bench/fanout.py [--rows 1000] [--latency 0.2] [--in-flight 32]

@@ -8,7 +8,8 @@ that thread as it ends; the deploy_agent op then finds its host in the run's led
 cannot start ahead (or fails to) is left to the step, which starts it or says why.
 
 The shard runs of a dataset go further: their hosts are forked from one import as the runs
-start (``forked_shard_hosts``), and each run adopts its own instead of starting it.
+start (``forked_shard_hosts``), and each run's deploy_agent op adopts its own instead of
+starting it (the ops before do not wait for it: it is coming up already).
 """
 
 from __future__ import annotations

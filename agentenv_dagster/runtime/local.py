@@ -221,12 +221,14 @@ class LocalProvider:
         """Find or start the host that ``deploy_agent(agent_id, ...)`` will use, ahead of the
         step (its start, most of a second, then overlaps the steps before). False when that
         host cannot be known ahead: a coding CLI's agent (its checks belong to its step), or
-        an agent its step would refuse (the step says why)."""
+        an agent its step would refuse (the step says why). A host forked for this run is
+        starting already: its step adopts it, and the steps before do not wait for it."""
         try:
             env = None if self.ledger.closed else self.agent_host_env(agent_id, env_vars, overrides)
             if env is None:
                 return False
-            self._agent_host(env, ttl_seconds)
+            if _forked_for_this_run(agent_host_id(env)) is None:
+                self._agent_host(env, ttl_seconds)
         except DeploymentError:
             return False
         return True
@@ -310,13 +312,13 @@ class LocalProvider:
     def _adopt_forked_host(self, host_id: str) -> ServerProcess | None:
         """The host forked ahead for this process's run (``FORKED_HOSTS_ENV``), if it has
         this environment and came up; else None, and the run starts its own."""
-        forked = json.loads(os.environ.get(FORKED_HOSTS_ENV) or "{}")
-        folder = (forked.get("hosts") or {}).get(host_id)
-        if folder is None or folder in _ADOPTED:
+        forked = _forked_for_this_run(host_id)
+        if forked is None:
             return None
+        starter, folder = forked
         _ADOPTED.add(folder)  # one run adopts it, once
         try:
-            server = adopt_server(Path(folder), forked["starter"])
+            server = adopt_server(Path(folder), starter)
         except ServerStartError as exc:
             log.warning("the agent host forked ahead is not used, the run starts its own: %s", exc)
             return None
@@ -476,6 +478,14 @@ class LocalProvider:
 # the forked hosts' folders this process has adopted: each once (one that has died since
 # left its ready file behind, and is not adopted again)
 _ADOPTED: set[str] = set()
+
+
+def _forked_for_this_run(host_id: str) -> tuple[int, str] | None:
+    """(its starter's pid, its folder) of the host with this id forked ahead for this process's
+    run (``FORKED_HOSTS_ENV``) and not adopted yet; else None."""
+    forked = json.loads(os.environ.get(FORKED_HOSTS_ENV) or "{}")
+    folder = (forked.get("hosts") or {}).get(host_id)
+    return None if folder is None or folder in _ADOPTED else (forked["starter"], folder)
 
 
 def agent_host_id(env: dict[str, str]) -> str:

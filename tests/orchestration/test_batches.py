@@ -403,6 +403,9 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
                 for r in rows_runs(instance))
             run_ids = [r.run_id for r in rows_runs(instance)]
             ended = [instance.get_run_record_by_id(run_id).end_time for run_id in run_ids]
+            agent_op_began = {run_id: next(e.timestamp for e in instance.all_logs(run_id) if e.dagster_event and
+                                           e.dagster_event.event_type_value == "STEP_START" and e.step_key == "agent")
+                              for run_id in run_ids}
             assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
     finally:
         release.set()
@@ -413,6 +416,11 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
     state = project / ".agentenv" / "state"
     hosts = [e["pid"] for run_id in run_ids for e in Ledger.of_run(state / "runs" / run_id).entries().values() if e["pid"]]
     assert len(hosts) == 2 and sorted(hosts) == sorted(forked_hosts(state))
+    # adopted by the run's deploy_agent op, not waited for by the ops before it
+    for run_id in run_ids:
+        ledger = Ledger.of_run(state / "runs" / run_id)
+        (host,) = [iid for iid, e in ledger.entries().items() if e["pid"]]
+        assert (ledger.folder / f"{host}.json").stat().st_mtime > agent_op_began[run_id]
     # the rows' report folders were made here while the shards ran, with what CPU they left
     # idle (the lowest priority, in a thread of its own), and the reports filled them
     ((made, pid, priority, task_ids),) = folders_made
