@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import select
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -41,8 +43,8 @@ from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import opened_instance
 from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
-from .shards import beside, run_rows
-from .suites import latest_row_results, suite_asset
+from .shards import Ahead, ahead, beside, run_rows
+from .suites import latest_row_results, read_suite_rows, suite_asset
 from .translator import TaskTranslator
 
 
@@ -200,8 +202,41 @@ def _run_task(
     suite_assets: list[Callable[[], None]], *, rows_in_flight: int | None, shards: int,
 ) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
     """One task's results (every variant and replicate) and its suites (a dataset's, per
-    variant); its suite asset materializes beside what follows the runs, and the wait for it
-    joins ``suite_assets`` at once (the caller waits, whatever is raised meanwhile)."""
+    variant); its suite asset materializes beside what follows the runs (its process forked
+    ahead of them where it can be), and the wait for it joins ``suite_assets`` at once (the
+    caller waits, whatever is raised meanwhile); when the runs raise, there is none."""
+    task = task_run.loaded.task
+    suite_ahead = _suite_assets_ahead(task_run, config, instance)
+    try:
+        runs = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight, shards=shards)
+    except BaseException:  # the rows did not all run: no suite
+        if suite_ahead is not None:
+            suite_ahead.stop()
+        raise
+    suite_assets.append(suite_ahead.go() if suite_ahead is not None else _suite_assets_beside(task_run, config, instance))
+    results = [result for finished in runs for result in finished.values()]
+    suites = []
+    if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
+        for variant in task_run.variants:
+            variant_id = variant.variant_id or "default"
+            thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
+            rows = [r for r in results if r.variant_id == variant_id]
+            if variant.kept:  # --failed-only: the rows not run again count as they last ran (the suite asset's view)
+                with opened_instance(config, instance) as active:
+                    kept = latest_row_results(variant.plan, active, variant.kept, task.task_id, variant.variant_id)
+                rows = _in_dataset_order(task.task_id, variant.plan, kept + rows)
+            suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
+            write_suite(out / variant_id / task.task_id, suite)
+            suites.append(suite)
+    return results, suites
+
+
+def _rows_runs(
+    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
+    rows_in_flight: int | None, shards: int,
+) -> list[dict[str, Any]]:
+    """Each variant's and replicate's rows run (``run_rows``), each row finished as its
+    task.json record."""
     task, path = task_run.loaded.task, task_run.loaded.source
     runs = []
     for variant in task_run.variants:
@@ -220,22 +255,7 @@ def _run_task(
                 variant.plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
                 shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"),
                 meanwhile=reports_ahead, finish=row_result))
-    suite_assets.append(_suite_assets_beside(task_run, config, instance))
-    results = [result for finished in runs for result in finished.values()]
-    suites = []
-    if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
-        for variant in task_run.variants:
-            variant_id = variant.variant_id or "default"
-            thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
-            rows = [r for r in results if r.variant_id == variant_id]
-            if variant.kept:  # --failed-only: the rows not run again count as they last ran (the suite asset's view)
-                with opened_instance(config, instance) as active:
-                    kept = latest_row_results(variant.plan, active, variant.kept, task.task_id, variant.variant_id)
-                rows = _in_dataset_order(task.task_id, variant.plan, kept + rows)
-            suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
-            write_suite(out / variant_id / task.task_id, suite)
-            suites.append(suite)
-    return results, suites
+    return runs
 
 
 @dataclass(frozen=True)
@@ -290,16 +310,50 @@ def _suite_assets_beside(task_run: _TaskRun, config: AgentEnvConfig,
     return beside(_materialize_suites_of_ref, task_run, config, instance.get_ref())
 
 
+READ_AHEAD_SECONDS = 1.0  # how often a suite's process forked ahead reads the rows that have landed
+
+
+def _suite_assets_ahead(task_run: _TaskRun, config: AgentEnvConfig,
+                        instance: dg.DagsterInstance | None) -> Ahead | None:
+    """The process of the task's suite asset run, forked before the rows' runs where it can be
+    (``ahead``): it reads their verifications as they land, so that once told the rows have run,
+    its Dagster run reads only the last ones back (and its fork and the instance's opening are
+    behind it). None where the suite goes on after the runs (``_suite_assets_beside``)."""
+    if task_run.loaded.task.dataset is None or not any(v.keys for v in task_run.variants):
+        return None
+    if instance is not None and not instance.is_persistent:
+        return None
+    # opened here first: a new SQLite instance creates its tables on opening, and two processes
+    # doing that at once collide ("table runs already exists")
+    with opened_instance(config, instance) as opened:
+        return ahead(_materialize_suites_when_told, task_run, config, opened.get_ref())
+
+
+def _materialize_suites_when_told(task_run: _TaskRun, config: AgentEnvConfig, ref, told: int) -> None:
+    """Read the suites' rows every ``READ_AHEAD_SECONDS`` until told (``Ahead``), then
+    materialize them if told to go on."""
+    with dg.DagsterInstance.from_ref(ref) as instance:
+        while not select.select([told], [], [], READ_AHEAD_SECONDS)[0]:
+            for plan, variants in _suite_jobs(task_run):
+                read_suite_rows(plan, instance, variants)
+        if os.read(told, 1):
+            _materialize_suites(task_run, config, instance)
+
+
 def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> None:
     """The suite asset of the task's job (under an experiment, of each job its variants ran in)."""
-    if task_run.grouped:
-        jobs: dict[str, list[_VariantRun]] = {}
-        for variant in task_run.variants:
-            jobs.setdefault(variant.plan.task_id, []).append(variant)
-        for runs in jobs.values():
-            materialize_suite(runs[0].plan, config, instance, [v.variant_id for v in runs])
-    else:
-        materialize_suite(task_run.variants[0].plan, config, instance)
+    for plan, variants in _suite_jobs(task_run):
+        materialize_suite(plan, config, instance, variants)
+
+
+def _suite_jobs(task_run: _TaskRun) -> list[tuple[TaskPlan, list[str] | None]]:
+    """Each job the task's variants ran in, with those variants (None: the task's own job)."""
+    if not task_run.grouped:
+        return [(task_run.variants[0].plan, None)]
+    jobs: dict[str, list[_VariantRun]] = {}
+    for variant in task_run.variants:
+        jobs.setdefault(variant.plan.task_id, []).append(variant)
+    return [(runs[0].plan, [v.variant_id for v in runs]) for runs in jobs.values()]
 
 
 def _materialize_suites_of_ref(task_run: _TaskRun, config: AgentEnvConfig, ref) -> None:

@@ -137,6 +137,41 @@ def beside(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
     return _forked(fn, *args)
 
 
+class Ahead:
+    """A process forked ahead of what it must wait for (``ahead``): ``go()`` tells it to go on
+    and returns the wait for it; ``stop()`` tells it not to, and waits for it to end."""
+
+    def __init__(self, told: int, wait: Callable[[], Any]) -> None:
+        self._told, self._wait = told, wait
+
+    def go(self) -> Callable[[], Any]:
+        with contextlib.suppress(BrokenPipeError):  # it has ended: its wait says why
+            os.write(self._told, b"g")
+        os.close(self._told)
+        return self._wait
+
+    def stop(self) -> None:
+        os.close(self._told)  # the end of the pipe, once the processes forked since have ended too
+        self._wait()
+
+
+def ahead(fn: Callable[..., None], *args: Any) -> Ahead | None:
+    """``fn(*args, told)`` in a process forked now, where forking is safe (else None): ``told``
+    is the read end of a pipe, where a byte says go on and the end of the pipe says stop (the
+    processes forked after it hold the write end too, until they end)."""
+    if not _forks_safely():
+        return None
+    told, tell = os.pipe()
+    wait = _forked(_told_by, fn, args, told, tell)
+    os.close(told)
+    return Ahead(tell, wait)
+
+
+def _told_by(fn: Callable[..., None], args: tuple, told: int, tell: int) -> None:
+    os.close(tell)  # only the parent tells
+    fn(*args, told)
+
+
 def _forked(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
     """``fn(*args)`` in a process forked now; what it returns is the wait for its result."""
     receive, send = multiprocessing.Pipe(duplex=False)

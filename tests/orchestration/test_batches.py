@@ -23,7 +23,7 @@ from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
 from agentenv_dagster.orchestration.execute import dagster_yaml, execute_plan
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG, ROWS_TAG
-from agentenv_dagster.orchestration.shards import ForkedTraceback, beside
+from agentenv_dagster.orchestration.shards import ForkedTraceback, ahead, beside
 from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
 from agentenv_dagster.reports.models import EvaluationResult
 from agentenv_dagster.reports.render import task_json_path
@@ -409,7 +409,7 @@ def test_shards_are_concurrent_runs_over_slices_of_the_rows(project, other_threa
             assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
     finally:
         release.set()
-    # forked: the two shards, then the suite asset's run beside the reports (else in this process)
+    # forked: the suite asset's run, ahead of the shards, then the shards (else in this process)
     assert methods == (["forkserver"] if other_thread else ["fork", "fork"])
     assert runs == [("r1", "r2"), ("r3", None)]  # a slice of one row is a plain partition run
     # each run's agent host is one forked for it from one import as the runs started
@@ -517,7 +517,9 @@ def test_when_the_earlier_run_of_a_core_dies_the_later_one_takes_every_lane_and_
             run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
                                 shards=2, rows_in_flight=2)
         ran = instance.get_materialized_partitions(VERIFICATION)
+        suite = instance.get_latest_materialization_event(dg.AssetKey(["suites", "words"]))
     assert ran == set(rows[12:20]) | set(rows[32:])  # the later runs' rows, every one
+    assert suite is None  # its process, forked ahead, was told to stop: not every row ran
     # (and, as the project fixture checks, no agent host or server is left behind)
 
 
@@ -581,6 +583,35 @@ def test_beside_runs_in_a_forked_process_and_its_wait_raises_what_it_raised(tmp_
     assert "in _refuse" in str(raised.value.__cause__)
     with pytest.raises(RuntimeError, match="Local: no way back"):  # what does not pickle comes back as its text
         beside(_refuse_unpicklably)()
+
+
+def _until_told(path, told: int) -> None:
+    """Writes what it was told: to go on, or to stop."""
+    path.write_text("go" if os.read(told, 1) else "stop")
+
+
+def test_a_process_forked_ahead_goes_on_when_told_and_ends_when_told_to_stop(tmp_path):
+    """The suite's process is forked before the rows' runs: it goes on once told the runs are
+    done, and does nothing when the runs raise (the end of the pipe); a process forked after
+    it holds the pipe too, and its end counts only once that one has ended."""
+    started = ahead(_until_told, tmp_path / "told")
+    assert not (tmp_path / "told").exists()
+    wait = started.go()
+    wait()
+    assert (tmp_path / "told").read_text() == "go"
+    stopped = ahead(_until_told, tmp_path / "stopped")
+    later = beside(_write_pid, tmp_path / "pid")  # forked after it, and ended before the stop
+    later()
+    stopped.stop()
+    assert (tmp_path / "stopped").read_text() == "stop"
+    release = threading.Event()
+    waiting = threading.Thread(target=release.wait)
+    waiting.start()
+    try:
+        assert ahead(_until_told, tmp_path / "never") is None  # not forked while another thread runs
+    finally:
+        release.set()
+        waiting.join()
 
 
 def test_beside_runs_in_this_process_while_another_thread_runs(tmp_path):

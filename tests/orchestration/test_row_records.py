@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
+import sqlalchemy
 
 from agentenv_dagster.orchestration.execute import dagster_yaml
 from agentenv_dagster.orchestration.rows import latest_metadata, latest_replicates
@@ -73,3 +74,19 @@ def test_the_local_storage_reads_what_dagster_reads_back(tmp_path):
         newest[r.partition_key] = dict(r.asset_materialization.metadata)
     assert lean == newest
     assert set(lean["a"]) == set(every) - {"odd", "none"} and set(lean["c"]) == {"odd", "none", "replicate", "format"}
+
+
+def test_the_local_storage_reads_each_materialization_s_metadata_once(tmp_path):
+    """A stored event does not change, so the local storage keeps what it has read: a suite's
+    process forked ahead reads the rows as they land, and its run reads only the last ones."""
+    (tmp_path / "dagster.yaml").write_text(dagster_yaml(tmp_path))
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        for i, row in enumerate(["a", "b"]):
+            materialize(instance, row, 0, i / 2)
+        first = latest_metadata(instance, KEY, ["a", "b"], LABELS)
+        with instance.event_log_storage.index_connection() as conn:  # their events unreadable from now on
+            conn.execute(sqlalchemy.text("UPDATE event_logs SET event = '{}' WHERE partition IN ('a', 'b')"))
+        materialize(instance, "c", 0, 1.0)
+        again = latest_metadata(instance, KEY, ["a", "b", "c"], LABELS)
+    assert {row: again[row] for row in ("a", "b")} == first  # read before: not read again
+    assert again["c"]["score"] == dg.FloatMetadataValue(1.0)  # new: read
