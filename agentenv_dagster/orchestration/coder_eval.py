@@ -331,11 +331,17 @@ def _suite_assets_ahead(task_run: _TaskRun, config: AgentEnvConfig,
 
 def _materialize_suites_when_told(task_run: _TaskRun, config: AgentEnvConfig, ref, told: int) -> None:
     """Read the suites' rows every ``READ_AHEAD_SECONDS`` until told (``Ahead``), then
-    materialize them if told to go on."""
+    materialize them if told to go on. Reading ahead is an optimisation: should it fail, the
+    suites' runs read every row themselves."""
     with dg.DagsterInstance.from_ref(ref) as instance:
+        reading = True
         while not select.select([told], [], [], READ_AHEAD_SECONDS)[0]:
-            for plan, variants in _suite_jobs(task_run):
-                read_suite_rows(plan, instance, variants)
+            try:
+                for plan, variants in _suite_jobs(task_run) if reading else ():
+                    read_suite_rows(plan, instance, variants)
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.debug("the suite's rows not read ahead: %s", exc)
+                reading = False
         if os.read(told, 1):
             _materialize_suites(task_run, config, instance)
 

@@ -60,7 +60,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
         from ..reports.render import suite_markdown  # Jinja: not on every run worker's import path
 
         variant = context.partition_key if variants else None
-        rows = suite_rows(document, variant)
+        rows = _suite_rows(document, variant)
         replicates = document.replicates_of(variant)
         results = _row_results(context.instance, verification, plan.task_id, document, rows, replicates)
         suite = suite_rollup(plan.task_id, results, thresholds, variant_id=variant or "default")
@@ -117,7 +117,7 @@ def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, s
     return names
 
 
-def suite_rows(document: TaskDocument, variant: str | None) -> list[str]:
+def _suite_rows(document: TaskDocument, variant: str | None) -> list[str]:
     """The partitions a suite (of ``variant``, under an experiment) rolls up."""
     return [k for k in document.partitions if document.variant_of(k) == variant]
 
@@ -127,7 +127,7 @@ def read_suite_rows(plan: TaskPlan, instance: dg.DagsterInstance, variants: list
     storage keeps what it has read, so a process that does this as the rows land, then
     materializes the suite, reads only the last rows back in the suite's run."""
     for variant in variants or [None]:
-        latest_row_results(plan, instance, suite_rows(plan.document, variant), plan.task_id, variant)
+        latest_row_results(plan, instance, _suite_rows(plan.document, variant), plan.task_id, variant)
 
 
 def latest_row_results(
