@@ -295,13 +295,19 @@ def _row_task_id(task_id: str, row_id: str) -> str:
     return f"{task_id}/{row_id}" if row_id else task_id
 
 
+def _rolls_up(task_run: _TaskRun) -> bool:
+    """Whether the task has a suite to materialize: a dataset's, with rows run (``--failed-only``
+    may run none again, and the asset is then as it was)."""
+    return task_run.loaded.task.dataset is not None and any(v.keys for v in task_run.variants)
+
+
 def _suite_assets_beside(task_run: _TaskRun, config: AgentEnvConfig,
                          instance: dg.DagsterInstance | None) -> Callable[[], None]:
     """The rows are partitions of the task's job, or of the experiment's (one per group of
     variants): each job's suite asset rolls them up too, in a process forked beside what follows
     the runs (the results, the reports). Returns the wait for it."""
-    if task_run.loaded.task.dataset is None or not any(v.keys for v in task_run.variants):
-        return lambda: None  # no suite; or --failed-only ran nothing again, and the asset is as it was
+    if not _rolls_up(task_run):
+        return lambda: None
     if instance is None:  # the project's, which the forked process opens
         return beside(_materialize_suites, task_run, config, None)
     if not instance.is_persistent:  # it lives in this process alone
@@ -319,9 +325,7 @@ def _suite_assets_ahead(task_run: _TaskRun, config: AgentEnvConfig,
     (``ahead``): it reads their verifications as they land, so that once told the rows have run,
     its Dagster run reads only the last ones back (and its fork and the instance's opening are
     behind it). None where the suite goes on after the runs (``_suite_assets_beside``)."""
-    if task_run.loaded.task.dataset is None or not any(v.keys for v in task_run.variants):
-        return None
-    if instance is not None and not instance.is_persistent:
+    if not _rolls_up(task_run) or (instance is not None and not instance.is_persistent):
         return None
     # opened here first: a new SQLite instance creates its tables on opening, and two processes
     # doing that at once collide ("table runs already exists")
@@ -334,15 +338,13 @@ def _materialize_suites_when_told(task_run: _TaskRun, config: AgentEnvConfig, re
     materialize them if told to go on. Reading ahead is an optimisation: should it fail, the
     suites' runs read every row themselves."""
     with dg.DagsterInstance.from_ref(ref) as instance:
-        reading = True
-        while not select.select([told], [], [], READ_AHEAD_SECONDS)[0]:
-            try:
-                for plan, variants in _suite_jobs(task_run) if reading else ():
+        try:
+            while not select.select([told], [], [], READ_AHEAD_SECONDS)[0]:
+                for plan, variants in _suite_jobs(task_run):
                     read_suite_rows(plan, instance, variants)
-            except Exception as exc:  # noqa: BLE001 - see above
-                log.debug("the suite's rows not read ahead: %s", exc)
-                reading = False
-        if os.read(told, 1):
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.debug("the suite's rows not read ahead: %s", exc)
+        if os.read(told, 1):  # (after a failure, this waits to be told)
             _materialize_suites(task_run, config, instance)
 
 
