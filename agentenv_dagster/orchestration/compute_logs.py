@@ -17,20 +17,18 @@ import shutil
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
 import yaml
-from dagster._core.execution.compute_logs import _clean_up_subprocess, _fileno, redirect_to_file
+from dagster._core.execution.compute_logs import _fileno, redirect_to_file
 from dagster._core.instance.ref import compute_logs_directory
 from dagster._core.storage.compute_log_manager import CapturedLogContext, ComputeIOType
 from dagster._core.storage.local_compute_log_manager import IO_TYPE_EXTENSION, LocalComputeLogManager
 from dagster._serdes import ConfigurableClassData
 from dagster._utils import ensure_file, touch_file
-
-
 
 
 class LocalComputeLogs(LocalComputeLogManager):
@@ -69,6 +67,7 @@ def _mirrored(stream: IO[str], path: str) -> Iterator[None]:
     """``stream`` into the file at ``path``, the file shown on ``stream`` as it grows (as
     Dagster's ``mirror_stream_to_file``), by a tail that ends if this process dies."""
     ensure_file(path)
+    _reap_ended()
     tail = subprocess.Popen(["tail", "-F", "-c", "+0", f"--pid={os.getpid()}", path],
                             stdout=stream if _fileno(stream) else None)
     try:
@@ -77,7 +76,25 @@ def _mirrored(stream: IO[str], path: str) -> Iterator[None]:
     finally:
         # Dagster's setting: a pause for the tail to show the last lines before it ends
         time.sleep(float(os.getenv("DAGSTER_COMPUTE_LOG_TAIL_WAIT_AFTER_FINISH", "0")))
-        _clean_up_subprocess(tail)
+        _end(tail)
+
+
+# Tails told to end, not yet reaped. A tail's exit takes ~15 ms here (the kernel's teardown of
+# its file watch), and Dagster's wait for it polls with a growing sleep: 15-30 ms a stream, two
+# streams a run, at the end of every run. Nothing the run does waits on it.
+_ENDED: list[subprocess.Popen] = []
+
+
+def _end(tail: subprocess.Popen) -> None:
+    """Tell the tail to end and go on: the next capture in this process reaps it (or, once this
+    process has ended, the system does)."""
+    with suppress(OSError):
+        tail.terminate()
+    _ENDED.append(tail)
+
+
+def _reap_ended() -> None:
+    _ENDED[:] = [tail for tail in _ENDED if tail.poll() is None]
 
 
 @lru_cache(maxsize=1)

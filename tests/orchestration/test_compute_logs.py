@@ -107,3 +107,62 @@ def test_a_tail_ends_by_itself_when_the_run_s_process_dies(tmp_path):
     while any(is_running(pid) for pid in tails) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(is_running(pid) for pid in tails)
+
+
+SLOW_TAIL = """#!/bin/sh
+if [ "$1" = --version ]; then echo "tail (GNU coreutils) 9.1"; exit 0; fi
+trap '' TERM
+sleep 3
+"""
+
+ENDS = textwrap.dedent("""\
+    import json, subprocess, sys, time
+    from pathlib import Path
+    from agentenv_dagster.orchestration.compute_logs import LocalComputeLogs
+
+    started = []
+    class Recording(subprocess.Popen):
+        def __init__(self, args, *a, **k):
+            super().__init__(args, *a, **k)
+            if "--version" not in args:  # (the look at which tail it is)
+                started.append(self.pid)
+    subprocess.Popen = Recording
+
+    def state(pid):  # "Z": ended, not reaped yet; None: reaped
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return None
+
+    logs = LocalComputeLogs(base_dir=sys.argv[1])
+    began = time.monotonic()
+    with logs.capture_logs(["run", "compute_logs", "a"]):
+        pass
+    took = time.monotonic() - began
+    first = list(started)
+    while any(state(pid) not in ("Z", None) for pid in first) and time.monotonic() < began + 20:
+        time.sleep(0.05)
+    ended = [state(pid) for pid in first]
+    with logs.capture_logs(["run", "compute_logs", "b"]):
+        reaped = [state(pid) for pid in first]
+    print(json.dumps({"took": took, "ended": ended, "reaped": reaped, "tails": started}))
+    """)
+
+
+def test_a_run_s_end_tells_its_tails_to_end_and_the_next_capture_reaps_them(tmp_path):
+    """The end of a capture does not wait out its tails' exit (each tail here ignores SIGTERM
+    for 3 s); they end, and the next capture reaps them: none is left running or a zombie."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tail").write_text(SLOW_TAIL)
+    (bin_dir / "tail").chmod(0o755)
+    done = subprocess.run([sys.executable, "-c", ENDS, str(tmp_path / "logs")], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["took"] < 2.0  # not the 3 s the tails take to end
+    assert said["ended"] == ["Z", "Z"] and said["reaped"] == [None, None]
+    deadline = time.monotonic() + 15  # the second capture's tails end by themselves
+    while any(is_running(pid) for pid in said["tails"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(is_running(pid) for pid in said["tails"])
