@@ -6,7 +6,7 @@ after ``--latency`` seconds) and the same concurrency (``--in-flight``) on both 
 (a) agentenv_dagster: a Coder Eval task with ``dataset``, run as ``--shards`` concurrent Dagster
     runs over slices of the rows (default: one per core, at most 2; each row a partition of the
     job, every op running its step for all its run's rows; the 32 rows in flight shared out
-    between the runs; each core's slice in runs that take turns at the agent, three for 1,000
+    between the runs; each core's slice in runs that take turns at the agent, four for 1,000
     rows) — sandboxes, the replay agent answering over real A2A in the run's agent host, a
     deterministic ``classification_match`` criterion, per-row asset materializations, the
     suite rollup and the reports;
@@ -191,8 +191,8 @@ def main() -> None:
     args = parser.parse_args()
     ideal = args.rows * args.latency / args.in_flight
     print(f"{args.rows} rows, {args.latency * 1000:.0f} ms per answer, {args.in_flight} in flight: "
-          f"ideal {ideal:.2f} s; agentenv_dagster in {args.shards} shard(s), a core's rows in three runs "
-          "(or two) when they are enough to take turns", flush=True)
+          f"ideal {ideal:.2f} s; agentenv_dagster in {args.shards} shard(s), a core's rows in up to four runs "
+          "that take turns when they are enough", flush=True)
     times = {}
     cores = os.cpu_count() or 1
     for name, run in (("agentenv_dagster", run_agentenv), ("inspect_ai", run_inspect)):

@@ -261,29 +261,33 @@ def _as_it_is(key: str, context: TaskStepContext) -> TaskStepContext:
     return context
 
 
-TURN_ROUNDS = 6  # a core's rows take turns in runs when each has this many rounds of its lanes
-# Of a core's rows, each run's part, by how many runs take turns. The first run's set-up (its
-# sandboxes, workspaces and agents) is all that precedes the prompts, and the last run's grading
-# (criteria, teardown) all that follows them: in three runs both are small, and the middle run
-# sets its rows up while the first one prompts (so the first needs enough rows to cover that)
-# and grades them while the last one prompts. A row's grading costs more than its setting up,
-# so the last run takes the fewest. (1,000 rows at 200 ms: three runs a core against two, the
-# first prompt ~0.4 s sooner and the last grading ~0.2 s shorter; at 1 s, 1.09x the ideal.)
-PARTS = {3: (0.3, 0.45, 0.25), 2: (0.6, 0.4)}
+TURN_ROUNDS = 3  # a core's rows take turns in runs when each has this many rounds of its lanes
+# Of a core's rows, each run's part, by how many runs take turns (the most that have their
+# rounds). The first run's set-up (its sandboxes, workspaces and agents) is all that precedes
+# the prompts, and the last run's grading (criteria, teardown) all that follows them: both are
+# small, and each run in between sets its rows up while the one before prompts and grades them
+# while the one after prompts. A row's grading costs more than its setting up, so the runs get
+# smaller towards the end, and the last takes the fewest. (1,000 rows at 200 ms: three runs a
+# core against two, the first prompt ~0.4 s sooner and the last grading ~0.2 s shorter; four
+# against three ~0.1 s sooner again. 300 rows: two runs a core against one, 3.1 s against 3.3.)
+PARTS = {4: (0.3, 0.4, 0.18, 0.12), 3: (0.3, 0.45, 0.25), 2: (0.6, 0.4)}
 
 
 def _runs(plan: TaskPlan, chunks: list[list[str]], shares: list[int]) -> list[tuple[list[str], int, Handover | None]]:
-    """Each shard run's rows, rows in flight and part in a chain taking turns: a core's rows in
-    three runs, or two (``handover``, ``PARTS``), when each has ``TURN_ROUNDS`` rounds of its
-    lanes or more, its plan has steps that talk to the agent, and this process can fork its
-    runs (they inherit the pipes); else a run a core."""
+    """Each shard run's rows, rows in flight and part in a chain taking turns, every core's
+    first run first: a core's rows in four runs, three or two (``handover``, ``PARTS``), the
+    most whose parts each have ``TURN_ROUNDS`` rounds of its lanes or more, when its plan has
+    steps that talk to the agent and this process can fork its runs (they inherit the pipes);
+    else a run a core."""
     gated = tuple(s.id for s in plan.steps if s.type_name in GATED_STEP_TYPES)
     for parts in PARTS.values():
         splits = [_split(chunk, parts) for chunk in chunks]
         if gated and _forks_safely() and all(
                 min(map(len, split)) >= TURN_ROUNDS * n for split, n in zip(splits, shares)):
-            return [(rows, share, turns) for split, share in zip(splits, shares)
-                    for rows, turns in zip(split, chain(gated, len(parts)))]
+            cores = [[(rows, share, turns) for rows, turns in zip(split, chain(gated, len(parts)))]
+                     for split, share in zip(splits, shares)]
+            # by turn: the runs (and so their hosts) that prompt first are forked first
+            return [run for turn in zip(*cores) for run in turn]
     return [(chunk, share, None) for chunk, share in zip(chunks, shares)]
 
 
