@@ -21,7 +21,8 @@ events, is as if each had been written at once. The op's checks then find the ro
 materializations (``latest_materializations``) from the event log's columns, not by reading
 the events back (500 rows: ~15 ms of CPU, not ~300 ms); a dataset's suite reads each row's
 latest verification back as the few metadata entries it needs, unpacked from the stored JSON
-(``materialization_metadata``), not as whole events.
+(``materialization_metadata``), not as whole events. A new run's database is a copy of an
+empty one Dagster made once (its tables, WAL, the migration stamp: ~15 ms at every run's start).
 A pool's slot is taken in one statement: Dagster's select-then-update relies on a row lock
 SQLite does not have, and two runs reaching a pool with one free slot could both take it.
 Production uses PostgreSQL (``deploy/dagster.yaml``), where none of the above applies. What
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import weakref
 from collections import OrderedDict
@@ -76,8 +78,9 @@ from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._core.storage.sqlite_storage import DagsterSqliteStorage, _event_logs_directory
 from dagster._serdes import ConfigurableClassData, deserialize_value
 from dagster._utils.concurrency import ConcurrencySlotStatus
+from dagster.version import __version__ as dagster_version
 from dagster_shared.serdes.serdes import unpack_value
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import NullPool, StaticPool
 from watchdog.events import PatternMatchingEventHandler
 from watchdog.observers import Observer
 
@@ -223,6 +226,27 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
                                  .values(run_id=run_id, step_key=step_key)).rowcount
         return ConcurrencySlotStatus.CLAIMED if taken else ConcurrencySlotStatus.BLOCKED
 
+    def _initdb(self, engine: db.engine.Engine, for_index_shard: bool = False) -> None:
+        """A new run's database is a copy of an empty one made once (``_run_template``):
+        Dagster makes each run's tables, switches the file to WAL and stamps its migration,
+        ~15 ms (half of it waiting for the disk) at the start of every run."""
+        if for_index_shard or not _copied(self._run_template(), engine.url.database):
+            super()._initdb(engine, for_index_shard)
+
+    def _run_template(self) -> str:
+        """An empty run database, as Dagster's ``_initdb`` makes one, in the storage folder
+        (named for this Dagster version, and not ``*.db``: Dagster takes those for runs)."""
+        path = os.path.join(self._base_dir, f".run-template-{dagster_version}.sqlite")
+        if not os.path.exists(path):
+            made = f"{path}.{os.getpid()}.tmp"
+            engine = db.create_engine(f"sqlite:///{made}", poolclass=NullPool)
+            try:
+                super()._initdb(engine)
+            finally:
+                engine.dispose()  # the last connection's close checkpoints the WAL into the file
+            os.replace(made, path)
+        return path
+
     @contextmanager
     def _connect(self, shard: str) -> Iterator[db.engine.Connection]:
         self._write_held()  # what this thread holds goes first: reads see it, events keep their order
@@ -356,6 +380,22 @@ class _RunWatchdog(SqliteEventLogStorageWatchdog):
 
     def on_modified(self, event) -> None:
         self._process_log()
+
+
+def _copied(template: str, target: str) -> bool:
+    """Whether ``target`` was made now, a copy of ``template``: not when it exists (another
+    process made it first, and it is initialized the usual way). The copy appears whole."""
+    if os.path.exists(target):
+        return False
+    made = f"{target}.{os.getpid()}.tmp"
+    shutil.copyfile(template, made)
+    try:
+        os.link(made, target)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(made)
+    return True
 
 
 def _synchronous_normal(dbapi_connection, _record) -> None:

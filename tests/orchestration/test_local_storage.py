@@ -7,10 +7,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 
 import dagster as dg
 import sqlalchemy as db
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
+from dagster._core.storage.event_log.sqlite import sqlite_event_log
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.sql import check_alembic_revision, get_alembic_config
 from dagster._utils.concurrency import ConcurrencySlotStatus
 
 from agentenv_dagster.orchestration.execute import dagster_yaml
@@ -352,3 +356,32 @@ def test_other_migration_script_folders_are_read_each_time(tmp_path):
     dagsters = Config()
     dagsters.set_main_option("script_location", "dagster:_core/storage/alembic")
     assert ScriptDirectory.from_config(dagsters) is ScriptDirectory.from_config(dagsters)
+
+
+def test_each_run_s_database_is_a_copy_of_one_dagster_made_once(tmp_path, monkeypatch):
+    """Dagster initializes a template once (its tables, WAL, the migration stamp) and each new
+    run's database is a copy, read and written as Dagster's own; a run database another process
+    made first is initialized the usual way."""
+    initialized = []
+    initdb = SqliteEventLogStorage._initdb
+    monkeypatch.setattr(SqliteEventLogStorage, "_initdb", lambda self, engine, for_index_shard=False: initialized.append(
+        os.path.basename(engine.url.database)) or initdb(self, engine, for_index_shard))
+    (tmp_path / "dagster.yaml").write_text(dagster_yaml(tmp_path))
+    runs = tmp_path / "history" / "runs"
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        first, second = (graded.execute_in_process(instance=instance).run_id for _ in range(2))
+        assert [name for name in initialized if name != "index.db"] == [f".run-template-{dg.__version__}.sqlite.{os.getpid()}.tmp"]
+        elsewhere = str(uuid.uuid4())
+        runs.joinpath(f"{elsewhere}.db").write_bytes(b"")  # (SQLite makes an empty file first)
+        assert graded.execute_in_process(instance=instance, run_id=elsewhere).success
+        assert initialized[-1] == f"{elsewhere}.db"
+        for run_id in (first, second, elsewhere):
+            assert len(instance.all_logs(run_id, of_type=set(BURST))) == 6
+            engine = db.create_engine(f"sqlite:///{runs / f'{run_id}.db'}")
+            with engine.connect() as conn:
+                revision, head = check_alembic_revision(get_alembic_config(sqlite_event_log.__file__), conn)
+                assert revision == head and conn.execute(db.text("PRAGMA journal_mode")).scalar() == "wal"
+            engine.dispose()
+        assert instance.get_materialized_partitions(KEY) == {"r1", "r2", "r3"}
+    assert sorted(p.name for p in runs.iterdir() if not p.name.startswith("index.db")) == sorted(
+        [f".run-template-{dg.__version__}.sqlite", f"{first}.db", f"{second}.db", f"{elsewhere}.db"])
