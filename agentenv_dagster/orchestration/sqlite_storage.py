@@ -103,6 +103,7 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
         self._held = threading.local()  # .events: this thread's held events inside batched_writes()
         self._metadata_read: dict[tuple[int, tuple[str, ...]], tuple[str, dict[str, Any]]] = {}
         super().__init__(base_dir, inst_data=inst_data)
+        self._run_template()  # made as the storage opens, with its index: the runs forked from this process find it
         _OPEN.add(self)
 
     @classmethod
