@@ -1,0 +1,49 @@
+"""Ending a server process: SIGTERM to its group, SIGKILL after the grace period, whether
+this process started it or not (forked hosts are the starter's, then init's)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from agentenv_dagster.runtime.processes import is_running, terminate
+
+SERVES = "import time; time.sleep(60)"
+IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+def _started(script: str) -> subprocess.Popen:
+    server = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    time.sleep(0.3)  # (past the interpreter's start, so a signal handler is in place)
+    return server
+
+
+def test_a_server_that_ends_at_sigterm_is_ended_and_one_that_ignores_it_is_killed_after_the_grace():
+    ends, ignores = _started(SERVES), _started(IGNORES_SIGTERM)
+    try:
+        assert terminate(ends.pid, grace_seconds=30) is True
+        assert not is_running(ends.pid)
+        began = time.monotonic()
+        assert terminate(ignores.pid, grace_seconds=0.5) is True
+        assert time.monotonic() - began >= 0.5 and not is_running(ignores.pid)
+        assert terminate(ends.pid) is False  # nothing left to end
+    finally:
+        for server in (ends, ignores):
+            server.kill()
+            server.wait()
+
+
+def test_a_server_this_process_did_not_start_is_ended_too():
+    """As an agent host forked by its starter: not a child of the process that ends it."""
+    said = subprocess.run(["sh", "-c", f"setsid {sys.executable} -c '{SERVES}' >/dev/null 2>&1 & echo $!"],
+                          capture_output=True, text=True, check=True)
+    pid = int(said.stdout)
+    time.sleep(0.3)
+    try:
+        assert is_running(pid)
+        assert terminate(pid, grace_seconds=30) is True
+        assert not is_running(pid)
+    finally:
+        if is_running(pid):
+            terminate(pid, grace_seconds=1)
