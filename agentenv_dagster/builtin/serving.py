@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, NoReturn
@@ -90,15 +91,36 @@ def _announce(ready_file: Path, url: str) -> None:
 
 def fork_and_serve(servers: list[dict[str, Any]], make_app: AppFactory) -> None:
     """For each of ``servers`` (from ``fork_servers``): fork a child that serves ``make_app()``
-    as a server started on its own would, then say its pid in the server's folder. Returns
-    once all are forked; they go on in their own sessions. This process has run no event
-    loop and no thread, so each child starts clean."""
-    for server in servers:
-        workdir = Path(server["workdir"])
-        pid = os.fork()
-        if pid == 0:
-            _serve_forked(workdir, server, make_app)
-        _write_atomically(workdir / FORKED_FILE, {"pid": pid})
+    as a server started on its own would, then say its pid in the server's folder. Those
+    marked ``later`` are forked once the others listen (or have ended): those are needed
+    first, and the later ones' start would slow theirs. Returns once all are forked; they go
+    on in their own sessions. This process has run no event loop and no thread, so each
+    child starts clean."""
+    first = {_fork(server, make_app): server for server in servers if not server.get("later")}
+    later = [server for server in servers if server.get("later")]
+    if later:
+        _until_listening(first)
+        for server in later:
+            _fork(server, make_app)
+
+
+def _fork(server: dict[str, Any], make_app: AppFactory) -> int:
+    workdir = Path(server["workdir"])
+    pid = os.fork()
+    if pid == 0:
+        _serve_forked(workdir, server, make_app)
+    _write_atomically(workdir / FORKED_FILE, {"pid": pid})
+    return pid
+
+
+def _until_listening(servers: dict[int, dict[str, Any]], seconds: float = 60.0) -> None:
+    """Until each of these forked servers (by pid) has written its ready file or ended."""
+    deadline = time.monotonic() + seconds
+    waiting = dict(servers)
+    while waiting and time.monotonic() < deadline:
+        waiting = {pid: server for pid, server in waiting.items()
+                   if not (Path(server["workdir"]) / READY_FILE).exists() and os.waitpid(pid, os.WNOHANG)[0] == 0}
+        time.sleep(0.005)
 
 
 def _serve_forked(workdir: Path, server: dict[str, Any], make_app: AppFactory) -> NoReturn:

@@ -71,19 +71,20 @@ def _hosts_ahead(context: dg.OpExecutionContext, resource: AgentEnvResource) -> 
 
 
 @contextmanager
-def forked_shard_hosts(plan: TaskPlan, config: AgentEnvConfig, runs: int) -> Iterator[list[dict[str, Any]]]:
+def forked_shard_hosts(plan: TaskPlan, config: AgentEnvConfig, runs: int,
+                       first: int | None = None) -> Iterator[list[dict[str, Any]]]:
     """What each of ``runs`` shard runs of ``plan`` adopts: the agent hosts its deploy_agent
     steps will use (those known ahead), forked from one import while the runs start rather
-    than started by each run (an agent host's import is ~0.8 s of CPU); [] when none is.
-    Those no run adopted end with the block."""
-    forked = _fork_shard_hosts(plan, config, runs)
+    than started by each run (an agent host's import is ~0.8 s of CPU), the ``first`` runs'
+    first; [] when none is. Those no run adopted end with the block."""
+    forked = _fork_shard_hosts(plan, config, runs, first)
     try:
         yield forked
     finally:
         end_forked_hosts(forked)
 
 
-def _fork_shard_hosts(plan: TaskPlan, config: AgentEnvConfig, runs: int) -> list[dict[str, Any]]:
+def _fork_shard_hosts(plan: TaskPlan, config: AgentEnvConfig, runs: int, first: int | None) -> list[dict[str, Any]]:
     folder = config.state_dir / "forked-hosts" / secrets.token_hex(4)
     provider = LocalProvider(config, folder)
     hosts: dict[str, tuple[dict[str, str], int]] = {}
@@ -98,4 +99,4 @@ def _fork_shard_hosts(plan: TaskPlan, config: AgentEnvConfig, runs: int) -> list
             continue
         if env is not None:
             hosts.setdefault(agent_host_id(env), (env, settings["ttl_seconds"]))
-    return fork_agent_hosts(hosts, runs, folder) if hosts else []
+    return fork_agent_hosts(hosts, runs, folder, first) if hosts else []

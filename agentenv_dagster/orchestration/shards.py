@@ -75,11 +75,12 @@ def run_rows(
         runs = _runs(plan, chunks, shares)
         every = tuple(turns for _, _, turns in runs if turns)
         blob = pickle.dumps(plan)
-        # the hosts import while the runs start; the parent opens the instance first: a new
-        # SQLite instance creates its tables on opening, and two shards doing that at once
-        # collide ("table runs already exists")
+        # the hosts import while the runs start (the first runs' first); the parent opens the
+        # instance first: a new SQLite instance creates its tables on opening, and two shards
+        # doing that at once collide ("table runs already exists")
         try:
-            with forked_shard_hosts(plan, config, len(runs)) as forked, opened_instance(config, instance) as opened:
+            with forked_shard_hosts(plan, config, len(runs), len(chunks) if every else None) as forked, \
+                    opened_instance(config, instance) as opened:
                 args = [(blob, config, opened.get_ref(), keys, share, tags, output_dir / f"shard-{i}",
                          forked[i] if forked else None, finish) for i, (keys, share, _) in enumerate(runs)]
                 if every:

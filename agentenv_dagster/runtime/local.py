@@ -493,15 +493,17 @@ def agent_host_id(env: dict[str, str]) -> str:
     return "agent-host-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def fork_agent_hosts(hosts: dict[str, tuple[dict[str, str], int]], runs: int, folder: Path) -> list[dict[str, Any]]:
+def fork_agent_hosts(hosts: dict[str, tuple[dict[str, str], int]], runs: int, folder: Path,
+                     first: int | None = None) -> list[dict[str, Any]]:
     """For each of ``runs`` runs, the agent hosts ``hosts`` (``{host_id: (environment, ttl)}``),
-    forked from one import (``fork_servers``) while the runs start: for each run what it
-    adopts (``adopting_forked_hosts``). Each run's teardown ends those it adopted;
+    forked from one import (``fork_servers``) while the runs start, those of the ``first``
+    runs (when given) before the others: for each run what it adopts
+    (``adopting_forked_hosts``). Each run's teardown ends those it adopted;
     :func:`end_forked_hosts` ends the rest."""
     names = {(run, host_id): f"{host_id}-run-{run}" for run in range(runs) for host_id in hosts}
     starter = fork_servers(AGENT_SERVER_MODULE, ["hosts"], {
         name: {"env": hosts[host_id][0], "ttl_seconds": hosts[host_id][1]} for (_, host_id), name in names.items()
-    }, folder=folder)
+    }, folder=folder, first=None if first is None else first * len(hosts))
     return [{"starter": starter, "hosts": {host_id: str(folder / names[run, host_id]) for host_id in hosts}}
             for run in range(runs)]
 

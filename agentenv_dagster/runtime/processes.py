@@ -81,19 +81,21 @@ def spawn_server(
     return ServerProcess(pid=proc.pid, url=url)
 
 
-def fork_servers(module: str, args: list[str], servers: dict[str, dict], *, folder: Path) -> int:
+def fork_servers(module: str, args: list[str], servers: dict[str, dict], *, folder: Path,
+                 first: int | None = None) -> int:
     """Start ``python -m module args``, which reads ``servers`` (name: ``{"env", "ttl_seconds"}``)
     on its standard input, imports the server once and forks one server for each, in its own
-    session and in the folder ``folder/<name>``, with that environment on top of this one's;
-    then it exits. :func:`adopt_server` finds each. The pid of that starter. (The environments,
+    session and in the folder ``folder/<name>``, with that environment on top of this one's
+    (the first ``first`` of them, when given, first: the others once those listen); then it
+    exits. :func:`adopt_server` finds each. The pid of that starter. (The environments,
     which may hold keys, go through the pipe: nothing of them is written to disk.)
 
     What this saves is the import: an agent host's is most of a second of CPU, paid once
     for the hosts of all the shard runs of a dataset, not once a host."""
     spec = []
-    for name, server in servers.items():
+    for index, (name, server) in enumerate(servers.items()):
         (folder / name).mkdir(parents=True, exist_ok=True)
-        spec.append({**server, "workdir": str(folder / name)})
+        spec.append({**server, "workdir": str(folder / name), "later": first is not None and index >= first})
     with open(folder / STARTER_LOG_FILE, "ab") as log:
         starter = subprocess.Popen(
             [sys.executable, "-m", module, *args],

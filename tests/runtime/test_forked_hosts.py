@@ -11,7 +11,9 @@ import pytest
 from agentenv_dagster.runtime import local
 from agentenv_dagster.runtime.a2a_client import A2AClient
 from agentenv_dagster.runtime.local import end_forked_hosts, fork_agent_hosts
-from agentenv_dagster.runtime.processes import ServerStartError, adopt_server, forked_pid, is_running
+from agentenv_dagster.runtime.processes import (
+    FORKED_FILE, READY_FILE, ServerStartError, adopt_server, forked_pid, is_running,
+)
 from fakes.messages_api import text_reply
 
 pytestmark = pytest.mark.anyio
@@ -63,3 +65,19 @@ def test_the_hosts_no_run_adopted_end_with_the_runs(tmp_path):
     pids = [forked_pid(Path(run["hosts"]["agent-host-a"])) for run in forked]
     assert adopted.pid == pids[0]
     assert not any(is_running(pid) for pid in pids)
+
+
+def test_the_first_runs_hosts_are_forked_first_and_the_others_once_those_listen(tmp_path):
+    """Each core's first run prompts first: its host starts without the later runs' hosts
+    starting beside it (their start would slow its own), and those follow once it listens."""
+    forked = fork_agent_hosts({"agent-host-a": ({}, 120)}, 4, tmp_path / "forked", first=2)
+    try:
+        servers = [adopt_server(Path(run["hosts"]["agent-host-a"]), run["starter"]) for run in forked]
+        folders = [Path(run["hosts"]["agent-host-a"]) for run in forked]
+        listening = [(f / READY_FILE).stat().st_mtime_ns for f in folders]
+        forked_at = [(f / FORKED_FILE).stat().st_mtime_ns for f in folders]
+        assert len({s.pid for s in servers}) == 4
+        assert max(listening[:2]) <= min(forked_at[2:])  # the later two forked once the first two listened
+    finally:
+        end_forked_hosts(forked)
+    assert not any(is_running(s.pid) for s in servers)
