@@ -119,8 +119,15 @@ def _until_listening(servers: dict[int, dict[str, Any]], seconds: float = 60.0) 
     waiting = dict(servers)
     while waiting and time.monotonic() < deadline:
         waiting = {pid: server for pid, server in waiting.items()
-                   if not (Path(server["workdir"]) / READY_FILE).exists() and os.waitpid(pid, os.WNOHANG)[0] == 0}
+                   if not (Path(server["workdir"]) / READY_FILE).exists() and not _ended(pid)}
         time.sleep(0.005)
+
+
+def _ended(child: int) -> bool:
+    try:
+        return os.waitpid(child, os.WNOHANG)[0] != 0
+    except ChildProcessError:  # (reaped already)
+        return True
 
 
 def _serve_forked(workdir: Path, server: dict[str, Any], make_app: AppFactory) -> NoReturn:

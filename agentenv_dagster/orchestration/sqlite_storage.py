@@ -42,12 +42,13 @@ multiprocess executor's forkserver imports it for its step processes).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
 import weakref
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import timezone
 from pathlib import Path
 from typing import Any, Collection, Iterator
@@ -87,6 +88,7 @@ from watchdog.observers import Observer
 from .migration_scripts import read_dagster_scripts_once
 
 MODULE = __name__
+log = logging.getLogger(__name__)
 
 
 OPEN_DATABASES = 8  # a run's database and the asset index, for the few runs a process writes at once
@@ -231,21 +233,30 @@ class LocalSqliteEventLogStorage(SqliteEventLogStorage):
         """A new run's database is a copy of an empty one made once (``_run_template``):
         Dagster makes each run's tables, switches the file to WAL and stamps its migration,
         ~15 ms (half of it waiting for the disk) at the start of every run."""
-        if for_index_shard or not _copied(self._run_template(), engine.url.database):
+        template = None if for_index_shard else self._run_template()
+        if template is None or not _copied(template, engine.url.database):
             super()._initdb(engine, for_index_shard)
 
-    def _run_template(self) -> str:
+    def _run_template(self) -> str | None:
         """An empty run database, as Dagster's ``_initdb`` makes one, in the storage folder
-        (named for this Dagster version, and not ``*.db``: Dagster takes those for runs)."""
+        (named for this Dagster version, and not ``*.db``: Dagster takes those for runs); None
+        when it cannot be made (a folder this process only reads): runs start Dagster's way."""
         path = os.path.join(self._base_dir, f".run-template-{dagster_version}.sqlite")
-        if not os.path.exists(path):
-            made = f"{path}.{os.getpid()}.tmp"
+        if os.path.exists(path):
+            return path
+        made = f"{path}.{os.getpid()}.tmp"
+        try:
             engine = db.create_engine(f"sqlite:///{made}", poolclass=NullPool)
             try:
                 super()._initdb(engine)
             finally:
                 engine.dispose()  # the last connection's close checkpoints the WAL into the file
             os.replace(made, path)
+        except (OSError, db.exc.SQLAlchemyError) as exc:
+            log.debug("no run database template in %s: %s", self._base_dir, exc)
+            with suppress(OSError):
+                os.unlink(made)
+            return None
         return path
 
     @contextmanager

@@ -385,3 +385,22 @@ def test_each_run_s_database_is_a_copy_of_one_dagster_made_once(tmp_path, monkey
         assert instance.get_materialized_partitions(KEY) == {"r1", "r2", "r3"}
     assert sorted(p.name for p in runs.iterdir() if not p.name.startswith("index.db")) == sorted(
         [f".run-template-{dg.__version__}.sqlite", f"{first}.db", f"{second}.db", f"{elsewhere}.db"])
+
+
+def test_without_a_template_runs_start_dagster_s_way(tmp_path, monkeypatch):
+    """A storage folder where the template cannot be made (one this process only reads, say)
+    still opens, and its runs' databases are made by Dagster as before."""
+    initdb = SqliteEventLogStorage._initdb
+
+    def no_template(self, engine, for_index_shard=False):
+        if ".run-template-" in engine.url.database:
+            raise OSError("read-only file system")
+        return initdb(self, engine, for_index_shard)
+
+    monkeypatch.setattr(SqliteEventLogStorage, "_initdb", no_template)
+    (tmp_path / "dagster.yaml").write_text(dagster_yaml(tmp_path))
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        run_id = graded.execute_in_process(instance=instance).run_id
+        assert len(instance.all_logs(run_id, of_type=set(BURST))) == 6
+    runs = tmp_path / "history" / "runs"
+    assert sorted(p.name for p in runs.iterdir() if not p.name.startswith("index.db")) == [f"{run_id}.db"]
