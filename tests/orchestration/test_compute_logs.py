@@ -73,17 +73,21 @@ def test_a_run_s_output_is_in_the_files_the_ui_reads_and_on_the_terminal(tmp_pat
         assert len(watchers) == 2 and not any(a.startswith("--pid=") for args in tails for a in args)
 
 
-DIES = textwrap.dedent("""\
-    import os, subprocess, sys
-    from agentenv_dagster.orchestration.compute_logs import LocalComputeLogs
-
-    started = []
+RECORDS_TAILS = textwrap.dedent("""\
+    import subprocess
+    started = []  # the pids of the tails a capture starts (installed after the imports)
     class Recording(subprocess.Popen):
         def __init__(self, args, *a, **k):
             super().__init__(args, *a, **k)
             if "--version" not in args:  # (the look at which tail it is)
                 started.append(self.pid)
     subprocess.Popen = Recording
+    """)
+
+DIES = textwrap.dedent("""\
+    import os, sys
+    from agentenv_dagster.orchestration.compute_logs import LocalComputeLogs
+    """) + RECORDS_TAILS + textwrap.dedent("""\
     logs = LocalComputeLogs(base_dir=sys.argv[1])
     capturing = logs.capture_logs(["run", "compute_logs", "x"])
     capturing.__enter__()
@@ -103,10 +107,14 @@ def test_a_tail_ends_by_itself_when_the_run_s_process_dies(tmp_path):
         tails = [int(pid) for pid in said.read().split()]
     child.wait(30)
     assert len(tails) == 2
-    deadline = time.monotonic() + 15  # (tail looks for its process every second)
-    while any(is_running(pid) for pid in tails) and time.monotonic() < deadline:
+    assert _all_end(tails)  # (tail looks for its process every second)
+
+
+def _all_end(pids: list[int], seconds: float = 15) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(is_running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(is_running(pid) for pid in tails)
+    return not any(is_running(pid) for pid in pids)
 
 
 SLOW_TAIL = """#!/bin/sh
@@ -116,18 +124,10 @@ sleep 3
 """
 
 ENDS = textwrap.dedent("""\
-    import json, subprocess, sys, time
+    import json, sys, time
     from pathlib import Path
     from agentenv_dagster.orchestration.compute_logs import LocalComputeLogs
-
-    started = []
-    class Recording(subprocess.Popen):
-        def __init__(self, args, *a, **k):
-            super().__init__(args, *a, **k)
-            if "--version" not in args:  # (the look at which tail it is)
-                started.append(self.pid)
-    subprocess.Popen = Recording
-
+    """) + RECORDS_TAILS + textwrap.dedent("""\
     def state(pid):  # "Z": ended, not reaped yet; None: reaped
         try:
             return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -162,7 +162,4 @@ def test_a_run_s_end_tells_its_tails_to_end_and_the_next_capture_reaps_them(tmp_
     said = json.loads(done.stdout.strip().splitlines()[-1])
     assert said["took"] < 2.0  # not the 3 s the tails take to end
     assert said["ended"] == ["Z", "Z"] and said["reaped"] == [None, None]
-    deadline = time.monotonic() + 15  # the second capture's tails end by themselves
-    while any(is_running(pid) for pid in said["tails"]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(is_running(pid) for pid in said["tails"])
+    assert _all_end(said["tails"])  # the second capture's tails end by themselves
