@@ -12,10 +12,10 @@ agent are gated (``GATED_STEP_TYPES``).
 Two pipes join each link of the chain, made before the processes fork: "my prompts began" (a
 byte, or the end of the pipe), and a byte for each lane handed over. However the earlier run
 ends (done, failed, killed), its ends close and the later run sees the end of both pipes: it
-goes on with the lanes the runs before that one hand over (the last run of three also holds the
-read end of the first link's lanes pipe, for when the middle run dies while the first still
-prompts), and with every lane once none is left to come: a dying run cannot leave the next
-waiting, nor give it lanes an earlier run still holds.
+goes on with the lanes the runs before that one hand over (each later run also holds the read
+ends of the lanes pipes further up the chain, for when a middle run dies while an earlier one
+still prompts), and with every lane once none is left to come: a dying run cannot leave the
+next waiting, nor give it lanes an earlier run still holds.
 """
 
 from __future__ import annotations
