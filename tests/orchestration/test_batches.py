@@ -465,14 +465,14 @@ def test_a_core_s_rows_go_in_four_runs_that_take_turns_at_the_agent(project):
         ended = {span: r.end_time for span, r in records.items()}
         began = {(span, e.step_key): e.timestamp for span, run_id in runs.items()
                  for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)}
-        pids = {span: int(e.dagster_event.engine_event_data.metadata["pid"].value) for span, run_id in runs.items()
-                for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
-                if "pid" in e.dagster_event.engine_event_data.metadata}
     chains = [[("r00", "r09"), ("r10", "r22"), ("r23", "r28"), ("r29", "r31")],
               [("r32", "r41"), ("r42", "r54"), ("r55", "r60"), ("r61", "r63")]]
     assert sorted(runs) == sorted(span for spans in chains for span in spans)  # smaller towards the end
-    # forked by turn: every core's first run (and so its agent host) before any core's second
-    assert sorted(runs, key=pids.get) == [span for turn in zip(*chains) for span in turn]
+    # forked by turn, as listed (each run's rows are in its shard-<i> folder): every core's first
+    # run, and so its agent host, before any core's second
+    listed = [sorted(json.loads((project / "out" / "contexts" / "words" / "task" / f"shard-{i}" / "context.json")
+                                .read_text())) for i in range(len(runs))]
+    assert [(rows[0], rows[-1]) for rows in listed] == [span for turn in zip(*chains) for span in turn]
     assert [r.final_status.value for r in done.results] == ["SUCCESS"] * 64
     files = {r.task_id.rsplit("/", 1)[1]: task_json_path(project / "out", r) for r in done.results}
     assert all(EvaluationResult.model_validate_json(files[r.task_id.rsplit("/", 1)[1]].read_text()) == r
