@@ -22,7 +22,7 @@ from typing import Any, Callable, NoReturn
 import uvicorn
 
 from agentenv_dagster.runtime.loop import run as run_loop
-from agentenv_dagster.runtime.processes import FORKED_FILE, LOG_FILE, READY_FILE
+from agentenv_dagster.runtime.processes import FORKED_FILE, LOG_FILE, READY_FILE, READY_POLL_SECONDS, is_running
 
 # an app to serve and what runs once it listens (given its URL)
 AppFactory = Callable[[], tuple[Any, Callable[[str], None] | None]]
@@ -119,15 +119,8 @@ def _until_listening(servers: dict[int, dict[str, Any]], seconds: float = 60.0) 
     waiting = dict(servers)
     while waiting and time.monotonic() < deadline:
         waiting = {pid: server for pid, server in waiting.items()
-                   if not (Path(server["workdir"]) / READY_FILE).exists() and not _ended(pid)}
-        time.sleep(0.005)
-
-
-def _ended(child: int) -> bool:
-    try:
-        return os.waitpid(child, os.WNOHANG)[0] != 0
-    except ChildProcessError:  # (reaped already)
-        return True
+                   if not (Path(server["workdir"]) / READY_FILE).exists() and is_running(pid)}
+        time.sleep(READY_POLL_SECONDS)
 
 
 def _serve_forked(workdir: Path, server: dict[str, Any], make_app: AppFactory) -> NoReturn:
