@@ -117,3 +117,25 @@ def test_task_html_content(written):
     ]:  # fmt: skip
         assert text in page, text
     assert page.count('<tr class="criterion ') == 6  # 3 + 1 + 2 post-failure
+
+
+def test_each_result_s_parts_rendered_ahead_are_those_the_reports_join(tmp_path, summary, results):
+    """A dataset's command renders each run's rows' parts as the run ends: the reports then
+    join them, the same files as rendering them all at the end; a part is as its result was
+    when added. Each summary row links to its result's section."""
+    whole = write_reports(tmp_path / "whole", summary, results)
+    rendered = render.RenderedRows()
+    rendered.add(results[:2])
+    joined = write_reports(tmp_path / "joined", summary, results, rendered=rendered)
+    for name in ("run_md", "task_html"):
+        assert getattr(joined, name).read_text() == getattr(whole, name).read_text()
+    page = whole.task_html.read_text()
+    links, sections = re.findall(r'<a href="#([^"]+)">', page), re.findall(r'<section [^>]*id="([^"]+)"', page)
+    assert links == sections == ["task-default/hello_world/00", "task-opus/sentiment/row-3/01",
+                                 "task-default/broken_env/00", "task-default/exec_only/00"]
+    ahead = render.RenderedRows()
+    ahead.add(results[:1])
+    results[0].task_id = "renamed"  # after it was rendered: its parts stay as they were
+    results[1].task_id = "renamed_too"  # not rendered yet: rendered as it is now
+    again = write_reports(tmp_path / "again", summary, results, rendered=ahead).run_md.read_text()
+    assert "| hello_world |" in again and "| renamed |" not in again and "| renamed_too |" in again
