@@ -29,7 +29,9 @@ from ..plan import TaskPlan
 from ..reports.evaluation import evaluation_result
 from ..reports.experiment import experiment_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
-from ..reports.render import WrittenReports, prepare_reports, write_reports, write_suite, write_task_json
+from ..reports.render import (
+    RenderedRows, WrittenReports, compile_templates, prepare_reports, write_reports, write_suite, write_task_json,
+)
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
 from ..runtime.collector import fewer_full_sweeps
@@ -44,7 +46,7 @@ from .definitions import build_job
 from .execute import opened_instance
 from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
 from .shards import Ahead, ahead, beside, run_rows
-from .suites import latest_row_results, read_suite_rows, suite_asset
+from .suites import latest_row_results, read_suite_rows, rolled_up_once_landed, suite_asset
 from .translator import TaskTranslator
 
 
@@ -117,14 +119,15 @@ def run_coder_eval_tasks(
     results: list[EvaluationResult] = []
     suites: list[dict[str, Any]] = []
     suite_assets: list[Callable[[], None]] = []  # each a wait for a task's suite asset run
+    rendered = RenderedRows()  # each row's part of the reports, as its run ends
     try:
         for task_run in prepared:
-            task_results, task_suites = _run_task(task_run, config, out, instance, suite_assets,
+            task_results, task_suites = _run_task(task_run, config, out, instance, suite_assets, rendered,
                                                   rows_in_flight=rows_in_flight, shards=shards)
             results += task_results
             suites += task_suites
         summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
-        reports = write_reports(out, summary, results, task_jsons_written=True)
+        reports = write_reports(out, summary, results, task_jsons_written=True, rendered=rendered)
         if experiment is not None:
             definition = load_coder_eval_experiment(experiment).experiment
             _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
@@ -199,16 +202,19 @@ def _prepare(
 
 def _run_task(
     task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None,
-    suite_assets: list[Callable[[], None]], *, rows_in_flight: int | None, shards: int,
+    suite_assets: list[Callable[[], None]], rendered: RenderedRows, *, rows_in_flight: int | None, shards: int,
 ) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
-    """One task's results (every variant and replicate) and its suites (a dataset's, per
-    variant); its suite asset materializes beside what follows the runs (its process forked
-    ahead of them where it can be), and the wait for it joins ``suite_assets`` at once (the
-    caller waits, whatever is raised meanwhile); when the runs raise, there is none."""
+    """One task's results (every variant and replicate, each one's parts of the reports in
+    ``rendered`` as its run ends) and its suites (a dataset's, per variant); its suite asset
+    materializes beside what follows the runs (its process forked ahead of them where it can
+    be), and the wait for it joins ``suite_assets`` at once (the caller waits, whatever is
+    raised meanwhile); when the runs raise, nothing is rolled up (a suite run started ahead
+    fails)."""
     task = task_run.loaded.task
     suite_ahead = _suite_assets_ahead(task_run, config, instance)
     try:
-        runs = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight, shards=shards)
+        runs = _rows_runs(task_run, config, out, instance, rendered,
+                          rows_in_flight=rows_in_flight, shards=shards)
     except BaseException:  # the rows did not all run: no suite
         if suite_ahead is not None:
             suite_ahead.stop()
@@ -232,11 +238,11 @@ def _run_task(
 
 
 def _rows_runs(
-    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
-    rows_in_flight: int | None, shards: int,
+    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None,
+    rendered: RenderedRows, *, rows_in_flight: int | None, shards: int,
 ) -> list[dict[str, Any]]:
     """Each variant's and replicate's rows run (``run_rows``), each row finished as its
-    task.json record."""
+    task.json record, and its parts of the reports rendered as its run ends."""
     task, path = task_run.loaded.task, task_run.loaded.source
     runs = []
     for variant in task_run.variants:
@@ -254,7 +260,7 @@ def _rows_runs(
             runs.append(run_rows(
                 variant.plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
                 shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"),
-                meanwhile=reports_ahead, finish=row_result))
+                meanwhile=reports_ahead, finish=row_result, landed=lambda found: rendered.add(found.values())))
     return runs
 
 
@@ -316,15 +322,17 @@ def _suite_assets_beside(task_run: _TaskRun, config: AgentEnvConfig,
     return beside(_materialize_suites_of_ref, task_run, config, instance.get_ref())
 
 
-READ_AHEAD_SECONDS = 1.0  # how often a suite's process forked ahead reads the rows that have landed
+# how often a suite's process forked ahead reads the rows that have landed; its run starts after the first wait
+READ_AHEAD_SECONDS = 1.0
 
 
 def _suite_assets_ahead(task_run: _TaskRun, config: AgentEnvConfig,
                         instance: dg.DagsterInstance | None) -> Ahead | None:
     """The process of the task's suite asset run, forked before the rows' runs where it can be
     (``ahead``): it reads their verifications as they land, so that once told the rows have run,
-    its Dagster run reads only the last ones back (and its fork and the instance's opening are
-    behind it). None where the suite goes on after the runs (``_suite_assets_beside``)."""
+    its Dagster run reads only the last ones back (and its fork, the instance's opening and,
+    once the rows have gone a while, the run's start are behind it). None where the suite goes
+    on after the runs (``_suite_assets_beside``)."""
     if not _rolls_up(task_run) or (instance is not None and not instance.is_persistent):
         return None
     # opened here first: a new SQLite instance creates its tables on opening, and two processes
@@ -334,18 +342,48 @@ def _suite_assets_ahead(task_run: _TaskRun, config: AgentEnvConfig,
 
 
 def _materialize_suites_when_told(task_run: _TaskRun, config: AgentEnvConfig, ref, told: int) -> None:
-    """Read the suites' rows every ``READ_AHEAD_SECONDS`` until told (``Ahead``), then
-    materialize them if told to go on. Reading ahead is an optimisation: should it fail, the
-    suites' runs read every row themselves."""
+    """Once the rows' runs have gone for ``READ_AHEAD_SECONDS`` (the CPU their start needs is
+    behind them), start the suites' runs, whose op waits until told the rows have run
+    (``Ahead``), reading those that have landed meanwhile (``rolled_up_once_landed``); told
+    sooner, materialize them then (unless told to stop)."""
     with dg.DagsterInstance.from_ref(ref) as instance:
-        try:
-            while not select.select([told], [], [], READ_AHEAD_SECONDS)[0]:
-                for plan, variants in _suite_jobs(task_run):
-                    read_suite_rows(plan, instance, variants)
-        except Exception as exc:  # noqa: BLE001 - see above
-            log.debug("the suite's rows not read ahead: %s", exc)
-        if os.read(told, 1):  # (after a failure, this waits to be told)
+        landed = _RowsLanded(told, functools.partial(_read_suite_rows, task_run, instance))
+        if landed.told_within(READ_AHEAD_SECONDS):
+            if landed():
+                _materialize_suites(task_run, config, instance)
+            return
+        compile_templates("suite.md")  # (this process was forked before the command compiled it)
+        with rolled_up_once_landed(landed):
             _materialize_suites(task_run, config, instance)
+
+
+class _RowsLanded:
+    """The wait of the suite's process for the rows' runs: True once told they have run, False
+    once told to stop (``Ahead``); the rows that have landed read every ``READ_AHEAD_SECONDS``
+    meanwhile, so the rollup reads only the last ones. Reading ahead is an optimisation: should
+    it fail, the suites' runs read every row themselves."""
+
+    def __init__(self, told: int, read_ahead: Callable[[], None]) -> None:
+        self._told, self._read_ahead = told, read_ahead
+        self._went: bool | None = None
+
+    def told_within(self, seconds: float) -> bool:
+        return bool(select.select([self._told], [], [], seconds)[0])
+
+    def __call__(self) -> bool:
+        if self._went is None:
+            try:
+                while not self.told_within(READ_AHEAD_SECONDS):
+                    self._read_ahead()
+            except Exception as exc:  # noqa: BLE001 - see above
+                log.debug("the suite's rows not read ahead: %s", exc)
+            self._went = bool(os.read(self._told, 1))  # (after a failure, this waits to be told)
+        return self._went
+
+
+def _read_suite_rows(task_run: _TaskRun, instance: dg.DagsterInstance) -> None:
+    for plan, variants in _suite_jobs(task_run):
+        read_suite_rows(plan, instance, variants)
 
 
 def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> None:

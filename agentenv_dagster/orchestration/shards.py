@@ -52,16 +52,21 @@ def run_rows(
     plan: TaskPlan, config: AgentEnvConfig, rows: list[str] | None, *, output_dir: Path,
     instance: dg.DagsterInstance | None, rows_in_flight: int | None, tags: dict[str, str], shards: int = 1,
     meanwhile: Callable[[], None] | None = None, finish: Callable[[str, TaskStepContext], Any] | None = None,
+    landed: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Each row's final context, in row order (key ``""`` for a task without a dataset), or
     what ``finish(key, context)`` made of it: in the row's shard process as its run ends, so the
     earlier runs' rows are finished while the later runs go on, and the last ones on every core
     at once. ``meanwhile`` is work of this process's to do while shard runs go on (see
-    ``_when_idle``)."""
+    ``_when_idle``); ``landed`` is given each run's finished rows in this process as that run
+    ends (the earlier runs' while the later ones go on)."""
     finish = finish or _as_it_is
+    landed = landed or _ignore
     if not rows:
         run = execute_plan(plan, config, output_dir=output_dir, instance=instance, tags=tags)
-        return {"": finish("", run.context)}
+        finished = {"": finish("", run.context)}
+        landed(finished)
+        return finished
     total = rows_in_flight or AgentEnvResource.model_fields["rows_in_flight"].default
     size = math.ceil(len(rows) / max(1, min(shards, len(rows), total)))  # every shard has a row in flight
     chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
@@ -69,6 +74,7 @@ def run_rows(
         contexts = execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=rows,
                                 rows_in_flight=rows_in_flight, tags=tags).contexts
         finished = {k: finish(k, c) for k, c in contexts.items()}
+        landed(finished)
     else:
         # the bound holds across the shards: their shares add up to it
         shares = [total // len(chunks) + (i < total % len(chunks)) for i in range(len(chunks))]
@@ -88,12 +94,16 @@ def run_rows(
                     for turns in every:
                         turns.close()  # the parent's copies: each pipe ends with its one writer
                     with _when_idle(meanwhile):
-                        finished = {k: c for found in _all_of(waits) for k, c in found.items()}
+                        finished = {k: c for found in _all_of(waits, landed) for k, c in found.items()}
                 else:
                     with ProcessPoolExecutor(len(runs), mp_context=_start_method()) as pool:
                         futures = [pool.submit(_shard, *a) for a in args]
                         with _when_idle(meanwhile):
-                            finished = {k: c for future in futures for k, c in future.result().items()}
+                            finished = {}
+                            for future in futures:
+                                found = future.result()
+                                landed(found)
+                                finished.update(found)
         finally:
             for turns in every:  # (already closed, unless something failed before the runs forked)
                 turns.close()
@@ -198,12 +208,14 @@ def _forked(fn: Callable[..., Any], *args: Any) -> Callable[[], Any]:
     return wait
 
 
-def _all_of(waits: list[Callable[[], Any]]) -> list[Any]:
-    """What each forked process returned, once every one has ended; the first error raised."""
+def _all_of(waits: list[Callable[[], Any]], each: Callable[[Any], None]) -> list[Any]:
+    """What each forked process returned, once every one has ended (``each`` of it as it
+    comes, in order); the first error raised."""
     found, errors = [], []
     for wait in waits:
         try:
             found.append(wait())
+            each(found[-1])
         except BaseException as exc:  # noqa: BLE001 - raised once the others have ended
             errors.append(exc)
     if errors:
@@ -255,6 +267,10 @@ def _shard(plan_blob: bytes, config: AgentEnvConfig, instance_ref, keys: list[st
             contexts = execute_plan(plan, config, output_dir=output_dir, instance=instance, partition_keys=keys,
                                     rows_in_flight=rows_in_flight, tags=tags).contexts
     return {k: finish(k, c) for k, c in contexts.items()}
+
+
+def _ignore(finished: dict[str, Any]) -> None:
+    """What ``run_rows`` does with each run's rows as it ends, unless told otherwise: nothing."""
 
 
 def _as_it_is(key: str, context: TaskStepContext) -> TaskStepContext:

@@ -509,12 +509,81 @@ def test_a_core_s_rows_go_in_four_runs_that_take_turns_at_the_agent(project):
     assert max(itertools.accumulate(step for _, step in edges)) == 2
 
 
+def test_the_suite_s_run_starts_as_the_rows_run_and_the_reports_take_each_run_s_rows_as_it_ends(project, monkeypatch):
+    """The suite asset's run starts while the rows run (once they have gone for
+    ``READ_AHEAD_SECONDS``), its op waiting until every run has ended; the command renders each
+    run's rows' parts of the reports as that run ends, and joins them at the end."""
+    from agentenv_dagster.orchestration import coder_eval
+    from agentenv_dagster.reports.render import RenderedRows
+
+    monkeypatch.setattr(coder_eval, "READ_AHEAD_SECONDS", 0.1)  # (the suite's process is forked with it)
+    added = []
+    add = RenderedRows.add
+    monkeypatch.setattr(RenderedRows, "add", lambda self, results: (
+        added.append((time.time(), [r.task_id for r in results])), add(self, results))[1])
+    rows = [f"r{i:02d}" for i in range(20)]  # 10 a core, one lane each: two runs a core, 6 rows and 4
+    path = project / "tasks" / "words.yaml"
+    path.write_text(TURNS_TASK.format(rows=", ".join(f"{{id: {row}, word: hi}}" for row in rows)))
+    with dg.instance_for_test() as instance:
+        done = run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance,
+                                   shards=2, rows_in_flight=2)
+        ended = sorted(instance.get_run_record_by_id(r.run_id).end_time for r in rows_runs(instance))
+        (suite_run,) = [r for r in instance.get_runs() if r.job_name != "words"]
+        suite_started = instance.get_run_record_by_id(suite_run.run_id).start_time
+        waited = [e.user_message for e in instance.all_logs(suite_run.run_id) if not e.is_dagster_event]
+        suite = instance.get_latest_materialization_event(dg.AssetKey(["suites", "words"]))
+        rows_written = instance.fetch_materializations(VERIFICATION, limit=100).records
+    assert suite_run.status == dg.DagsterRunStatus.SUCCESS and len(ended) == 4
+    assert suite_started < ended[0] and "rolling up once the rows' runs have ended" in waited
+    # rolled up once the rows had all landed: every one of them
+    assert suite.timestamp > max(r.timestamp for r in rows_written)
+    assert suite.asset_materialization.metadata["rows_run"].value == 20
+    # each run's rows, rendered in the command as the run ended: the earlier runs' while the
+    # later ones went on (the second run of each core: 4 prompts, ~0.8 s later)
+    assert sorted(t for _, ids in added for t in ids) == [f"words/{row}" for row in rows]
+    assert len(added) == 4 and added[0][0] < ended[-1] and len(added[0][1]) == 6
+    run_md = (project / "out" / "run.md").read_text()
+    assert [line.split(" | ")[1] for line in run_md.splitlines() if line.startswith("| `")] == [
+        f"words/{row}" for row in rows]
+    assert [r.final_status.value for r in done.results] == ["SUCCESS"] * 20
+
+
+def test_the_rows_landing_wait_reads_ahead_until_told(monkeypatch):
+    """The suite's op waits on its pipe, reading the rows that have landed meanwhile: True once
+    told to go on, False when the pipe ends; asked again, the same answer. Should reading fail,
+    it stops reading and still waits."""
+    from agentenv_dagster.orchestration import coder_eval
+
+    monkeypatch.setattr(coder_eval, "READ_AHEAD_SECONDS", 0.02)
+    for told_by, went in ((lambda tell: os.write(tell, b"g"), True), (lambda tell: None, False)):
+        told, tell = os.pipe()
+        reads = []
+
+        def read_ahead():
+            reads.append(time.monotonic())
+            if len(reads) == 5 and not went:
+                raise OSError("the storage went away")
+
+        landed = coder_eval._RowsLanded(told, read_ahead)
+        assert not landed.told_within(0.01)
+        timer = threading.Timer(0.3, lambda: (told_by(tell), os.close(tell)))
+        timer.start()
+        try:
+            assert landed() is went and landed() is went
+        finally:
+            timer.join()
+            os.close(told)
+        assert len(reads) == 5 if not went else len(reads) >= 5
+
+
 def test_when_the_earlier_run_of_a_core_dies_the_later_one_takes_every_lane_and_finishes(project, monkeypatch):
     """A run that dies (here, as it would hand its first lane over) leaves its partner no
-    lane held: the end of the pipes hands it every lane. The command then says which run died."""
-    from agentenv_dagster.orchestration import handover
+    lane held: the end of the pipes hands it every lane. The command then says which run died,
+    and the suite's run, started as the rows ran, fails with nothing rolled up."""
+    from agentenv_dagster.orchestration import coder_eval, handover
 
     monkeypatch.setattr(handover.Handover, "hand_over", lambda self: os._exit(3))  # in the forked runs
+    monkeypatch.setattr(coder_eval, "READ_AHEAD_SECONDS", 0.05)  # the suite's run starts before the end
     rows = [f"r{i:02d}" for i in range(20)]  # 10 a core: two runs, 6 rows and 4
     path = project / "tasks" / "words.yaml"
     path.write_text(TURNS_TASK.format(rows=", ".join(f"{{id: {row}, word: hi}}" for row in rows)))
@@ -524,8 +593,13 @@ def test_when_the_earlier_run_of_a_core_dies_the_later_one_takes_every_lane_and_
                                 shards=2, rows_in_flight=2)
         ran = instance.get_materialized_partitions(VERIFICATION)
         suite = instance.get_latest_materialization_event(dg.AssetKey(["suites", "words"]))
+        (suite_run,) = [r for r in instance.get_runs() if r.job_name != "words"]
+        failure = next(e for e in instance.all_logs(suite_run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE))
     assert ran == set(rows[6:10]) | set(rows[16:])  # the later runs' rows, every one
     assert suite is None  # its process, forked ahead, was told to stop: not every row ran
+    assert suite_run.status == dg.DagsterRunStatus.FAILURE
+    assert failure.dagster_event.step_failure_data.user_failure_data.description == (
+        "the rows' runs did not all end: there is nothing to roll up")
     # (and, as the project fixture checks, no agent host or server is left behind)
 
 
