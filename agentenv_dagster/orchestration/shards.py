@@ -26,7 +26,6 @@ import math
 import multiprocessing
 import os
 import pickle
-import sys
 import threading
 import traceback
 from concurrent.futures import ProcessPoolExecutor
@@ -40,6 +39,7 @@ from ..config import AgentEnvConfig
 from ..context import TaskStepContext
 from ..plan import TaskPlan
 from ..runtime.local import adopting_forked_hosts
+from ..runtime.processes import forks_safely
 from .execute import execute_plan, opened_instance
 from .handover import GATED_STEP_TYPES, Handover, chain, taking_turns
 from .hosts_ahead import forked_shard_hosts
@@ -142,7 +142,7 @@ def beside(fn: Callable[..., None], *args: Any) -> Callable[[], None]:
     on; or now, where forking is not safe. Call what it returns to wait for it: that raises
     what ``fn`` raised (its traceback as the cause). A bare process and a pipe, not a
     ``ProcessPoolExecutor``: that one's manager thread would keep later shards from forking."""
-    if not _forks_safely():
+    if not forks_safely():
         fn(*args)
         return lambda: None
     return _forked(fn, *args)
@@ -170,7 +170,7 @@ def ahead(fn: Callable[..., None], *args: Any) -> Ahead | None:
     """``fn(*args, told)`` in a process forked now, where forking is safe (else None): ``told``
     is the read end of a pipe, where a byte says go on and the end of the pipe says stop (the
     processes forked after it hold the write end too, until they end)."""
-    if not _forks_safely():
+    if not forks_safely():
         return None
     told, tell = os.pipe()
     wait = _forked(_told_by, fn, args, told, tell)
@@ -239,16 +239,11 @@ def _call(send, fn: Callable[..., Any], args: tuple) -> None:
             send.send((False, (RuntimeError(f"{type(exc).__name__}: {exc}"), trace)))
 
 
-def _forks_safely() -> bool:
-    """A fork carries only the thread that calls it: safe while this process runs no other."""
-    return sys.platform == "linux" and threading.active_count() == 1
-
-
 def _start_method():
     """Shard processes forked from this one while it runs no other thread (what the CLI has
     imported comes along: ~1.5 s sooner than a fresh start on 2 cores), else from a server
     that has imported Dagster and this package once (fork-safe: the server runs no threads)."""
-    if _forks_safely():
+    if forks_safely():
         return multiprocessing.get_context("fork")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["dagster", "agentenv_dagster.orchestration.shards"])
@@ -299,7 +294,7 @@ def _runs(plan: TaskPlan, chunks: list[list[str]], shares: list[int]) -> list[tu
     gated = tuple(s.id for s in plan.steps if s.type_name in GATED_STEP_TYPES)
     for parts in PARTS.values():
         splits = [_split(chunk, parts) for chunk in chunks]
-        if gated and _forks_safely() and all(
+        if gated and forks_safely() and all(
                 min(map(len, split)) >= TURN_ROUNDS * n for split, n in zip(splits, shares)):
             cores = [[(rows, share, turns) for rows, turns in zip(split, chain(gated, len(parts)))]
                      for split, share in zip(splits, shares)]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import select
+import threading
 from pathlib import Path
 
 import httpx
@@ -52,7 +54,7 @@ def test_a_starter_that_cannot_fork_fails_its_hosts_adoption_with_its_reason(tmp
     monkeypatch.setattr(local, "AGENT_SERVER_MODULE", "agentenv_dagster.builtin.no_such_module")
     (forked,) = fork_agent_hosts({"agent-host-a": ({}, 60)}, 1, tmp_path / "forked")
     folder = Path(forked["hosts"]["agent-host-a"])
-    with pytest.raises(ServerStartError, match="was never forked: .*No module named agentenv_dagster.builtin.no_such_module"):
+    with pytest.raises(ServerStartError, match="(?s)was never forked: .*No module named agentenv_dagster.builtin.no_such_module"):
         adopt_server(folder, forked["starter"], ready_timeout=60)
     assert forked_pid(folder) is None
     end_forked_hosts([forked])  # nothing to end: no error
@@ -81,3 +83,32 @@ def test_the_first_runs_hosts_are_forked_first_and_the_others_once_those_listen(
     finally:
         end_forked_hosts(forked)
     assert not any(is_running(s.pid) for s in servers)
+
+
+@pytest.mark.parametrize("other_thread", [False, True])
+def test_the_starter_is_forked_from_this_process_and_keeps_none_of_its_files(tmp_path, other_thread):
+    """Where this process runs no other thread, the hosts' starter is forked from it (what it
+    has imported comes along) and keeps none of the files it has open: a pipe a run waits on
+    ends once this process closes its end. With another thread running, the starter is a
+    process of its own (``python -m``)."""
+    read, write = os.pipe()
+    release = threading.Event()
+    waiting = threading.Thread(target=release.wait)
+    if other_thread:
+        waiting.start()
+    try:
+        (forked,) = fork_agent_hosts({"agent-host-a": ({}, 60)}, 1, tmp_path / "forked")
+    finally:
+        release.set()
+        if other_thread:
+            waiting.join()
+    try:
+        server = adopt_server(Path(forked["hosts"]["agent-host-a"]), forked["starter"])
+        os.close(write)
+        assert select.select([read], [], [], 10)[0] and os.read(read, 1) == b""  # no other process holds it
+        command = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+        assert (command == Path("/proc/self/cmdline").read_bytes()) is not other_thread
+        assert (b"agentenv_dagster.builtin.agents" in command) is other_thread
+    finally:
+        end_forked_hosts([forked])
+        os.close(read)

@@ -19,7 +19,13 @@ from pathlib import Path
 # No tracer is set up in an embedded agent, yet a2a-sdk's no-op spans cost ~15% of a message's
 # CPU: off unless the environment asks for them (before a2a is imported).
 os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
-UNUSED_BY_AGENTS = ("sqlalchemy", "fastapi", "grpc", "httpx._main")
+UNUSED_BY_AGENTS = (
+    "sqlalchemy", "fastapi", "grpc", "httpx._main",
+    # (and where this process was forked from one that has SQLAlchemy and gRPC, a2a-sdk's modules that use them)
+    "a2a.server.tasks.database_task_store", "a2a.server.tasks.database_push_notification_config_store",
+    "a2a.server.cluster.database_event_stream", "a2a.server.cluster.database_task_store",
+    "a2a.server.request_handlers.grpc_handler",
+)
 
 
 def without_a2a_spans() -> None:
