@@ -20,9 +20,13 @@ would take with no waiting at all, against the ideal. Where that is near or abov
 machine's cores, not the waiting, bound both tools (``--latency 1.0`` asks for a fifth of the
 CPU a second). Then, from the runs' event logs, where agentenv_dagster's time went: when the
 runs started, each op's span over every shard run (the agent op also waits for the run's agent
-host, forked as the runs start, to come up), the suite asset's run and the command's work after
-the runs, and how close
-the prompts alone came to their ideal. Needs ``pip install -e '.[bench]'``.
+host, forked as the runs start, to come up), the suite asset's run (started as the rows run,
+its op waiting for them) and the command's work after the runs, and how close the prompts
+alone came to their ideal. And, before the runs, what creating a file costs in the temp folder
+(kernel time; on this machine it swings more than tenfold, with the files created and deleted
+there before), and after each tool's run how many files and folders it made (ours: a row's
+sandbox, its agent's answer, its trajectory, its task.json and that file's two folders). Needs
+``pip install -e '.[bench]'``.
 
     python bench/fanout.py [--rows 1000] [--latency 0.2] [--in-flight 32]
 """
@@ -180,6 +184,22 @@ def busy_cpu_seconds() -> float | None:
     return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
+def file_creation_micros(folder: Path, count: int = 200) -> float:
+    """Microseconds of kernel time to create one small file in a new folder under ``folder``.
+    On this machine's disk it swings from ~12 to ~250 (it rises after many files were created
+    and deleted there, as every run of this benchmark does): each row of ours creates a few."""
+    with tempfile.TemporaryDirectory(dir=folder) as probe:
+        before = os.times().system
+        for i in range(count):
+            Path(probe, f"f{i}").write_bytes(b"x")
+        return (os.times().system - before) / count * 1e6
+
+
+def made_under(root: Path) -> int:
+    """How many files and folders a run left under ``root``."""
+    return sum(len(dirs) + len(files) for _, dirs, files in os.walk(root))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1000)
@@ -193,6 +213,8 @@ def main() -> None:
     print(f"{args.rows} rows, {args.latency * 1000:.0f} ms per answer, {args.in_flight} in flight: "
           f"ideal {ideal:.2f} s; agentenv_dagster in {args.shards} shard(s), a core's rows in up to four runs "
           "that take turns when they are enough", flush=True)
+    print(f"a new file in {tempfile.gettempdir()} costs {file_creation_micros(Path(tempfile.gettempdir())):.0f} µs "
+          "of kernel time here", flush=True)
     times = {}
     cores = os.cpu_count() or 1
     for name, run in (("agentenv_dagster", run_agentenv), ("inspect_ai", run_inspect)):
@@ -203,10 +225,12 @@ def main() -> None:
             busy = busy_cpu_seconds()
             elapsed, outcome = run(Path(tmp), args.rows, args.latency, args.in_flight, args.shards)
             busy = busy_cpu_seconds() - busy if busy is not None else None
+            made = made_under(Path(tmp))
         times[name] = elapsed
         # the CPU alone, spread perfectly over every core, already takes busy / cores of wall time
         cpu = f"{busy:6.1f} s CPU (/{cores} cores: {busy / cores / ideal:.2f}x ideal)" if busy is not None else ""
-        print(f"  {name:<17} {elapsed:7.2f} s  ({elapsed / ideal:.2f}x ideal)  {cpu}  {outcome}", flush=True)
+        print(f"  {name:<17} {elapsed:7.2f} s  ({elapsed / ideal:.2f}x ideal)  {cpu}  {outcome}\n"
+              f"    files and folders made: {made:,} ({made / args.rows:.1f} a row)", flush=True)
     if len(times) == 2:
         ratio = times["agentenv_dagster"] / times["inspect_ai"]
         print(f"  agentenv_dagster / inspect_ai = {ratio:.2f}")
