@@ -14,6 +14,7 @@ import sqlalchemy as db
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 from dagster._core.storage.event_log.sqlite import sqlite_event_log
 from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.runs.sqlite import sqlite_run_storage
 from dagster._core.storage.sql import check_alembic_revision, get_alembic_config
 from dagster._utils.concurrency import ConcurrencySlotStatus
 
@@ -404,3 +405,24 @@ def test_without_a_template_runs_start_dagster_s_way(tmp_path, monkeypatch):
         assert len(instance.all_logs(run_id, of_type=set(BURST))) == 6
     runs = tmp_path / "history" / "runs"
     assert sorted(p.name for p in runs.iterdir() if not p.name.startswith("index.db")) == [f"{run_id}.db"]
+
+
+def test_runs_are_looked_up_on_one_kept_engine_and_the_schema_read_until_it_holds(tmp_path, monkeypatch):
+    """Dagster's SQLite run storage makes a new engine for every query (and so compiles every
+    statement again) and reads the runs table's columns before most run queries; the local one
+    keeps its engine, holds no connection between uses, and stops reading the schema once the
+    columns are there."""
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    (tmp_path / "dagster.yaml").write_text(dagster_yaml(tmp_path))
+    engines, inspected = [], []
+    new_engine, inspect = sqlite_run_storage.create_engine, db.inspect
+    monkeypatch.setattr(sqlite_run_storage, "create_engine", lambda *a, **k: engines.append(a) or new_engine(*a, **k))
+    monkeypatch.setattr(db, "inspect", lambda subject: inspected.append(subject) or inspect(subject))
+    with dg.DagsterInstance.get() as instance:
+        runs = [graded.execute_in_process(instance=instance).run_id for _ in range(2)]
+        engines.clear()
+        read = len(inspected)
+        assert [instance.get_run_by_id(run_id).status for run_id in runs * 5] == [dg.DagsterRunStatus.SUCCESS] * 10
+        assert engines == [] and len(inspected) == read
+        assert not any(os.readlink(f"/proc/self/fd/{fd}").endswith("runs.db")
+                       for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
