@@ -108,6 +108,12 @@ class TaskStepContext(BaseModel):
     def find_prompt_response(self, prompt_id: str) -> PromptResponse | None:
         return next((p for p in self.prompt_responses if p.prompt_id == prompt_id), None)
 
+    def failure_of(self, step_type: str) -> dict[str, Any] | None:
+        """The first failure a step of ``step_type`` recorded in ``failed_steps`` (this
+        attempt's: not one a retry rolled back), if one failed."""
+        return next((f for f in self.metadata.get("failed_steps") or []
+                     if f.get("step_type") == step_type and not f.get("retried")), None)
+
     def find_sandbox(self, sandbox_name: str) -> DeployedSandbox | None:
         return next((s for s in self.deployed_sandboxes if s.sandbox_name == sandbox_name), None)
 

@@ -124,9 +124,15 @@ def _simulation(response, resolved: dict[str, Any], replicate_index: int,
 
 
 def _status(context: TaskStepContext, entry: dict[str, Any], response) -> tuple[FinalStatus, str | None]:
+    """The task's status and error: a fatal step's failure, else the agent's (its prompt step
+    failed before it had a response: the agent was never heard, as when upstream's agent
+    invocation raises), else the criteria's verdict."""
     fatal = [f for f in context.metadata.get("failed_steps") or [] if f.get("is_fatal")]
     if fatal:
         return FinalStatus.ERROR, f"step '{fatal[0]['step_id']}' failed: {fatal[0]['error']}"
+    unheard = context.failure_of("prompt_agent") if response is None else None
+    if unheard:
+        return FinalStatus.ERROR, f"step '{unheard['step_id']}' failed: {unheard['error']}"
     if response is not None and response.error_type:
         status = AGENT_ERROR_STATUS.get(response.error_type, FinalStatus.ERROR)
         return status, f"{response.error_type}: {response.error_message or response.response}"

@@ -201,7 +201,8 @@ class SuccessCriteriaStep(TaskStep):
         ctx.metadata_map("verifications")[self.verifier_key] = {
             "format": "coder_eval", "results": rows, "score": weighted_score(results),
             "passed": passed, "graded": passed is not None, "checks": checks,
-            "prompt_error": response.error_type if response else None,
+            # an agent never heard (the prompt step failed before its response) is the task's error too
+            "prompt_error": response.error_type if response else (ctx.failure_of("prompt_agent") or {}).get("error_type"),
         }
 
 

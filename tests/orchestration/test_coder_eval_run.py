@@ -153,6 +153,38 @@ def test_agent_errors_pre_run_and_datasets(project, tmp_path):
     assert "pre_run command 'exit 4' failed: exit code 4" in result["error_message"]
 
 
+def test_a_prompt_step_that_fails_before_the_agent_answers_is_the_row_s_error(project, tmp_path, monkeypatch):
+    """The prompt step is tolerated (the criteria still run, as post-failure evidence), but an
+    agent never heard is no success: the row is an ERROR naming the step's failure, in its
+    task.json, in the run's counts and in the suite asset's rollup, even where the files the
+    criteria look at are there (the agent wrote them before its answer was lost)."""
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+    from agentenv_dagster.steps.prompt import PromptAgentStep
+
+    store = PromptAgentStep._store_trajectory
+
+    async def lost_for_yo(self, rt, url, card, reply):
+        if "yo" in self.prompt_text():
+            raise RuntimeError("the trajectory store is down")
+        return await store(self, rt, url, card, reply)
+
+    monkeypatch.setattr(PromptAgentStep, "_store_trajectory", lost_for_yo)
+    path = project / "tasks" / "words.yaml"
+    path.write_text(WORDS_TASK.format(extra=""))
+    out = tmp_path / "out"
+    with dg.instance_for_test() as instance:
+        done = run_coder_eval_task(path, load_config(project), output_dir=out, instance=instance)
+        suite = instance.get_latest_materialization_event(dg.AssetKey(["suites", "words"])).asset_materialization
+    assert [(r.task_id, r.final_status.value) for r in done.results] == [
+        ("words/r1", "SUCCESS"), ("words/r2", "ERROR"), ("words/r3", "ERROR")]
+    lost = task_json(out, "words/r2")
+    assert lost["error_message"] == "step 'prompt' failed: the trajectory store is down"
+    assert lost["success_criteria_results"] == [] and lost["post_failure_criteria_results"][0]["score"] == 1.0
+    assert (done.summary.tasks_succeeded, done.summary.tasks_error) == (1, 2)
+    assert suite.metadata["pass_rate"].value == pytest.approx(1 / 3)
+
+
 def test_every_loadable_corpus_task_compiles_to_a_job(project):
     from agentenv_dagster.compiler import load_plan
     from agentenv_dagster.config import load_config
