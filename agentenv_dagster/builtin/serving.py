@@ -22,7 +22,9 @@ from typing import Any, Callable, NoReturn
 import uvicorn
 
 from agentenv_dagster.runtime.loop import run as run_loop
-from agentenv_dagster.runtime.processes import FORKED_FILE, LOG_FILE, READY_FILE, READY_POLL_SECONDS, is_running
+from agentenv_dagster.runtime.processes import (
+    FORKED_FILE, LOG_FILE, PROMPTED_FILE, READY_FILE, READY_POLL_SECONDS, is_running,
+)
 
 # an app to serve and what runs once it listens (given its URL)
 AppFactory = Callable[[], tuple[Any, Callable[[str], None] | None]]
@@ -89,17 +91,25 @@ def _announce(ready_file: Path, url: str) -> None:
     _write_atomically(ready_file, {"url": url, "pid": os.getpid()})
 
 
+# the longest the later servers wait, once the first ones listen, for those to be prompted
+LATER_WAIT_SECONDS = 2.0
+
+
 def fork_and_serve(servers: list[dict[str, Any]], make_app: AppFactory) -> None:
     """For each of ``servers`` (from ``fork_servers``): fork a child that serves ``make_app()``
     as a server started on its own would, then say its pid in the server's folder. Those
-    marked ``later`` are forked once the others listen (or have ended): those are needed
-    first, and the later ones' start would slow theirs. Returns once all are forked; they go
-    on in their own sessions. This process has run no event loop and no thread, so each
-    child starts clean."""
+    marked ``later`` are forked once the others have been prompted (an agent host marks its
+    folder as its first agent task starts, ``PROMPTED_FILE``: its run is past its set-up) or
+    have ended, or ``LATER_WAIT_SECONDS`` after those listen: those are needed first, and the
+    later ones' start would slow their runs' set-up (forked once the first ones listened, the
+    later hosts started while the first runs deployed their agents). Returns once all are
+    forked; they go on in their own sessions. This process has run no event loop and no
+    thread, so each child starts clean."""
     first = {_fork(server, make_app): server for server in servers if not server.get("later")}
     later = [server for server in servers if server.get("later")]
     if later:
-        _until_listening(first)
+        _until_written(first, READY_FILE, 60.0)
+        _until_written(first, PROMPTED_FILE, LATER_WAIT_SECONDS)
         for server in later:
             _fork(server, make_app)
 
@@ -113,14 +123,16 @@ def _fork(server: dict[str, Any], make_app: AppFactory) -> int:
     return pid
 
 
-def _until_listening(servers: dict[int, dict[str, Any]], seconds: float = 60.0) -> None:
-    """Until each of these forked servers (by pid) has written its ready file or ended."""
+def _until_written(servers: dict[int, dict[str, Any]], name: str, seconds: float) -> None:
+    """Until each of these forked servers (by pid) has written ``name`` in its folder or
+    ended, for at most ``seconds``."""
     deadline = time.monotonic() + seconds
     waiting = dict(servers)
     while waiting and time.monotonic() < deadline:
         waiting = {pid: server for pid, server in waiting.items()
-                   if not (Path(server["workdir"]) / READY_FILE).exists() and is_running(pid)}
-        time.sleep(READY_POLL_SECONDS)
+                   if not (Path(server["workdir"]) / name).exists() and is_running(pid)}
+        if waiting:
+            time.sleep(READY_POLL_SECONDS)
 
 
 def _serve_forked(workdir: Path, server: dict[str, Any], make_app: AppFactory) -> NoReturn:

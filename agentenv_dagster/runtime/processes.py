@@ -28,6 +28,7 @@ READY_FILE = "ready.json"  # {"url": ..., "pid": ...}, written by the server onc
 LOG_FILE = "server.log"
 STARTER_LOG_FILE = "starter.log"  # fork_servers' starter's, beside the folders of the servers it forks
 FORKED_FILE = "forked.json"  # {"pid": ...}, written by fork_servers' starter as it forks the server
+PROMPTED_FILE = "prompted"  # made by an agent host in its folder (its working directory) as its first agent task starts
 
 
 class ServerStartError(RuntimeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import threading
@@ -10,11 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agentenv_dagster.builtin import serving
 from agentenv_dagster.runtime import local
 from agentenv_dagster.runtime.a2a_client import A2AClient
 from agentenv_dagster.runtime.local import end_forked_hosts, fork_agent_hosts
 from agentenv_dagster.runtime.processes import (
-    FORKED_FILE, READY_FILE, ServerStartError, adopt_server, forked_pid, is_running,
+    FORKED_FILE, PROMPTED_FILE, READY_FILE, ServerStartError, adopt_server, forked_pid, is_running,
 )
 from fakes.messages_api import text_reply
 
@@ -69,9 +71,11 @@ def test_the_hosts_no_run_adopted_end_with_the_runs(tmp_path):
     assert not any(is_running(pid) for pid in pids)
 
 
-def test_the_first_runs_hosts_are_forked_first_and_the_others_once_those_listen(tmp_path):
+def test_the_first_runs_hosts_are_forked_first_and_the_others_a_while_after_those_listen(tmp_path, monkeypatch):
     """Each core's first run prompts first: its host starts without the later runs' hosts
-    starting beside it (their start would slow its own), and those follow once it listens."""
+    starting beside it (their start would slow its own); those follow once it has been
+    prompted or, as here where none is, ``LATER_WAIT_SECONDS`` after it listens."""
+    monkeypatch.setattr(serving, "LATER_WAIT_SECONDS", 0.5)  # (the starter is forked from this process)
     forked = fork_agent_hosts({"agent-host-a": ({}, 120)}, 4, tmp_path / "forked", first=2)
     try:
         servers = [adopt_server(Path(run["hosts"]["agent-host-a"]), run["starter"]) for run in forked]
@@ -79,10 +83,33 @@ def test_the_first_runs_hosts_are_forked_first_and_the_others_once_those_listen(
         listening = [(f / READY_FILE).stat().st_mtime_ns for f in folders]
         forked_at = [(f / FORKED_FILE).stat().st_mtime_ns for f in folders]
         assert len({s.pid for s in servers}) == 4
-        assert max(listening[:2]) <= min(forked_at[2:])  # the later two forked once the first two listened
+        assert max(listening[:2]) + 0.5e9 <= min(forked_at[2:])  # the later two forked a while after
     finally:
         end_forked_hosts(forked)
     assert not any(is_running(s.pid) for s in servers)
+
+
+async def test_the_later_runs_hosts_are_forked_once_the_first_ones_are_prompted(tmp_path, monkeypatch):
+    """The later runs' hosts start once the first runs are past their set-up: as the first
+    host's first agent task starts (it marks its folder), not while its run deploys."""
+    monkeypatch.setattr(serving, "LATER_WAIT_SECONDS", 60.0)  # only the prompt lets them go
+    forked = fork_agent_hosts({"agent-host-a": ({}, 120)}, 2, tmp_path / "forked", first=1)
+    try:
+        first, later = (Path(run["hosts"]["agent-host-a"]) for run in forked)
+        server = adopt_server(first, forked[0]["starter"])
+        async with httpx.AsyncClient(timeout=30) as http:
+            created = await http.post(f"{server.url}/agents", json={
+                "id": "agent", "sandbox": str(tmp_path / "sandbox"),
+                "config": {"kind": "replay", "episodes": [{"match": ".", "reply": "hi"}]}})
+            assert created.status_code == 201
+            await asyncio.sleep(0.3)
+            assert forked_pid(later) is None  # deployed into, not prompted: the later host waits
+            reply = await A2AClient(http).send_and_wait(created.json()["url"], "hello", timeout_seconds=20)
+        assert reply.text == "hi"
+        adopt_server(later, forked[1]["starter"])
+        assert (first / PROMPTED_FILE).stat().st_mtime_ns <= (later / FORKED_FILE).stat().st_mtime_ns
+    finally:
+        end_forked_hosts(forked)
 
 
 @pytest.mark.parametrize("other_thread", [False, True])
