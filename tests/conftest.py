@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import compileall
 import subprocess
 from pathlib import Path
 
 import pytest
 from fakes.messages_api import FakeMessagesAPI
+from projects import NO_CORPUS
+from projects import upstream_corpus as find_upstream_corpus
 
 
 @pytest.fixture
@@ -15,6 +18,15 @@ def fake_messages_api():
     clients at ``base_url``, read ``requests`` afterwards."""
     with FakeMessagesAPI() as api:
         yield api
+
+
+@pytest.fixture(scope="session")
+def upstream_corpus() -> Path:
+    """The upstream task corpus (``projects.upstream_corpus``); the test skips without it."""
+    folder = find_upstream_corpus()
+    if folder is None:
+        pytest.skip(NO_CORPUS)
+    return folder
 
 
 @pytest.fixture
@@ -41,6 +53,15 @@ def _engine_or_skip(command: str, timeout: float, why: str) -> subprocess.Comple
     if done.returncode != 0:
         pytest.skip(f"{why}: {(done.stderr.strip().splitlines() or [f'exit {done.returncode}'])[-1]}")
     return done
+
+
+def pytest_configure(config):
+    """The package's bytecode, compiled once before the tests: the tests start hundreds of
+    subprocesses (CLIs, servers, runs), and where ``PYTHONDONTWRITEBYTECODE`` is set (as on CI
+    machines) each of them would otherwise compile the package again. (Once, in the controller
+    of an xdist run, not in each worker.)"""
+    if not hasattr(config, "workerinput"):
+        compileall.compile_dir(Path(__file__).resolve().parents[1] / "agentenv_dagster", quiet=1)
 
 
 def pytest_collection_modifyitems(items):

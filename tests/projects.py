@@ -14,7 +14,18 @@ from agentenv_dagster.runtime.local import Ledger
 from agentenv_dagster.runtime.processes import forked_pid, is_running, terminate
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = (REPO.parent / "shared").resolve()
+FIXTURES = REPO / "tests" / "fixtures"
+NO_CORPUS = ("the upstream task corpus is not here (it belongs to the upstream projects, not to this "
+             "repository): set AGENTENV_UPSTREAM_CORPUS or put it at ../shared/corpus")
+
+
+def upstream_corpus() -> Path | None:
+    """The upstream projects' real task files (``agentenv/``, ``coder_eval/``), when this machine
+    has them: ``AGENTENV_UPSTREAM_CORPUS``, else ``../shared/corpus`` beside the checkout. A fresh
+    clone has neither, and the tests that read it skip (``NO_CORPUS``)."""
+    named = os.environ.get("AGENTENV_UPSTREAM_CORPUS")
+    folder = Path(named) if named else REPO.parent / "shared" / "corpus"
+    return folder.resolve() if folder.is_dir() else None
 
 
 def make_project(

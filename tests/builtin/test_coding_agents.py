@@ -351,9 +351,13 @@ def test_codex_without_its_cli_or_a_key_fails_at_deploy(provide, tmp_path, monke
         provide(AgentEntry(kind="codex")).deploy_agent("coder", agent_name="a", ttl_seconds=60)
 
 
-def test_claude_code_without_the_sdk_or_a_key_fails_at_deploy(provide, monkeypatch):
+@needs_claude_sdk
+def test_claude_code_without_a_key_fails_at_deploy(provide):
     with pytest.raises(DeploymentError, match=r"^A2A agent 'coder' \(kind claude-code\) needs an API key"):
         provide(AgentEntry(kind="claude-code"), api_key=None).deploy_agent("coder", agent_name="a", ttl_seconds=60)
+
+
+def test_claude_code_without_the_sdk_fails_at_deploy(provide, monkeypatch):
     monkeypatch.setitem(sys.modules, "claude_agent_sdk", None)  # as if it were not installed
     with pytest.raises(DeploymentError, match=r"needs the claude-agent-sdk package: pip install 'agentenv-dagster\[agents\]'"):
         provide(AgentEntry(kind="claude-code"), api_key="sk-test").deploy_agent("coder", agent_name="a", ttl_seconds=60)

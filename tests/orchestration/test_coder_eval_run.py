@@ -13,9 +13,10 @@ import dagster as dg
 import pytest
 
 from agentenv_dagster import build_definitions
-from projects import SHARED, leaked_servers, make_project
+from projects import FIXTURES as ALL_FIXTURES
+from projects import leaked_servers, make_project
 
-FIXTURES = SHARED / "corpus" / "coder_eval" / "tests" / "fixtures" / "tasks"
+FIXTURES = ALL_FIXTURES / "coder_eval"
 
 
 @pytest.fixture
@@ -44,10 +45,10 @@ def workspace(tmp_path):
 
 
 @pytest.mark.parametrize("fixture, task_id, expected_rows", [
-    ("test_task_pass.yaml", "test_task", [("file_exists", 1.0, True)]),
-    ("test_task_multiple_criteria.yaml", "test_task",
+    ("grade_one_file.yaml", "grade_one_file", [("file_exists", 1.0, True)]),
+    ("grade_three_criteria.yaml", "grade_three_criteria",
      [("file_exists", 1.0, True), ("file_contains", 1.0, True), ("run_command", 1.0, True)]),
-    ("test_task_informational_criterion.yaml", "test_task_informational",
+    ("grade_informational.yaml", "grade_informational",
      [("file_exists", 1.0, True), ("file_exists", 0.0, False)]),
 ])
 def test_the_grade_only_fixtures_run_end_to_end(project, workspace, tmp_path, fixture, task_id, expected_rows):
@@ -69,9 +70,9 @@ def test_a_failing_workspace_exits_1_and_a_bad_task_exits_2(project, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     out = tmp_path / "out"
-    failed = cli(project, "run", str(FIXTURES / "test_task_pass.yaml"), "--grade-only", str(empty), "--output-dir", str(out))
+    failed = cli(project, "run", str(FIXTURES / "grade_one_file.yaml"), "--grade-only", str(empty), "--output-dir", str(out))
     assert failed.returncode == 1
-    assert task_json(out, "test_task")["final_status"] == "FAILURE"
+    assert task_json(out, "grade_one_file")["final_status"] == "FAILURE"
     bad = project / "bad.yaml"
     bad.write_text(textwrap.dedent("""
         task_id: bad
@@ -185,7 +186,7 @@ def test_a_prompt_step_that_fails_before_the_agent_answers_is_the_row_s_error(pr
     assert suite.metadata["pass_rate"].value == pytest.approx(1 / 3)
 
 
-def test_every_loadable_corpus_task_compiles_to_a_job(project):
+def test_every_loadable_corpus_task_compiles_to_a_job(project, upstream_corpus):
     from agentenv_dagster.compiler import load_plan
     from agentenv_dagster.config import load_config
     from agentenv_dagster.errors import TaskLoadError
@@ -194,7 +195,7 @@ def test_every_loadable_corpus_task_compiles_to_a_job(project):
 
     config = load_config(project)
     compiled = 0
-    for path in sorted((SHARED / "corpus" / "coder_eval").rglob("*.yaml")):
+    for path in sorted((upstream_corpus / "coder_eval").rglob("*.yaml")):
         if not is_coder_eval_document(path):
             continue
         try:

@@ -6,21 +6,27 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 from dagster._core.snap import JobSnap
 from dagster._serdes import create_snapshot_id, serialize_value
 
 from agentenv_dagster import build_repository
 from agentenv_dagster.orchestration.snapshot_hash import SnapshotHasher
 from agentenv_dagster.orchestration.snapshot_ids import TaskJob
-from projects import SHARED, make_project
+from projects import make_project
+from snapshot_tasks import write_task_variants
 
 
-def test_every_task_job_hashes_to_dagsters_own_id(tmp_path):
+@pytest.mark.parametrize("tasks", ["own", "upstream"])
+def test_every_task_job_hashes_to_dagsters_own_id(tmp_path, tasks, request):
     root = make_project(tmp_path / "p")
-    shutil.copytree(SHARED / "corpus", root / "tasks" / "corpus")
+    if tasks == "upstream":
+        shutil.copytree(request.getfixturevalue("upstream_corpus"), root / "tasks" / "corpus")
+    else:
+        write_task_variants(root / "tasks")
     repo = build_repository(root / "tasks")
     jobs = [job for job in repo.get_all_jobs() if isinstance(job, TaskJob)]
-    assert len(jobs) > 50
+    assert len(jobs) > 20
     assert {job.config_mapping is None for job in jobs} == {True, False}  # dataset partitions, step defaults
 
     hasher = SnapshotHasher()

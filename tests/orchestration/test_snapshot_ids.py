@@ -23,16 +23,14 @@ from dagster._serdes import serialize_value
 from agentenv_dagster import build_repository
 from agentenv_dagster.orchestration.snapshot_hash import SnapshotHasher
 from agentenv_dagster.orchestration.translator import TaskTranslator
-from projects import SHARED, make_project
-
-CORPUS = SHARED / "corpus" / "coder_eval"
+from projects import make_project
+from snapshot_tasks import write_task_variants
 
 
 @pytest.fixture
 def project(tmp_path):
     root = make_project(tmp_path / "p")
-    for path in sorted(CORPUS.rglob("*.yaml"))[:40]:  # datasets, sandboxes, criteria of every kind
-        shutil.copy(path, root / "tasks" / f"corpus_{path.parent.name}_{path.name}")
+    write_task_variants(root / "tasks")  # datasets, experiments' steps, criteria of several kinds
     return root
 
 

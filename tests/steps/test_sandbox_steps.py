@@ -24,8 +24,9 @@ from agentenv_dagster.context import TaskStepContext
 from agentenv_dagster.errors import TaskLoadError
 from agentenv_dagster.runner import run_plan
 from agentenv_dagster.steps.execution import StepFailed
+from projects import FIXTURES
 
-HELLO = Path("/work/shared/corpus/agentenv/hello.json")
+HELLO = FIXTURES / "agentenv" / "sandbox_greeting.json"
 SLEEP_MARK = "29.125"  # a sleep duration no other process uses, to find leftovers by
 # The container test's own: its sleeps show in this machine's process table while its container
 # lives, and tests run in parallel.

@@ -17,8 +17,9 @@ from agentenv_dagster.runner import run_dir, run_plan
 from agentenv_dagster.runtime.base import artifact_store
 from agentenv_dagster.runtime.local import Ledger
 from agentenv_dagster.runtime.processes import is_running
+from projects import FIXTURES
 
-QUICKSTART = Path("/work/shared/corpus/agentenv/task.json")
+QUICKSTART = FIXTURES / "agentenv" / "item_store_snapshot.json"
 CONFIG = """
 [stores]
 state_dir = "state"
