@@ -35,7 +35,8 @@ say "install: $install_cmd"
 start=$(date +%s)
 eval "$install_cmd"
 say "installed in $(( $(date +%s) - start )) s"
-agentenv-dagster run tasks/reply_to_dana.json >/dev/null
+say "the example: agentenv-dagster run tasks/reply_to_dana.json"
+agentenv-dagster run tasks/reply_to_dana.json >"$work/example.log" 2>&1 || { cat "$work/example.log" >&2; exit 1; }
 say "tests: $test_cmd"
 start=$(date +%s)
 eval "$test_cmd"
