@@ -59,14 +59,12 @@ def validate(paths: tuple[Path, ...]) -> None:
               help="Coder Eval: run every variant of this experiment (its folder's default.yaml is the base layer)")
 @click.option("--rows-in-flight", type=click.IntRange(min=1), default=32, show_default=True,
               help="Coder Eval dataset: rows whose step runs at the same time")
-@click.option("--shards", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Coder Eval dataset: concurrent runs over slices of the rows (sharing --rows-in-flight)")
 @click.option("--failed-only", is_flag=True,
               help="Coder Eval dataset: only the rows that did not pass last time (failed partitions, "
               "unreached or failing verifications); Dagster's run tag agentenv/rows=failed does the same")
 @click.option("--include-skipped", is_flag=True, help="Coder Eval: run the tasks marked skip: true too")
 def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
-        split: str | None, sample: int | None, experiment: Path | None, rows_in_flight: int, shards: int,
+        split: str | None, sample: int | None, experiment: Path | None, rows_in_flight: int,
         failed_only: bool, include_skipped: bool) -> None:
     """Compile each PATH and execute it through Dagster. An agent-env task (one JSON file)
     writes its final redacted context.json; Coder Eval tasks (YAML files, or folders of them:
@@ -80,7 +78,7 @@ def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ..
             _bad_input(f"--grade-only grades one task's workspace; {len(tasks)} tasks were given")
         done = _load_or_exit(lambda: run_coder_eval_tasks(
             tasks, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
-            split=split, sample=sample, experiment=experiment, rows_in_flight=rows_in_flight, shards=shards,
+            split=split, sample=sample, experiment=experiment, rows_in_flight=rows_in_flight,
             failed_only=failed_only, include_skipped=include_skipped,
             on_warning=lambda warning: click.echo(f"warning: {warning}", err=True)))
         click.echo("\n".join(done.lines()))

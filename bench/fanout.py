@@ -106,7 +106,7 @@ def run_agentenv(root: Path, n: int, latency: float, in_flight: int, shards: int
     (home / "dagster.yaml").write_text(dagster_yaml(home))  # the project's local instance, as the CLI makes it
     with dg.DagsterInstance.from_config(str(home)) as instance:
         started, clock = time.perf_counter(), time.time()
-        done = run_coder_eval_task(task, config, instance=instance, rows_in_flight=in_flight, shards=shards,
+        done = run_coder_eval_task(task, config, instance=instance, rows_in_flight=in_flight,
                                    output_dir=root / "out")
         elapsed = time.perf_counter() - started
         phases = phase_lines(instance, clock, clock + elapsed, n * latency / in_flight)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from agentenv_dagster.runtime.local import Ledger
-from agentenv_dagster.runtime.processes import forked_pid, is_running, terminate
+from agentenv_dagster.runtime.processes import is_running, terminate
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -56,22 +56,13 @@ def make_project(
 
 
 def leaked_servers(state_dir: Path) -> list[str]:
-    """Instances recorded by any run under ``state_dir`` whose process still runs, and agent
-    hosts forked for shard runs (adopted or not) that still run."""
+    """Instances recorded by any run under ``state_dir`` whose process still runs."""
     leaked = []
     for run_dir in (state_dir / "runs").glob("*"):
         for instance_id, entry in Ledger.of_run(run_dir).entries().items():
             if entry.get("pid") and is_running(entry["pid"]):
                 leaked.append(f"{run_dir.name}/{instance_id} (pid {entry['pid']})")
-    for forked in forked_hosts(state_dir):
-        if is_running(forked):
-            leaked.append(f"forked agent host (pid {forked})")
     return leaked
-
-
-def forked_hosts(state_dir: Path) -> list[int]:
-    """The pids of the agent hosts forked for shard runs under ``state_dir``."""
-    return [pid for folder in (state_dir / "forked-hosts").glob("*/*/") if (pid := forked_pid(folder)) is not None]
 
 
 def run_steps(root: Path, steps: list[dict], *, context: dict | None = None):

@@ -2,8 +2,7 @@
 
 Shared by every embedded server (envs and agents): bind port 0, write the URL to the ready
 file once listening, exit at SIGTERM (at once: it is a run's teardown) or when the TTL runs
-out (the last line of defence against leaks). ``fork_and_serve`` serves several from one
-import (``fork_servers``).
+out (the last line of defence against leaks).
 """
 
 from __future__ import annotations
@@ -14,20 +13,12 @@ import json
 import os
 import signal
 import sys
-import time
-import traceback
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import uvicorn
 
 from agentenv_dagster.runtime.loop import run as run_loop
-from agentenv_dagster.runtime.processes import (
-    FORKED_FILE, LOG_FILE, PROMPTED_FILE, READY_FILE, READY_POLL_SECONDS, is_running,
-)
-
-# an app to serve and what runs once it listens (given its URL)
-AppFactory = Callable[[], tuple[Any, Callable[[str], None] | None]]
 
 
 def add_serving_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,78 +80,6 @@ async def _end(spared: set[asyncio.Task]) -> NoReturn:
 
 def _announce(ready_file: Path, url: str) -> None:
     _write_atomically(ready_file, {"url": url, "pid": os.getpid()})
-
-
-# the longest the later servers wait, once the first ones listen, for those to be prompted
-LATER_WAIT_SECONDS = 2.0
-
-
-def fork_and_serve(servers: list[dict[str, Any]], make_app: AppFactory) -> None:
-    """For each of ``servers`` (from ``fork_servers``): fork a child that serves ``make_app()``
-    as a server started on its own would, then say its pid in the server's folder. Those
-    marked ``later`` are forked once the others have been prompted (an agent host marks its
-    folder as its first agent task starts, ``PROMPTED_FILE``: its run is past its set-up) or
-    have ended, or ``LATER_WAIT_SECONDS`` after those listen: those are needed first, and the
-    later ones' start would slow their runs' set-up (forked once the first ones listened, the
-    later hosts started while the first runs deployed their agents). Returns once all are
-    forked; they go on in their own sessions. This process has run no event loop and no
-    thread, so each child starts clean."""
-    first = {_fork(server, make_app): server for server in servers if not server.get("later")}
-    later = [server for server in servers if server.get("later")]
-    if later:
-        _until_written(first, READY_FILE, 60.0)
-        _until_written(first, PROMPTED_FILE, LATER_WAIT_SECONDS)
-        for server in later:
-            _fork(server, make_app)
-
-
-def _fork(server: dict[str, Any], make_app: AppFactory) -> int:
-    workdir = Path(server["workdir"])
-    pid = os.fork()
-    if pid == 0:
-        _serve_forked(workdir, server, make_app)
-    _write_atomically(workdir / FORKED_FILE, {"pid": pid})
-    return pid
-
-
-def _until_written(servers: dict[int, dict[str, Any]], name: str, seconds: float) -> None:
-    """Until each of these forked servers (by pid) has written ``name`` in its folder or
-    ended, for at most ``seconds``."""
-    deadline = time.monotonic() + seconds
-    waiting = dict(servers)
-    while waiting and time.monotonic() < deadline:
-        waiting = {pid: server for pid, server in waiting.items()
-                   if not (Path(server["workdir"]) / name).exists() and is_running(pid)}
-        if waiting:
-            time.sleep(READY_POLL_SECONDS)
-
-
-def _serve_forked(workdir: Path, server: dict[str, Any], make_app: AppFactory) -> NoReturn:
-    """The forked child: its own session, folder, log and environment, then ``serve``."""
-    code = 1
-    try:
-        os.setsid()
-        os.chdir(workdir)
-        devnull = os.open(os.devnull, os.O_RDONLY)  # not the starter's input, the spec's pipe
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        log = os.open(LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
-        os.environ.update(server["env"])
-        app, on_ready = make_app()
-        parser = argparse.ArgumentParser()  # the arguments a spawned server gets
-        add_serving_arguments(parser)
-        args = parser.parse_args(["--ready-file", str(workdir / READY_FILE), "--ttl-seconds", str(server["ttl_seconds"])])
-        serve(app, args, on_ready=on_ready)
-        code = 0
-    except BaseException:  # noqa: BLE001 - said in the log: the parent's waiter reads it
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 def _write_atomically(path: Path, content: dict[str, Any]) -> None:

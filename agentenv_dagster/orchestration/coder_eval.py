@@ -8,11 +8,8 @@ run.md / task.html with upstream's exit code.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import os
-import select
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -29,9 +26,7 @@ from ..plan import TaskPlan
 from ..reports.evaluation import evaluation_result
 from ..reports.experiment import experiment_result
 from ..reports.models import EvaluationResult, RunSummary, exit_code
-from ..reports.render import (
-    RenderedRows, WrittenReports, compile_templates, prepare_reports, write_reports, write_suite, write_task_json,
-)
+from ..reports.render import WrittenReports, write_reports, write_suite, write_task_json
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
 from ..runtime.collector import fewer_full_sweeps
@@ -43,10 +38,9 @@ from ..spec.coder_eval.variants import experiment_variants
 from ..spec.loader import variant_key
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
-from .execute import opened_instance
+from .execute import execute_plan, opened_instance
 from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
-from .shards import Ahead, ahead, beside, run_rows
-from .suites import latest_row_results, read_suite_rows, rolled_up_once_landed, suite_asset
+from .suites import latest_row_results, suite_asset
 from .translator import TaskTranslator
 
 
@@ -93,12 +87,12 @@ def run_coder_eval_tasks(
     paths: Sequence[Path], config: AgentEnvConfig, *, overrides: Sequence[str] = (),
     grade_only_from: Path | None = None, output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
     split: str | None = None, sample: int | None = None, experiment: Path | None = None,
-    rows_in_flight: int | None = None, shards: int = 1, failed_only: bool = False, include_skipped: bool = False,
+    rows_in_flight: int | None = None, failed_only: bool = False, include_skipped: bool = False,
     on_warning: Callable[[str], None] | None = None,
 ) -> CoderEvalRun:
     """Every task x variant (or the task as it is) x replicate: one Dagster run over the
-    selected rows of a dataset (a partition each, ``rows_in_flight`` at a time), or ``shards``
-    concurrent runs over slices of them; one run.json (and experiment.json) for them all.
+    selected rows of a dataset (a partition each, ``rows_in_flight`` at a time); one run.json
+    (and experiment.json) for them all.
     Tasks with ``skip: true`` are reported as skipped unless ``include_skipped``. Their load
     warnings go to ``on_warning`` before anything runs.
     Raises ``TaskLoadError`` for a bad task or two tasks with one id, before anything runs
@@ -118,22 +112,15 @@ def run_coder_eval_tasks(
     ]
     results: list[EvaluationResult] = []
     suites: list[dict[str, Any]] = []
-    suite_assets: list[Callable[[], None]] = []  # each a wait for a task's suite asset run
-    rendered = RenderedRows()  # each row's part of the reports, as its run ends
-    try:
-        for task_run in prepared:
-            task_results, task_suites = _run_task(task_run, config, out, instance, suite_assets, rendered,
-                                                  rows_in_flight=rows_in_flight, shards=shards)
-            results += task_results
-            suites += task_suites
-        summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
-        reports = write_reports(out, summary, results, task_jsons_written=True, rendered=rendered)
-        if experiment is not None:
-            definition = load_coder_eval_experiment(experiment).experiment
-            _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
-    finally:
-        for materialized in suite_assets:
-            materialized()
+    for task_run in prepared:
+        task_results, task_suites = _run_task(task_run, config, out, instance, rows_in_flight=rows_in_flight)
+        results += task_results
+        suites += task_suites
+    summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
+    reports = write_reports(out, summary, results, task_jsons_written=True)
+    if experiment is not None:
+        definition = load_coder_eval_experiment(experiment).experiment
+        _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
     notes = [f"{t.loaded.task.task_id}{f' [{v.variant_id}]' if v.variant_id else ''}: all {len(v.kept)} selected "
              "rows passed last time; none runs again (--failed-only)"
              for t in prepared for v in t.variants if v.kept and not v.keys]
@@ -201,25 +188,15 @@ def _prepare(
 
 
 def _run_task(
-    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None,
-    suite_assets: list[Callable[[], None]], rendered: RenderedRows, *, rows_in_flight: int | None, shards: int,
+    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
+    rows_in_flight: int | None,
 ) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
-    """One task's results (every variant and replicate, each one's parts of the reports in
-    ``rendered`` as its run ends) and its suites (a dataset's, per variant); its suite asset
-    materializes beside what follows the runs (its process forked ahead of them where it can
-    be), and the wait for it joins ``suite_assets`` at once (the caller waits, whatever is
-    raised meanwhile); when the runs raise, nothing is rolled up (a suite run started ahead
-    fails)."""
+    """One task's results (every variant and replicate) and its suites (a dataset's, per
+    variant); once the rows ran, its suite asset is materialized from their partitions."""
     task = task_run.loaded.task
-    suite_ahead = _suite_assets_ahead(task_run, config, instance)
-    try:
-        runs = _rows_runs(task_run, config, out, instance, rendered,
-                          rows_in_flight=rows_in_flight, shards=shards)
-    except BaseException:  # the rows did not all run: no suite
-        if suite_ahead is not None:
-            suite_ahead.stop()
-        raise
-    suite_assets.append(suite_ahead.go() if suite_ahead is not None else _suite_assets_beside(task_run, config, instance))
+    runs = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight)
+    if _rolls_up(task_run):
+        _materialize_suites(task_run, config, instance)
     results = [result for finished in runs for result in finished.values()]
     suites = []
     if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
@@ -238,11 +215,10 @@ def _run_task(
 
 
 def _rows_runs(
-    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None,
-    rendered: RenderedRows, *, rows_in_flight: int | None, shards: int,
-) -> list[dict[str, Any]]:
-    """Each variant's and replicate's rows run (``run_rows``), each row finished as its
-    task.json record, and its parts of the reports rendered as its run ends."""
+    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
+    rows_in_flight: int | None,
+) -> list[dict[str, EvaluationResult]]:
+    """Each variant's and replicate's rows run, each row finished as its task.json record."""
     task, path = task_run.loaded.task, task_run.loaded.source
     runs = []
     for variant in task_run.variants:
@@ -250,25 +226,20 @@ def _rows_runs(
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant.variant_id, str(replicate) if repeats > 1 else None) if p)
             tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate)}
-            reports_ahead = functools.partial(  # done while the shards run (this process waits)
-                prepare_reports, out, variant.variant_id or "default",
-                [_row_task_id(task.task_id, variant.plan.document.row_of(key)) for key in keys or []], replicate)
             row_result = _RowResult(
                 out, task.task_id, task.description, variant.task.agent.type if variant.task.agent else "none",
                 variant.plan.document.row_of, variant.task.model_dump(mode="json", exclude_none=True), str(path),
                 config.model.prices, variant.variant_id or "default", replicate)
-            runs.append(run_rows(
-                variant.plan, config, keys, instance=instance, rows_in_flight=rows_in_flight, tags=tags,
-                shards=shards, output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"),
-                meanwhile=reports_ahead, finish=row_result, landed=lambda found: rendered.add(found.values())))
+            done = execute_plan(variant.plan, config, instance=instance, partition_keys=keys or None,
+                                rows_in_flight=rows_in_flight, tags=tags,
+                                output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))
+            runs.append({key: row_result(key, done.contexts[key]) for key in keys or [""] if key in done.contexts})
     return runs
 
 
 @dataclass(frozen=True)
 class _RowResult:
-    """A row's finished context as its task.json record, written. ``run_rows`` calls it in the
-    row's shard process as its run ends: the earlier runs' rows while the later runs go on, the
-    last ones on every core at once, not all of them in this process after the runs."""
+    """A row's finished context as its task.json record, written."""
 
     out: Path
     task_id: str
@@ -307,85 +278,6 @@ def _rolls_up(task_run: _TaskRun) -> bool:
     return task_run.loaded.task.dataset is not None and any(v.keys for v in task_run.variants)
 
 
-def _suite_assets_beside(task_run: _TaskRun, config: AgentEnvConfig,
-                         instance: dg.DagsterInstance | None) -> Callable[[], None]:
-    """The rows are partitions of the task's job, or of the experiment's (one per group of
-    variants): each job's suite asset rolls them up too, in a process forked beside what follows
-    the runs (the results, the reports). Returns the wait for it."""
-    if not _rolls_up(task_run):
-        return lambda: None
-    if instance is None:  # the project's, which the forked process opens
-        return beside(_materialize_suites, task_run, config, None)
-    if not instance.is_persistent:  # it lives in this process alone
-        _materialize_suites(task_run, config, instance)
-        return lambda: None
-    return beside(_materialize_suites_of_ref, task_run, config, instance.get_ref())
-
-
-# how often a suite's process forked ahead reads the rows that have landed; its run starts after the first wait
-READ_AHEAD_SECONDS = 1.0
-
-
-def _suite_assets_ahead(task_run: _TaskRun, config: AgentEnvConfig,
-                        instance: dg.DagsterInstance | None) -> Ahead | None:
-    """The process of the task's suite asset run, forked before the rows' runs where it can be
-    (``ahead``): it reads their verifications as they land, so that once told the rows have run,
-    its Dagster run reads only the last ones back (and its fork, the instance's opening and,
-    once the rows have gone a while, the run's start are behind it). None where the suite goes
-    on after the runs (``_suite_assets_beside``)."""
-    if not _rolls_up(task_run) or (instance is not None and not instance.is_persistent):
-        return None
-    # opened here first: a new SQLite instance creates its tables on opening, and two processes
-    # doing that at once collide ("table runs already exists")
-    with opened_instance(config, instance) as opened:
-        return ahead(_materialize_suites_when_told, task_run, config, opened.get_ref())
-
-
-def _materialize_suites_when_told(task_run: _TaskRun, config: AgentEnvConfig, ref, told: int) -> None:
-    """Once the rows' runs have gone for ``READ_AHEAD_SECONDS`` (the CPU their start needs is
-    behind them), start the suites' runs, whose op waits until told the rows have run
-    (``Ahead``), reading those that have landed meanwhile (``rolled_up_once_landed``); told
-    sooner, materialize them then (unless told to stop)."""
-    with dg.DagsterInstance.from_ref(ref) as instance:
-        landed = _RowsLanded(told, functools.partial(_read_suite_rows, task_run, instance))
-        if landed.told_within(READ_AHEAD_SECONDS):
-            if landed():
-                _materialize_suites(task_run, config, instance)
-            return
-        compile_templates("suite.md")  # (this process was forked before the command compiled it)
-        with rolled_up_once_landed(landed):
-            _materialize_suites(task_run, config, instance)
-
-
-class _RowsLanded:
-    """The wait of the suite's process for the rows' runs: True once told they have run, False
-    once told to stop (``Ahead``); the rows that have landed read every ``READ_AHEAD_SECONDS``
-    meanwhile, so the rollup reads only the last ones. Reading ahead is an optimisation: should
-    it fail, the suites' runs read every row themselves."""
-
-    def __init__(self, told: int, read_ahead: Callable[[], None]) -> None:
-        self._told, self._read_ahead = told, read_ahead
-        self._went: bool | None = None
-
-    def told_within(self, seconds: float) -> bool:
-        return bool(select.select([self._told], [], [], seconds)[0])
-
-    def __call__(self) -> bool:
-        if self._went is None:
-            try:
-                while not self.told_within(READ_AHEAD_SECONDS):
-                    self._read_ahead()
-            except Exception as exc:  # noqa: BLE001 - see above
-                log.debug("the suite's rows not read ahead: %s", exc)
-            self._went = bool(os.read(self._told, 1))  # (after a failure, this waits to be told)
-        return self._went
-
-
-def _read_suite_rows(task_run: _TaskRun, instance: dg.DagsterInstance) -> None:
-    for plan, variants in _suite_jobs(task_run):
-        read_suite_rows(plan, instance, variants)
-
-
 def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> None:
     """The suite asset of the task's job (under an experiment, of each job its variants ran in)."""
     for plan, variants in _suite_jobs(task_run):
@@ -400,13 +292,6 @@ def _suite_jobs(task_run: _TaskRun) -> list[tuple[TaskPlan, list[str] | None]]:
     for variant in task_run.variants:
         jobs.setdefault(variant.plan.task_id, []).append(variant)
     return [(runs[0].plan, [v.variant_id for v in runs]) for runs in jobs.values()]
-
-
-def _materialize_suites_of_ref(task_run: _TaskRun, config: AgentEnvConfig, ref) -> None:
-    """As :func:`_materialize_suites`, in a forked process: the instance opened again from its
-    ref, as a shard does."""
-    with dg.DagsterInstance.from_ref(ref) as instance:
-        _materialize_suites(task_run, config, instance)
 
 
 def _in_dataset_order(task_id: str, plan: TaskPlan, results: list[EvaluationResult]) -> list[EvaluationResult]:

@@ -25,7 +25,6 @@ from ..naming import node_name
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.execution import StepFailed, default_seed
 from ..steps.scoring import verification_passed
-from .hosts_ahead import agent_hosts_ahead
 from .io_manager import FAILED_SUFFIX, FINAL_STEP
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
@@ -100,11 +99,10 @@ def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[d
     if len(contexts) == 1 and self_retry_pending(context, step):  # the budget comes before fail_task_on_error
         step = step.model_copy(update={"fail_task_on_error": True})
     try:
-        with agent_hosts_ahead(context, resource) if not upstream else nullcontext():
-            outcomes = resource.execute_rows(
-                step, contexts, run_id, task_id, context.log,
-                judge=getattr(context.resources, JUDGE_KEY), artifacts=getattr(context.resources, ARTIFACTS_KEY),
-            )
+        outcomes = resource.execute_rows(
+            step, contexts, run_id, task_id, context.log,
+            judge=getattr(context.resources, JUDGE_KEY), artifacts=getattr(context.resources, ARTIFACTS_KEY),
+        )
     except BaseException:
         # Interrupted (run terminated from the UI) or an unexpected error: nothing may leak.
         resource.teardown(run_id)

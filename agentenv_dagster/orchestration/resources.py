@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import dagster as dg
 from pydantic import Field
@@ -22,11 +21,10 @@ from ..config import AgentEnvConfig, load_config
 from ..context import TaskStepContext
 from ..runtime.artifacts import FilesystemArtifactStore, ObjectStore
 from ..runtime.base import RunInfo, StepRuntime, artifact_store
-from ..runtime.local import Ledger, LocalProvider
+from ..runtime.local import Ledger
 from ..runtime.loop import run as run_loop
 from ..steps.base import TaskStep
 from ..steps.execution import StepFailed, StepOutcome, run_step
-from . import handover
 
 if TYPE_CHECKING:
     from ..runtime.s3 import S3ArtifactStore, S3ObjectStore
@@ -129,61 +127,31 @@ class AgentEnvResource(dg.ConfigurableResource):
         logger: logging.Logger, *, judge: JudgeResource, artifacts: ArtifactStoreResource,
     ) -> dict[str, StepOutcome | StepFailed]:
         """Run one step for every row, ``rows_in_flight`` at once on one event loop (the op
-        owns it); each row's outcome, or the StepFailed that stopped it. A shard run that takes
-        turns with another on its core (``handover``) shares those lanes with it at the steps
-        that talk to the agent."""
+        owns it); each row's outcome, or the StepFailed that stopped it."""
         config = self.load_config(judge)
         run = RunInfo(run_id=run_id, task_id=task_id, run_dir=self.run_dir(run_id))
-        turns = handover.current()
-        if turns is not None:
-            turns.prompts_begin(step.id)
-        hands_over = turns is not None and turns.hands_over_at(step.id)
-        waiting = len(contexts)  # rows that have no lane yet
 
         async def one(lanes: asyncio.Queue[StepRuntime], ctx: TaskStepContext) -> StepOutcome | StepFailed:
-            nonlocal waiting
             rt = await lanes.get()  # a row holds a lane while its step runs: rows_in_flight at once
-            waiting -= 1
             try:
                 return await run_step(step, ctx, rt)
             except StepFailed as failed:
                 return failed
             finally:
-                if hands_over and not waiting:  # no row of this run needs it again: the later run's
-                    turns.hand_over()
-                    await rt.http.aclose()
-                else:
-                    lanes.put_nowait(rt)
+                lanes.put_nowait(rt)
 
         async def go() -> list[StepOutcome | StepFailed]:
             async with StepRuntime(config, run, logger, artifacts=artifacts.get_store(),
                                    objects=artifacts.get_object_store()) as rt:
-                waits = turns is not None and turns.waits_at(step.id)
-                if len(contexts) == 1 and not waits:
+                if len(contexts) == 1:
                     try:
                         return [await run_step(step, next(iter(contexts.values())), rt)]
                     except StepFailed as failed:
                         return [failed]
                 async with rt.lanes(min(self.rows_in_flight, len(contexts))) as lanes:
-                    async with turns.lanes_handed_over(lanes) if waits else nullcontext():
-                        return await asyncio.gather(*(one(lanes, ctx) for ctx in contexts.values()))
+                    return await asyncio.gather(*(one(lanes, ctx) for ctx in contexts.values()))
 
-        try:
-            return dict(zip(contexts, run_loop(go())))
-        finally:
-            if hands_over:
-                turns.close()  # what it did not hand over goes with the end of the pipes
-
-    def start_agent_hosts(self, run_id: str, hosts: list[dict[str, Any]], logger: logging.Logger) -> None:
-        """Find or start, ahead of their deploy_agent steps, the run's agent hosts they will
-        use (``DeployAgentStep.host_ahead``). Best effort: a host that cannot start now is
-        left to its step, which says why."""
-        provider = LocalProvider(self.load_config(), self.run_dir(run_id))
-        for host in hosts:
-            try:
-                provider.start_agent_host(**host)
-            except Exception as exc:  # the step will start it, or fail with the reason
-                logger.debug("agent host for %s not started ahead: %s", host["agent_id"], exc)
+        return dict(zip(contexts, run_loop(go())))
 
     def teardown(self, run_id: str) -> list[str]:
         """End everything the run deployed; later deployments of the run are refused."""

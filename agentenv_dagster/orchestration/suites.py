@@ -10,9 +10,7 @@ partitioned by variant, each partition rolling up the variant x row partitions o
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import dagster as dg
 
@@ -31,8 +29,6 @@ SUITES_SENSOR = "agentenv_suites"
 ROWS_UPDATED = (dg.AutomationCondition.any_deps_updated().since_last_handled()
                 & ~dg.AutomationCondition.any_deps_in_progress() & ~dg.AutomationCondition.in_progress()
                 ).with_label("rows updated, none running")
-# set while the command's suite process runs the suite ahead of its rows (``rolled_up_once_landed``)
-_ROWS_LANDED: ContextVar[Callable[[], bool] | None] = ContextVar("rows_landed", default=None)
 
 
 def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefinition | None:
@@ -63,11 +59,6 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
     def _suite(context):
         from ..reports.render import suite_markdown  # Jinja: not on every run worker's import path
 
-        landed = _ROWS_LANDED.get()
-        if landed is not None:
-            context.log.info("rolling up once the rows' runs have ended")
-            if not landed():
-                raise dg.Failure("the rows' runs did not all end: there is nothing to roll up")
         variant = context.partition_key if variants else None
         rows = _suite_rows(document, variant)
         replicates = document.replicates_of(variant)
@@ -93,20 +84,6 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
         )
 
     return _suite
-
-
-@contextmanager
-def rolled_up_once_landed(landed: Callable[[], bool]) -> Iterator[None]:
-    """The suites materialized in this block (in this thread) start their run at once, and
-    their op waits until ``landed()`` says the rows' runs have all ended (True) or will not
-    (False: the op fails, with nothing rolled up). The command starts the suite's run while
-    the rows still run: once they end, only the rollup is left to do (its run's start, ~0.07 s
-    at the end of every dataset's command, is behind it)."""
-    token = _ROWS_LANDED.set(landed)
-    try:
-        yield
-    finally:
-        _ROWS_LANDED.reset(token)
 
 
 def suites_sensor(suites: list[dg.AssetsDefinition]) -> list[dg.AutomationConditionSensorDefinition]:
@@ -143,14 +120,6 @@ def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, s
 def _suite_rows(document: TaskDocument, variant: str | None) -> list[str]:
     """The partitions a suite (of ``variant``, under an experiment) rolls up."""
     return [k for k in document.partitions if document.variant_of(k) == variant]
-
-
-def read_suite_rows(plan: TaskPlan, instance: dg.DagsterInstance, variants: list[str] | None) -> None:
-    """Read what the suite asset of ``plan``'s job (of these variants) reads: the project's
-    storage keeps what it has read, so a process that does this as the rows land, then
-    materializes the suite, reads only the last rows back in the suite's run."""
-    for variant in variants or [None]:
-        latest_row_results(plan, instance, _suite_rows(plan.document, variant), plan.task_id, variant)
 
 
 def latest_row_results(

@@ -9,7 +9,6 @@ deployment that finishes after the run started tearing down ends itself and fail
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -18,11 +17,10 @@ import logging
 import os
 import secrets
 import shutil
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import httpx
 from filelock import FileLock
@@ -30,18 +28,13 @@ from filelock import FileLock
 from ..config import BUILTIN_AGENTS, CODING_CLI_KINDS, AgentEntry, AgentEnvConfig
 from ..context import DeployedAgent, DeployedEnv, DeployedSandbox
 from .http1 import Http1Transport
-from .processes import (
-    ServerProcess, ServerStartError, adopt_server, fork_servers, forked_pid, is_running, spawn_server, terminate,
-)
+from .processes import ServerProcess, is_running, spawn_server, terminate
 from .sandbox import LocalSandbox
 
 log = logging.getLogger(__name__)
 
 ENV_SERVER_MODULE = "agentenv_dagster.builtin.envs"
 AGENT_SERVER_MODULE = "agentenv_dagster.builtin.agents"
-# {"starter": pid, "hosts": {host_id: folder}}: agent hosts forked ahead for the run of this
-# process (a dataset's shard run), which adopts each instead of starting its own
-FORKED_HOSTS_ENV = "AGENTENV_FORKED_AGENT_HOSTS"
 
 
 class DeploymentError(RuntimeError):
@@ -214,36 +207,6 @@ class LocalProvider:
         return HostedRequest(agent_id, agent_name, host_id, host_url, str(sandbox),
                              {"id": instance_id, "sandbox": str(sandbox), "config": settings})
 
-    def start_agent_host(
-        self, agent_id: str, *, ttl_seconds: int, env_vars: dict[str, str] | None = None,
-        overrides: dict[str, Any] | None = None,
-    ) -> bool:
-        """Find or start the host that ``deploy_agent(agent_id, ...)`` will use, ahead of the
-        step (its start, most of a second, then overlaps the steps before). False when that
-        host cannot be known ahead: a coding CLI's agent (its checks belong to its step), or
-        an agent its step would refuse (the step says why). A host forked for this run is
-        starting already: its step adopts it, and the steps before do not wait for it."""
-        try:
-            env = None if self.ledger.closed else self.agent_host_env(agent_id, env_vars, overrides)
-            if env is None:
-                return False
-            if _forked_for_this_run(agent_host_id(env)) is None:
-                self._agent_host(env, ttl_seconds)
-        except DeploymentError:
-            return False
-        return True
-
-    def agent_host_env(
-        self, agent_id: str, env_vars: dict[str, str] | None = None, overrides: dict[str, Any] | None = None,
-    ) -> dict[str, str] | None:
-        """The environment of the host ``deploy_agent(agent_id, ...)`` will use (which host
-        it is: :func:`agent_host_id`); None for a coding CLI's agent, whose checks belong to
-        its step. Raises ``DeploymentError`` for an agent the step would refuse."""
-        entry = self._agent_entry(agent_id, overrides)
-        if entry.kind in CODING_CLI_KINDS:
-            return None
-        return self._process_env(agent_id, entry, env_vars, None)
-
     def _agent_entry(self, agent_id: str, overrides: dict[str, Any] | None) -> AgentEntry:
         """The registry entry of ``agent_id``, with a step's inline settings on top."""
         entry = self.config.agent_entry(agent_id)
@@ -290,9 +253,8 @@ class LocalProvider:
 
     def _agent_host(self, env: dict[str, str], ttl_seconds: int) -> tuple[str, str]:
         """The URL of the run's agent host for this process environment, started on first
-        use (one per distinct environment: a key is per process), or adopted when it was
-        forked ahead for this run. A file lock keeps ops in other processes of the run from
-        starting a second one."""
+        use (one per distinct environment: a key is per process). A file lock keeps ops in
+        other processes of the run from starting a second one."""
         host_id = agent_host_id(env)
         if host_id in self._hosts:  # this process found or started it already (a dead host fails the POST)
             return host_id, self._hosts[host_id]
@@ -302,27 +264,9 @@ class LocalProvider:
             if entry and is_running(entry["pid"]):
                 url = entry["url"]
             else:
-                server = self._adopt_forked_host(host_id)
-                if server is None:
-                    server = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env)
-                url = server.url
+                url = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env).url
         self._hosts[host_id] = url
         return host_id, url
-
-    def _adopt_forked_host(self, host_id: str) -> ServerProcess | None:
-        """The host forked ahead for this process's run (``FORKED_HOSTS_ENV``), if it has
-        this environment and came up; else None, and the run starts its own."""
-        forked = _forked_for_this_run(host_id)
-        if forked is None:
-            return None
-        starter, folder = forked
-        _ADOPTED.add(folder)  # one run adopts it, once
-        try:
-            server = adopt_server(Path(folder), starter)
-        except ServerStartError as exc:
-            log.warning("the agent host forked ahead is not used, the run starts its own: %s", exc)
-            return None
-        return self._keep(server, host_id, "agent")
 
     def deploy_sandbox(
         self, sandbox_name: str, *, step_id: str, sandbox_mode: str, ttl_seconds: int,
@@ -475,66 +419,9 @@ class LocalProvider:
         return server
 
 
-# the forked hosts' folders this process has adopted: each once (one that has died since
-# left its ready file behind, and is not adopted again)
-_ADOPTED: set[str] = set()
-
-
-def _forked_for_this_run(host_id: str) -> tuple[int, str] | None:
-    """(its starter's pid, its folder) of the host with this id forked ahead for this process's
-    run (``FORKED_HOSTS_ENV``) and not adopted yet; else None."""
-    forked = json.loads(os.environ.get(FORKED_HOSTS_ENV) or "{}")
-    folder = (forked.get("hosts") or {}).get(host_id)
-    return None if folder is None or folder in _ADOPTED else (forked["starter"], folder)
-
-
 def agent_host_id(env: dict[str, str]) -> str:
     """The agent host of a process environment (a key is per process, so per host)."""
     return "agent-host-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
-
-
-def fork_agent_hosts(hosts: dict[str, tuple[dict[str, str], int]], runs: int, folder: Path,
-                     first: int | None = None) -> list[dict[str, Any]]:
-    """For each of ``runs`` runs, the agent hosts ``hosts`` (``{host_id: (environment, ttl)}``),
-    forked from one import (``fork_servers``) while the runs start, those of the ``first``
-    runs (when given) before the others: for each run what it adopts
-    (``adopting_forked_hosts``). Each run's teardown ends those it adopted;
-    :func:`end_forked_hosts` ends the rest."""
-    names = {(run, host_id): f"{host_id}-run-{run}" for run in range(runs) for host_id in hosts}
-    starter = fork_servers(AGENT_SERVER_MODULE, ["hosts"], {
-        name: {"env": hosts[host_id][0], "ttl_seconds": hosts[host_id][1]} for (_, host_id), name in names.items()
-    }, folder=folder, first=None if first is None else first * len(hosts))
-    return [{"starter": starter, "hosts": {host_id: str(folder / names[run, host_id]) for host_id in hosts}}
-            for run in range(runs)]
-
-
-@contextlib.contextmanager
-def adopting_forked_hosts(forked: dict[str, Any] | None) -> Iterator[None]:
-    """While the block runs, the run this process starts adopts these hosts (``FORKED_HOSTS_ENV``)."""
-    if not forked:
-        yield
-        return
-    os.environ[FORKED_HOSTS_ENV] = json.dumps(forked)
-    try:
-        yield
-    finally:
-        os.environ.pop(FORKED_HOSTS_ENV, None)
-
-
-def end_forked_hosts(forked: list[dict[str, Any]], starter_seconds: float = 30.0) -> None:
-    """End every host forked for the runs (a run's own teardown ended those it adopted),
-    once their starter is done forking (it ends as soon as it is)."""
-    starters = {run["starter"] for run in forked}
-    deadline = time.monotonic() + starter_seconds
-    while any(is_running(pid) for pid in starters) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    for pid in starters:
-        terminate(pid)  # (a no-op when it ended, as it does)
-    for run in forked:
-        for folder in run["hosts"].values():
-            pid = forked_pid(Path(folder))
-            if pid is not None:  # (None: never forked, its starter failed first)
-                terminate(pid)
 
 
 @dataclass(frozen=True)
@@ -629,7 +516,7 @@ def _http() -> httpx.Client:
     return httpx.Client(timeout=30, verify=False)
 
 
-os.register_at_fork(after_in_child=_http.cache_clear)  # a forked shard run opens its own connections
+os.register_at_fork(after_in_child=_http.cache_clear)  # a forked process opens its own connections
 
 
 def _now() -> datetime:

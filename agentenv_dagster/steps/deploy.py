@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Literal
 
 from ..config import AgentEnvConfig
@@ -78,14 +77,6 @@ class DeployAgentStep(TaskStep):
     enable_docker: bool = False
     metadata: dict[str, Any] = {}
     agent_config: dict[str, Any] = {}  # ours: inline settings over the registry entry (Coder Eval `agent:`)
-
-    def host_ahead(self, config: AgentEnvConfig) -> dict[str, Any] | None:
-        """What finds or starts this step's agent host before the step runs
-        (``LocalProvider.start_agent_host``); None when a row's values could change it (a
-        ``${...}`` token in the agent, its settings or its variables)."""
-        settings = {"agent_id": self._agent_id(config), "ttl_seconds": self._ttl(),
-                    "env_vars": self.env_vars, "overrides": self.agent_config}
-        return None if "${" in json.dumps(settings, default=str) else settings
 
     def _agent_id(self, config: AgentEnvConfig) -> str:
         return self.a2a_agent_id or config.agents.default_a2a_agent_id

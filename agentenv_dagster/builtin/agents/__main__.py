@@ -3,9 +3,6 @@
 
 ``python -m agentenv_dagster.builtin.agents host --ready-file R --ttl-seconds S`` serves an
 agent host instead: one process in which a run deploys all its agents (see ``host.py``).
-``python -m agentenv_dagster.builtin.agents hosts`` imports once and forks an agent host for
-each entry of the JSON list on its standard input (``runtime.processes.fork_servers``), then
-exits.
 """
 
 from __future__ import annotations
@@ -21,10 +18,6 @@ from pathlib import Path
 os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
 UNUSED_BY_AGENTS = (
     "sqlalchemy", "fastapi", "grpc", "httpx._main",
-    # (and where this process was forked from one that has SQLAlchemy and gRPC, a2a-sdk's modules that use them)
-    "a2a.server.tasks.database_task_store", "a2a.server.tasks.database_push_notification_config_store",
-    "a2a.server.cluster.database_event_stream", "a2a.server.cluster.database_task_store",
-    "a2a.server.request_handlers.grpc_handler",
 )
 
 
@@ -57,21 +50,14 @@ if __name__ == "__main__":
     without_a2a_spans()
 
 from agentenv_dagster.builtin.agents.brains import BRAINS, build_brain
-from agentenv_dagster.builtin.serving import add_serving_arguments, fork_and_serve, serve
+from agentenv_dagster.builtin.serving import add_serving_arguments, serve
 from agentenv_dagster.runtime.sandbox import LocalSandbox
 
 HOST = "host"
-HOSTS = "hosts"
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv == [HOSTS]:
-        servers = json.load(sys.stdin)
-        import agentenv_dagster.builtin.agents.host  # noqa: F401 - here, once: what every fork shares
-
-        fork_and_serve(servers, _agent_host)
-        return
     parser = argparse.ArgumentParser(prog="python -m agentenv_dagster.builtin.agents")
     parser.add_argument("kind", choices=sorted([*BRAINS, HOST]))
     parser.add_argument("--sandbox", type=Path)

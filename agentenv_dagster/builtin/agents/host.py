@@ -28,7 +28,6 @@ from starlette.routing import Route
 
 from agentenv_dagster.builtin.agents.brains import build_brain
 from agentenv_dagster.builtin.agents.server import PLACEHOLDER_URL, EmbeddedAgent, build_app, build_card
-from agentenv_dagster.runtime.processes import PROMPTED_FILE
 from agentenv_dagster.runtime.sandbox import LocalSandbox
 
 PREFIX = "/agents/"
@@ -44,17 +43,9 @@ _current: ContextVar[Tenant] = ContextVar("agentenv_hosted_agent")
 
 
 class HostedAgent(AgentExecutor):
-    """Whichever hosted agent the request is for: every call goes to the current tenant's.
-    The first task marks the host's folder (``PROMPTED_FILE``): its run is past its set-up,
-    and the later runs' hosts may start (``serving.fork_and_serve``)."""
-
-    def __init__(self) -> None:
-        self._prompted = False
+    """Whichever hosted agent the request is for: every call goes to the current tenant's."""
 
     async def execute(self, context, event_queue) -> None:
-        if not self._prompted:
-            self._prompted = True
-            Path(PROMPTED_FILE).touch()
         await _current.get().agent.execute(context, event_queue)
 
     async def cancel(self, context, event_queue) -> None:
