@@ -120,7 +120,7 @@ class StoresConfig(_Section):
         return self
 
 
-EXECUTORS = ("multiprocess", "in_process", "celery", "k8s")
+EXECUTORS = ("agentenv", "in_process", "multiprocess", "celery", "k8s")
 
 
 class CeleryConfig(_Section):
@@ -132,18 +132,20 @@ class CeleryConfig(_Section):
 
 
 class DagsterConfig(_Section):
-    """How jobs execute: ``multiprocess`` (forkserver, the default), ``in_process``,
+    """How jobs execute. Unset: ``agentenv`` (a run's ops side by side in threads of its
+    process, rows pipelined), or ``in_process`` for a task whose steps form a chain. Or one for
+    every job: ``agentenv``, ``in_process``, ``multiprocess`` (Dagster's: a process per step),
     ``celery`` (``dagster_celery.celery_executor``: steps run on Celery workers) or ``k8s``
     (``dagster_k8s.k8s_job_executor``: a Kubernetes Job per step, ``[dagster.k8s]`` is its
     config). The ``AGENTENV_DAGSTER_EXECUTOR`` environment variable overrides ``executor``."""
 
-    executor: Literal["multiprocess", "in_process", "celery", "k8s"] = "multiprocess"
+    executor: Literal["agentenv", "in_process", "multiprocess", "celery", "k8s"] | None = None
     celery: CeleryConfig = Field(default_factory=CeleryConfig)
     k8s: dict[str, Any] = Field(default_factory=dict)  # job_namespace, job_image, env_secrets, ...
 
-    def chosen_executor(self) -> str:
+    def chosen_executor(self) -> str | None:
         chosen = os.environ.get("AGENTENV_DAGSTER_EXECUTOR") or self.executor
-        if chosen not in EXECUTORS:
+        if chosen is not None and chosen not in EXECUTORS:
             raise ConfigError(f"AGENTENV_DAGSTER_EXECUTOR='{chosen}': expected one of {', '.join(EXECUTORS)}")
         return chosen
 

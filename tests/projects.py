@@ -65,6 +65,15 @@ def leaked_servers(state_dir: Path) -> list[str]:
     return leaked
 
 
+def stream_rows(run_dir: Path, step_key: str) -> dict[str, dict]:
+    """A run's stream of one step (``<state>/runs/<run_id>``): each row's context as the step
+    passed it on (or as the row stopped)."""
+    from agentenv_dagster.orchestration.io_manager import TaskContextIOManager
+
+    rows = TaskContextIOManager(base_dir=str(run_dir.parent)).rows(run_dir.name, step_key)
+    return {key: record["context"] for key, record in rows.items()}
+
+
 def run_steps(root: Path, steps: list[dict], *, context: dict | None = None):
     """Run ``steps`` with the plain asyncio walker in project ``root``; returns the context
     (or raises the first fatal failure)."""

@@ -12,7 +12,6 @@ from functools import partial
 from pathlib import Path
 
 import dagster as dg
-from dagster._core.execution.build_resources import wrap_resources_for_execution
 
 from ..compiler import compile_location
 from ..config import AgentEnvConfig, load_config
@@ -20,7 +19,7 @@ from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..plan import TaskPlan
 from ..steps.base import TaskStep
-from .executors import FORKSERVER_EXECUTOR, job_executor
+from .executors import job_executor
 from .io_manager import context_io_manager
 from .ops import AFTER, IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
 from .resources import agentenv_resources
@@ -29,7 +28,6 @@ from .schedules import task_schedules
 from .review_tags import review_tag_sensor
 from .retries import span_tags
 from .sensors import task_sensors
-from .snapshot_ids import SnapshotIds, TaskJob
 from .suites import suite_asset, suites_sensor
 from .translator import TAG_STEP_ASSETS, TaskTranslator
 
@@ -39,16 +37,14 @@ POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared
 
 def build_job(
     plan: TaskPlan, translator: TaskTranslator | None = None, executor_def: dg.ExecutorDefinition | None = None,
-    resource_defs: dict | None = None,
 ) -> dg.JobDefinition:
     """One job per task: a node per step (aliases of the shared per-type ops), the
     ``depends_on`` edges, a final teardown node, the step fields as default op config. A
-    dataset task is partitioned by row: each partition's config is its row's fields.
-    ``resource_defs`` bound here spare ``Definitions`` a copy of every job to bind them."""
+    dataset task is partitioned by row: each partition's config is its row's fields. The
+    executor: ``executor_def``, else the one the plan calls for (``executors.job_executor``)."""
     translator = translator or TaskTranslator()
     deps: dict[dg.NodeInvocation, dict] = {}
     node_defs = {}
-    nodes = []  # what each node is, for the job's recipe
     for step in plan.steps:
         op_def = step_op(step.type)
         node_defs[op_def.name] = op_def
@@ -65,8 +61,6 @@ def build_job(
             [translator.get_node_name(plan.step_by_id[d]) for d in sources],
             after=[translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id] if d not in sources],
         )
-        nodes.append([op_def.name, invocation.alias, invocation.tags, repr(invocation.retry_policy),
-                      sources, plan.edges[step.id]])
     teardown = teardown_op()
     node_defs[teardown.name] = teardown
     sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
@@ -76,28 +70,8 @@ def build_job(
         description=translator.get_job_description(plan),
     )
     config, tags = _job_config(plan, translator), translator.get_job_tags(plan)
-    return TaskJob(graph_def=graph, config=config, tags=tags, executor_def=executor_def or FORKSERVER_EXECUTOR,
-                   resource_defs=wrap_resources_for_execution(resource_defs),
-                   recipe=partial(_recipe, graph, nodes, tags, config, plan))
-
-
-def _recipe(graph: dg.GraphDefinition, nodes: list, tags: dict, config, plan: TaskPlan) -> dict:
-    """What ``build_job`` gave Dagster that differs between tasks (see ``snapshot_ids``): the
-    names, tags and edges, and the steps' defaults or (by partition) the partitions and the plan
-    they are read from."""
-    if isinstance(config, dg.PartitionedConfig):
-        config_made_of = {"partitions": _partition_keys(config.partitions_def), "plan": plan.document.content_hash}
-    else:
-        config_made_of = {"defaults": config.config_schema.as_field().default_value}
-    return {"name": graph.name, "description": graph.description, "tags": tags, "nodes": nodes,
-            "config": config_made_of}
-
-
-def _partition_keys(partitions: dg.PartitionsDefinition) -> list[str] | str:
-    try:
-        return partitions.get_partition_keys()
-    except Exception:  # a custom translator's dynamic partitions: known to the instance only
-        return repr(partitions)
+    return dg.JobDefinition(graph_def=graph, config=config, tags=tags,
+                            executor_def=executor_def or job_executor(AgentEnvConfig(), plan))
 
 
 def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping | dg.PartitionedConfig:
@@ -189,12 +163,12 @@ def build_definitions(
     translator = translator or TaskTranslator()
     config = load_config(project_dir)
     report = compile_location(tasks_dir, config)
-    executor = job_executor(config)  # forkserver, or the project's choice ([dagster] executor)
     resources = location_resources(config)
     plans, jobs, suites, specs, checks = [], [], [], [], []
     for plan in report.plans:
         try:  # Dagster's own checks (names, keys) refuse one task, not the location
-            job, suite = build_job(plan, translator, executor, resources), suite_asset(plan, translator)
+            job = build_job(plan, translator, job_executor(config, plan))
+            suite = suite_asset(plan, translator)
             plan_specs, check_specs = translator.get_asset_specs(plan), translator.get_check_specs(plan)
         except dg.DagsterInvalidDefinitionError as exc:
             report.errors.append(SpecError(f"Dagster refuses its definitions: {exc}", file=str(plan.document.source)))
@@ -209,7 +183,6 @@ def build_definitions(
         raise TaskLoadError(report.errors)
     for problem in [*map(str, report.errors), *report.warnings]:
         log.warning(problem)
-    SnapshotIds.of_location(config, tasks_dir, translator, resources, executor).attach(jobs)
     jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
     return dg.Definitions(
         jobs=jobs,

@@ -19,9 +19,10 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
 from ..plan import TaskPlan
-from ..runtime.collector import fewer_full_sweeps
 from .compute_logs import compute_logs_yaml
+from .dagster_internals import run_here
 from .definitions import build_job, run_config
+from .executors import job_executor
 from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
@@ -99,7 +100,6 @@ def _moved(settings: Path, home: Path) -> bool:
     return local_storage_yaml(home) not in text and "class: LocalSqliteStorage" in text
 
 
-@fewer_full_sweeps()
 def execute_plan(
     plan: TaskPlan,
     config: AgentEnvConfig,
@@ -110,37 +110,32 @@ def execute_plan(
     partition_key: str | None = None,
     partition_keys: list[str] | None = None,
     rows_in_flight: int | None = None,
+    max_sandboxes: int | None = None,
     tags: dict[str, str] | None = None,
 ) -> RunResult:
     """Run the task, one of its partitions (``partition_key``), or several in one run
-    (``partition_keys``, a single-run backfill: every op runs its step for all of them,
-    ``rows_in_flight`` at once)."""
+    (``partition_keys``, as a single-run backfill does: each row goes through the steps as soon
+    as its own steps before are done, ``rows_in_flight`` at once in each step and at most
+    ``max_sandboxes`` rows holding their deployments), in this process, with the job's
+    executor (``executors.job_executor``)."""
     io_manager = context_io_manager(config)  # the state folder, or S3 ([stores] backend)
-    job = build_job(plan, executor_def=dg.in_process_executor)  # a retry re-executes it here too
+    job = build_job(plan, executor_def=job_executor(config, plan))  # a retry re-executes it here too
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
     config.state_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=config.state_dir, delete=False) as seed:
         json.dump(initial_context or {}, seed)
-    resources = agentenv_resources(config, initial_context_path=seed.name, rows_in_flight=rows_in_flight)
-    launch: dict[str, Any] = {"partition_key": partition_key}
-    if partition_keys is not None and len(partition_keys) == 1:
-        launch = {"partition_key": partition_keys[0]}
-    elif partition_keys:
-        launch = _range_launch(plan, partition_keys)
-    defs = dg.Definitions(
-        jobs=[job], resources={**resources, IO_MANAGER_KEY: io_manager},
-    )
+    resources = agentenv_resources(config, initial_context_path=seed.name, rows_in_flight=rows_in_flight,
+                                   max_sandboxes=max_sandboxes)
+    job_def = dg.Definitions(jobs=[job], resources={**resources, IO_MANAGER_KEY: io_manager}).get_job_def(job.name)
+    run_config, run_tags = _launch(plan, job_def, partition_key, partition_keys)
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
-            job_def = defs.get_job_def(job.name)
-            result = job_def.execute_in_process(
-                instance=active, raise_on_error=False, **{**launch, "tags": {**(tags or {}), **launch.get("tags", {})}},
-            )
-            run_ids = [result.run_id, *retry_in_process(active, job_def, result.run_id, io_manager)]
+            run_id = run_here(job_def, active, run_config, {**(tags or {}), **run_tags})
+            run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
             success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
     finally:
         os.unlink(seed.name)
-    for run_id in run_ids:  # the safety net: the teardown op did it on success
+    for run_id in run_ids:  # the safety net: the teardown op did it, unless the run stopped before it
         resources[RESOURCE_KEY].teardown(run_id)
     contexts = io_manager.final_contexts(run_ids[-1])
     context = next(iter(contexts.values())) if len(contexts) == 1 else TaskStepContext()
@@ -157,7 +152,20 @@ def execute_plan(
     )
 
 
-def _range_launch(plan: TaskPlan, keys: list[str]) -> dict[str, Any]:
+def _launch(plan: TaskPlan, job: dg.JobDefinition, partition_key: str | None,
+            partition_keys: list[str] | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The run config and tags of a run of the task, of one partition, or of several."""
+    if partition_keys is not None and len(partition_keys) == 1:
+        partition_key = partition_keys[0]
+    if partition_key is not None:
+        request = job.run_request_for_partition(partition_key)
+        return dict(request.run_config), dict(request.tags)
+    if partition_keys:
+        return _range_launch(plan, partition_keys)
+    return {}, {}
+
+
+def _range_launch(plan: TaskPlan, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """A run of several partitions: tagged with their range (in dataset order), configured
     with their values."""
     rows = plan.document.partitions or {}
@@ -165,6 +173,5 @@ def _range_launch(plan: TaskPlan, keys: list[str]) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"task '{plan.task_id}' has no partitions {unknown}")
     ordered = [k for k in rows if k in set(keys)]
-    return {"run_config": run_config(plan, TaskTranslator(), {k: rows[k] for k in ordered}),
-            "tags": range_tags(plan, ordered)}
+    return run_config(plan, TaskTranslator(), {k: rows[k] for k in ordered}), range_tags(plan, ordered)
 

@@ -1,10 +1,15 @@
-"""The executor every job gets: multiprocess (forkserver) by default, or what the project
-chooses (``[dagster] executor`` in ``.agentenv/config.toml``, or ``AGENTENV_DAGSTER_EXECUTOR``).
+"""The executor a job gets: the project's side-by-side executor by default, or what the
+project chooses (``[dagster] executor`` in ``.agentenv/config.toml``, or
+``AGENTENV_DAGSTER_EXECUTOR``).
 
-The jobs do not change between executors: ops hand each other their contexts through the IO
-manager, so with the S3 one (``[stores] backend = "s3"``) and a Postgres instance the same
-job runs with its steps on Celery workers (``celery``) or in Kubernetes Jobs (``k8s``,
-``dagster_k8s.k8s_job_executor``; see README "Running in production").
+``agentenv_executor`` runs a run's ops in threads of the run's process, each as soon as its
+upstream streams exist, so a dataset's rows are pipelined (``streams.py``) and independent
+branches overlap; a task whose steps form a chain and that has no dataset gains nothing from
+that and runs on Dagster's in-process executor (one step after another, and a failure skips
+what follows, as Dagster shows it). The jobs do not change between executors: ops hand each
+other their rows through the IO manager, so with the S3 one (``[stores] backend = "s3"``) and
+a Postgres instance the same job runs with its steps on Celery workers (``celery``: one op
+after another) or in Kubernetes Jobs (``k8s``, ``dagster_k8s.k8s_job_executor``).
 """
 
 from __future__ import annotations
@@ -12,24 +17,46 @@ from __future__ import annotations
 import dagster as dg
 
 from ..config import AgentEnvConfig, resolve_reference
+from ..plan import TaskPlan
+from .streams import request_stop, running_side_by_side
 
-FORKSERVER_EXECUTOR = dg.multiprocess_executor.configured(
-    # the local storage too: it reads Dagster's migration scripts once, for every step process
-    {"start_method": {"forkserver": {"preload_modules": [
-        "dagster", "agentenv_dagster.orchestration.ops", "agentenv_dagster.orchestration.sqlite_storage"]}}},
-    name="multiprocess_forkserver",
+
+@dg.executor(
+    name="agentenv",
+    config_schema={"retries": dg.Field(dict, is_required=False, default_value={"enabled": {}},
+                                       description="Dagster's retries config ({enabled: {}} or {disabled: {}})")},
 )
+def agentenv_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
+    """Every step of a run in a thread of the run's process, side by side: a step starts as
+    soon as the streams it reads exist."""
+    from .dagster_internals import RetryMode, ThreadedExecutor
+
+    retries = RetryMode.from_config(init_context.executor_config["retries"])
+    return ThreadedExecutor(retries, in_step_thread=running_side_by_side, on_interrupt=request_stop)
 
 
-def job_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:
+def job_executor(config: AgentEnvConfig, plan: TaskPlan | None = None) -> dg.ExecutorDefinition:
+    """The project's choice, else the side-by-side executor; for a plan whose steps form a
+    chain, with no dataset, Dagster's in-process executor."""
     choice = config.dagster.chosen_executor()
-    if choice == "in_process":
+    if choice == "in_process" or (choice is None and plan is not None and runs_as_chain(plan)):
         return dg.in_process_executor
+    if choice == "multiprocess":
+        return dg.multiprocess_executor
     if choice == "celery":
         return celery_executor(config)
     if choice == "k8s":
         return k8s_executor(config)
-    return FORKSERVER_EXECUTOR
+    return agentenv_executor
+
+
+def runs_as_chain(plan: TaskPlan) -> bool:
+    """Whether nothing of the task could overlap: one row, and each step after the one before
+    it (an ancestor of it, directly or not)."""
+    if plan.document.partitions:
+        return False
+    steps = [step.id for step in plan.steps]
+    return all(previous in plan.ancestors(step) for previous, step in zip(steps, steps[1:]))
 
 
 def celery_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:

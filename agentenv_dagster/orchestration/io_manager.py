@@ -1,8 +1,9 @@
-"""The context IO managers: each op's context, persisted per run as redacted JSON.
+"""The context IO managers: each op's row stream, persisted per run as redacted JSON.
 
-Nothing travels in process memory, so the multiprocess executor works, and with the S3
-flavour (``s3_io_manager.py``) any remote executor (Celery, Kubernetes); secrets are stripped
-before anything is written.
+An op's output is a :class:`~.streams.StreamRef`; what it names is the op's row records,
+appended as its rows end (``streams.py``). Nothing travels in process memory, so the
+multiprocess executor works, and with the S3 flavour (``s3_io_manager.py``) any remote
+executor (Celery, Kubernetes); secrets are stripped before anything is written.
 """
 
 from __future__ import annotations
@@ -10,20 +11,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import dagster as dg
 
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
-from .rows import merge_upstream, rows_of
+from .streams import StreamRef, final_rows
 
-FINAL_STEP = "teardown_run"  # the op whose output is the run's final context
-FAILED_SUFFIX = ".failed"  # ``<op>.failed``: the contexts of the rows the op's step stopped
-
-
-def is_failure_name(name: str) -> bool:
-    return name.endswith(FAILED_SUFFIX)
+FINAL_STEP = "teardown_run"  # the op whose stream holds each row's final context
+FAILED_ATTEMPT = ".failed"  # ``<step key>.failed``: the row of an op's attempt that Dagster retries
 
 
 def context_folder(base_dir: str | Path, run_id: str) -> Path:
@@ -31,64 +28,107 @@ def context_folder(base_dir: str | Path, run_id: str) -> Path:
 
 
 class ContextIOManagerBase(dg.ConfigurableIOManager):
-    """One JSON document per op output, keyed by run id and step key; subclasses say where
-    the documents live (``write``/``read``/``read_all``)."""
+    """Each op's row stream, keyed by run id and step key; subclasses say where the records
+    live (``start_stream``, ``append_records``, ``read_records``, ``stream_names``)."""
 
-    def write(self, run_id: str, name: str, data: dict[str, Any]) -> str:
+    @property
+    def reads_remotely(self) -> bool:
+        """Whether a read waits on the network (then it runs off the reader's event loop)."""
+        return False
+
+    def start_stream(self, run_id: str, name: str) -> None:
         raise NotImplementedError
 
-    def read(self, run_id: str, name: str) -> dict[str, Any]:
+    def append_records(self, run_id: str, name: str, records: list[dict[str, Any]]) -> None:
         raise NotImplementedError
 
-    def read_all(self, run_id: str, wanted: Callable[[str], bool] | None = None) -> list[tuple[str, dict[str, Any]]]:
-        """Every stored ``(name, document)`` of the run whose name is ``wanted``, oldest first."""
+    def read_records(self, run_id: str, name: str, position: Any = None) -> tuple[list[dict[str, Any]], Any, bool]:
+        """The records appended since ``position`` (None: from the start), the position after
+        them, and whether the stream has ended."""
         raise NotImplementedError
 
-    def failed_rows(self, run_id: str) -> list[str]:
-        """The rows a fatal step failure stopped in the run (each op stores its own; a retry
-        that succeeded stored none)."""
-        return sorted({key for _, doc in self.read_all(run_id, is_failure_name) for key in rows_of(doc)})
+    def stream_names(self, run_id: str) -> list[str]:
+        """The streams the run wrote, oldest first."""
+        raise NotImplementedError
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        run_id, step_key = context.get_identifier()[:2]
-        where = self.write(run_id, step_key, obj)
-        context.add_output_metadata({"path": dg.MetadataValue.path(where)})
+        if not isinstance(obj, StreamRef):
+            raise dg.Failure(f"the agentenv IO manager stores row streams, not {type(obj).__name__}")
+        context.add_output_metadata({"stream": obj.name})
 
-    def load_input(self, context: dg.InputContext) -> Any:
+    def load_input(self, context: dg.InputContext) -> StreamRef:
         run_id, step_key = context.upstream_output.get_identifier()[:2]
-        return self.read(run_id, step_key)
+        return StreamRef(run_id, step_key)
+
+    def rows(self, run_id: str, name: str) -> dict[str, dict[str, Any]]:
+        """A stream's rows as written so far: each row's last record."""
+        return final_rows(self.read_records(run_id, name)[0])
+
+    def stopped_rows(self, run_id: str, name: str | None = None) -> dict[str, dict[str, Any]]:
+        """The run's rows that stopped at a fatal failure (of step ``name``, when given; else
+        anywhere): each one's record, with the failure and what the row had then."""
+        names = [name] if name else self.stream_names(run_id)
+        stopped: dict[str, dict[str, Any]] = {}
+        for stream in names:
+            for key, record in self.rows(run_id, stream).items():
+                if "stopped" in record and (name or record["stopped"].get("step_key", stream) == stream):
+                    stopped.setdefault(key, record)
+        return stopped
 
     def final_contexts(self, run_id: str) -> dict[str, TaskStepContext]:
-        """Each row's final context: the teardown op's (every sink merged) and, for the rows
-        that stopped at a failure, what they had then; without a teardown output (the run
-        stopped early) every stored step context merged."""
-        stored = self.read_all(run_id, lambda name: name == FINAL_STEP or is_failure_name(name))
-        if not any(name == FINAL_STEP for name, _ in stored):
-            stored = self.read_all(run_id)
-        return merge_upstream((data for _, data in stored), every=False)
+        """Each row's final context: the teardown op's record of it (every sink merged, or
+        what a stopped row had when it stopped); for a run that ended before its teardown op
+        did, each row's last record of every stream, merged."""
+        records, _, ended = self.read_records(run_id, FINAL_STEP)
+        rows = final_rows(records)
+        if not ended:
+            by_row: dict[str, list[dict[str, Any]]] = {}
+            for name in self.stream_names(run_id):
+                for key, record in self.rows(run_id, name).items():
+                    by_row.setdefault(key, []).append(record["context"])
+            return {key: TaskStepContext.merge_dicts(contexts) for key, contexts in by_row.items()}
+        return {key: TaskStepContext.from_dict(record["context"]) for key, record in rows.items()}
 
 
 class TaskContextIOManager(ContextIOManagerBase):
-    """Stores ``<base_dir>/<run_id>/context/<step_key>.json``."""
+    """Stores ``<base_dir>/<run_id>/context/<step_key>.jsonl``, a record a line."""
 
     base_dir: str
 
     def _path(self, run_id: str, name: str) -> Path:
-        return context_folder(self.base_dir, run_id) / f"{name}.json"
+        return context_folder(self.base_dir, run_id) / f"{name}.jsonl"
 
-    def write(self, run_id: str, name: str, data: dict[str, Any]) -> str:
+    def start_stream(self, run_id: str, name: str) -> None:
         path = self._path(run_id, name)
-        write_context(path, data)
-        return str(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
 
-    def read(self, run_id: str, name: str) -> dict[str, Any]:
-        return json.loads(self._path(run_id, name).read_bytes())
+    def append_records(self, run_id: str, name: str, records: list[dict[str, Any]]) -> None:
+        data = b"".join(redacted_json(record) + b"\n" for record in records)
+        # one writer a stream, and one write a batch: a reader sees whole lines or none of a batch
+        fd = os.open(self._path(run_id, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
-    def read_all(self, run_id: str, wanted: Callable[[str], bool] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    def read_records(self, run_id: str, name: str, position: Any = None) -> tuple[list[dict[str, Any]], Any, bool]:
+        offset = position or 0
+        try:
+            with open(self._path(run_id, name), "rb") as stream:
+                stream.seek(offset)
+                data = stream.read()
+        except FileNotFoundError:
+            return [], offset, False
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
+        found = [json.loads(line) for line in whole.splitlines() if line]
+        ended = bool(found) and found[-1].get("end") is True
+        return [r for r in found if "row" in r], offset + len(whole), ended
+
+    def stream_names(self, run_id: str) -> list[str]:
         folder = context_folder(self.base_dir, run_id)
-        files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-        named = [(p.name[: -len(".json")], p) for p in files]
-        return [(name, json.loads(p.read_bytes())) for name, p in named if wanted is None or wanted(name)]
+        files = sorted(folder.glob("*.jsonl"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
+        return [p.name[: -len(".jsonl")] for p in files if not p.name.endswith(f"{FAILED_ATTEMPT}.jsonl")]
 
 
 def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:
@@ -104,13 +144,6 @@ def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:
             region=location.region,
         )
     return TaskContextIOManager(base_dir=str(config.state_dir / "runs"))
-
-
-def write_context(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(redacted_json(data))
-    os.replace(tmp, path)
 
 
 def final_contexts(base_dir: str | Path, run_id: str) -> dict[str, TaskStepContext]:

@@ -116,7 +116,7 @@ class TaskRepositoryData(dg.RepositoryData):
                 raise TaskLoadError(report.errors)
             plans = [p for p in report.plans if self.translator.get_job_name(p) == name]
             if plans:
-                job = build_job(plans[0], self.translator, job_executor(self.config))
+                job = build_job(plans[0], self.translator, job_executor(self.config, plans[0]))
             elif name.endswith(INVALID_SUFFIX) and report.errors:
                 (job,) = broken_task_jobs(report.errors, set())
             else:

@@ -1,49 +1,46 @@
 """One op definition per step type, reused by every task through node aliases.
 
-The op merges its ancestors' contexts, runs the step (for every row the run carries, see
-``rows.py``), reports what the step wrote as asset events (verification scores, collected
-files, loaded artifacts; a row's under its partition) and hands the contexts on.
+An op streams: it yields its Output (its row stream, ``streams.py``) as it starts, then runs
+its step for each row as that row arrives from the ops above it (a root op: as the run admits
+it), ``rows_in_flight`` at a time, appending each row to its stream as its step ends and
+reporting what the step wrote as asset events (a row's under its partition). A row that
+stops at a fatal failure is passed on as stopped, so the ops below skip it; nothing an op
+does ends another row's deployments. The last op, ``teardown_run``, ends each row's
+deployments as the row leaves the run, which lets the next row in (``max_sandboxes``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-import logging
-from contextlib import nullcontext
+import signal
+import threading
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationPlanned,
-    AssetCheckEvaluationTargetMaterializationData,
-)
-from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
 
 from ..context import TaskStepContext
 from ..naming import node_name
-from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
-from ..steps.execution import StepFailed, default_seed
-from ..steps.scoring import verification_passed
-from .io_manager import FAILED_SUFFIX, FINAL_STEP
+from ..runtime.loop import new_event_loop
+from ..steps.base import TaskStep
+from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
+from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
-from .rows import (
-    REPLICATE_TAG, ROWS, UNPARTITIONED, batch, merge_upstream, node_assets, row_seed, rows_of, run_keys, step_fields,
-)
+from .rows import REPLICATE_TAG, ROWS, node_assets, row_seed, run_keys, step_fields
+from .step_events import asset_events, check_evaluations, report_unreached
+from .streams import Row, StreamRef, StreamWriter, joined, records, side_by_side, stop_requested
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_TYPE, TAG_TASK_ID
-from .usage import usage_metadata
 
 IO_MANAGER_KEY = "task_context_io_manager"
 TEARDOWN_OP = FINAL_STEP
-
-
 AFTER = "after"  # dependencies that order a node without handing it their context
 
 
 def _ins() -> dict[str, dg.In]:
-    return {"upstream": dg.In(list[Any], default_value=[], description="ancestor contexts"),
-            AFTER: dg.In(dg.Nothing, description="dependencies whose contexts another upstream already holds")}
+    return {"upstream": dg.In(list[Any], default_value=[], description="the streams whose rows' contexts it merges"),
+            AFTER: dg.In(list[Any], default_value=[], description="streams whose rows it only waits for")}
 
 
 @lru_cache(maxsize=None)
@@ -52,7 +49,7 @@ def step_op(step_type: str) -> dg.OpDefinition:
     ``config.rows`` the dataset values of the rows a root op starts."""
 
     @dg.op(
-        name=_op_name(step_type),
+        name=node_name(step_type),
         ins=_ins(),
         out=dg.Out(io_manager_key=IO_MANAGER_KEY),
         config_schema={
@@ -60,141 +57,279 @@ def step_op(step_type: str) -> dg.OpDefinition:
             ROWS: dg.Field(dg.Permissive(), is_required=False,
                            description="root ops: row id -> the row's values (a dataset's partitions)"),
         },
-        required_resource_keys={RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY, IO_MANAGER_KEY},  # + failed rows' contexts
+        required_resource_keys={RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY, IO_MANAGER_KEY},
         tags={TAG_STEP_TYPE: step_type},
-        description=f"Runs an agent-env `{step_type}` step.",
+        description=f"Runs an agent-env `{step_type}` step for each row of the run.",
     )
-    def _step(context, upstream):
-        yield from run_step_op(context, step_type, upstream)
+    def _step(context, upstream, after):
+        yield from run_step_op(context, step_type, upstream, after)
 
     return _step
 
 
-def run_step_op(context: dg.OpExecutionContext, step_type: str, upstream: list[dict]) -> Iterator[Any]:
-    """Run the step for each of the op's rows, ``rows_in_flight`` at once. A row whose step
-    fails fatally stops there (its context is kept for the final one); the op fails when no
-    row is left, ending what the run deployed."""
+def run_step_op(
+    context: dg.OpExecutionContext, step_type: str, upstream: list[StreamRef], after: list[StreamRef],
+) -> Iterator[Any]:
     resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
-    run_id = context.run_id
-    task_id = context.run.tags.get(TAG_TASK_ID) or context.job_name
+    io: ContextIOManagerBase = getattr(context.resources, IO_MANAGER_KEY)
     refuse_changed_task(context)
     step = resource.parse_step(step_type, step_fields(context))
-    if upstream:
-        contexts = merge_upstream(upstream, every=True)
-    else:
-        seeds = context.op_config.get(ROWS) or {}
-        contexts = {
-            # a re-execution (a retry) is the same task instance as its root run
-            key: resource.initial_context(context.run.root_run_id or run_id, task_id, key, row_seed(context, seeds, key))
-            for key in run_keys(context, seeds)
-        }
-        defaults = _seed_defaults(context)
-        for ctx in contexts.values():
-            default_seed(ctx, defaults)
-    if not contexts:  # a launch of only the rows that did not pass, and every row passed
-        yield dg.Output(batch({}), metadata={"rows": 0})
-        return
-    io_manager = getattr(context.resources, IO_MANAGER_KEY)
-    carry_retries(context, step, contexts, io_manager)
-    if len(contexts) == 1 and self_retry_pending(context, step):  # the budget comes before fail_task_on_error
-        step = step.model_copy(update={"fail_task_on_error": True})
+    out = StreamWriter(io, context.run_id, str(context.op_handle))
+    yield dg.Output(out.ref)  # the ops below may start: they read the rows as they land
+    rows = _RowsOfOp(context, resource, io, step, out)
+    source = joined(io, upstream, after) if upstream or after else rows.admitted()
     try:
-        outcomes = resource.execute_rows(
-            step, contexts, run_id, task_id, context.log,
-            judge=getattr(context.resources, JUDGE_KEY), artifacts=getattr(context.resources, ARTIFACTS_KEY),
-        )
+        yield from _driven(context.run_id, lambda outbox: rows.run(source, outbox), rows.events)
+    except _RetryPending as pending:  # the stream stays open: the op's next attempt goes on with it
+        raise pending.failed from None
     except BaseException:
-        # Interrupted (run terminated from the UI) or an unexpected error: nothing may leak.
-        resource.teardown(run_id)
+        out.end()  # the ops below see the rows it did not pass on as lost
         raise
-    failed = {key: o for key, o in outcomes.items() if isinstance(o, StepFailed)}
-    if failed or context.retry_number:  # (a retry that succeeded clears what its attempt left)
-        # Keep the failed rows' contexts (their failed_steps record, a partial PromptResponse).
-        io_manager.write(
-            run_id, f"{context.op_handle}{FAILED_SUFFIX}", batch({key: contexts[key].to_dict() for key in failed}))
-    if failed and not self_retry_pending(context, step):
-        report_unreached(context, list(failed))
-    if failed and len(failed) == len(outcomes):
-        torn_down = [] if self_retry_pending(context, step) else resource.teardown(run_id)
-        first = next(iter(failed.values()))
-        raise dg.Failure(
-            description=str(first) if len(failed) == 1 else f"{len(failed)} rows failed; the first: {first}",
-            metadata={"error_type": first.record["error_type"], "torn_down": torn_down,
-                      **({"failed_rows": sorted(failed)} if len(failed) > 1 else {})},
-        )
-    assets = node_assets(context.op.tags)
-    replicate = int(context.run.tags[REPLICATE_TAG]) if REPLICATE_TAG in context.run.tags else None
-    prices = resource.load_config().model.prices if assets["produced"] else {}
-    kept = {key: contexts[key] for key in outcomes if key not in failed}
-    # a materialization a row, then a check evaluation a row and check, in one burst (the
-    # checks' query for the materializations they judge writes those first)
-    with _batched_event_writes(context.instance):
-        for key, outcome in outcomes.items():
-            if key in failed:
-                context.log.error(f"row '{key}': {outcome}")
+    rows.finish()
+
+
+class _RetryPending(Exception):
+    """The op's step failed for its row with a self-retry left: Dagster runs the op again."""
+
+    def __init__(self, failed: StepFailed) -> None:
+        super().__init__(str(failed))
+        self.failed = failed
+
+
+class _RowsOfOp:
+    """One op's rows: each one's step run as it arrives, its outcome appended to the op's
+    stream and turned into Dagster events."""
+
+    def __init__(self, context: dg.OpExecutionContext, resource: AgentEnvResource, io: ContextIOManagerBase,
+                 step: TaskStep, out: StreamWriter) -> None:
+        self.context, self.resource, self.io, self.step, self.out = context, resource, io, step, out
+        self.task_id = context.run.tags.get(TAG_TASK_ID) or context.job_name
+        self.assets = node_assets(context.op.tags)
+        self.prices = resource.load_config().model.prices if self.assets["produced"] else {}
+        replicate = context.run.tags.get(REPLICATE_TAG)
+        self.replicate = int(replicate) if replicate is not None else None
+        self.passed = 0
+        self.stopped_here: list[str] = []
+        self.first_failure: StepFailed | None = None
+
+    async def admitted(self) -> AsyncIterator[Row]:
+        """A root op's rows: the run's rows, fresh contexts, in order; where the run's ops go
+        side by side, a row only once fewer than ``max_sandboxes`` are in the run (the
+        teardown op's stream says which have left)."""
+        context, resource = self.context, self.resource
+        seeds = context.op_config.get(ROWS) or {}
+        keys = run_keys(context, seeds)
+        defaults = _seed_defaults(context)
+        bound = resource.live_rows_bound() if side_by_side() and len(keys) > 1 else None
+        left = _Departures(self.io, StreamRef(context.run_id, _sibling(context, TEARDOWN_OP))) if bound else None
+        try:
+            for index, key in enumerate(keys):
+                if left is not None:
+                    await left.at_least(index + 1 - bound)
+                # a re-execution (a retry) is the same task instance as its root run
+                ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key,
+                                               row_seed(context, seeds, key))
+                default_seed(ctx, defaults)
+                yield Row(key, ctx.to_dict())
+        finally:
+            if left is not None:
+                left.close()
+
+    async def run(self, source: AsyncIterator[Row], outbox: "_Outbox") -> None:
+        """Every row of ``source`` through the step, ``rows_in_flight`` at once."""
+        async with self.resource.step_runtime(self.context.run_id, self.task_id, self.context.log,
+                                              judge=getattr(self.context.resources, JUDGE_KEY),
+                                              artifacts=getattr(self.context.resources, ARTIFACTS_KEY)) as rt:
+            async with rt.lanes(self.resource.rows_in_flight) as lanes:
+                running: set[asyncio.Task] = set()
+                async for row in source:
+                    if row.stopped is not None:
+                        self.out.stopped(row.key, row.stopped, row.context)
+                        continue
+                    task = asyncio.create_task(self._one(row, lanes, outbox))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.gather(*running)
+
+    async def _one(self, row: Row, lanes: asyncio.Queue, outbox: "_Outbox") -> None:
+        ctx = TaskStepContext.from_dict(row.context)
+        step = self.step
+        carry_retries(self.context, step, {row.key: ctx}, self.io)
+        retried_here = self_retry_pending(self.context, step)
+        if retried_here:  # the budget comes before fail_task_on_error
+            step = step.model_copy(update={"fail_task_on_error": True})
+        rt = await lanes.get()
+        try:
+            outcome: StepOutcome | StepFailed = await run_step(step, ctx, rt)
+        except StepFailed as failed:
+            outcome = failed
+        finally:
+            lanes.put_nowait(rt)
+        if isinstance(outcome, StepFailed):
+            if retried_here:  # Dagster runs the op again: this row's attempt is kept for its record
+                StreamWriter(self.io, self.context.run_id, f"{self.out.ref.name}{FAILED_ATTEMPT}").stopped(
+                    row.key, outcome.record, ctx)
+                raise _RetryPending(outcome)
+            self.out.stopped(row.key, {**outcome.record, "step_key": self.out.ref.name}, ctx)
+            self.stopped_here.append(row.key)
+            self.first_failure = self.first_failure or outcome
+        else:
+            self.out.passed(row.key, ctx)
+            self.passed += 1
+        outbox.put((row.key, outcome, ctx))
+
+    def events(self, finished: list[tuple[str, StepOutcome | StepFailed, TaskStepContext]]) -> Iterator[Any]:
+        """The Dagster events of rows whose step ended: each passed row's asset events, then the
+        checks of their verifications (which judge the materializations just written)."""
+        passed: dict[str, TaskStepContext] = {}
+        stopped: list[str] = []
+        for key, outcome, ctx in finished:
+            if isinstance(outcome, StepFailed):
+                self.context.log.error(f"{outcome}{_row(key)}")
+                stopped.append(key)
                 continue
             if outcome.failure:
-                context.log.warning(f"step '{step.id}' failed (tolerated, fail_task_on_error=false){_row(key)}: "
-                                    f"{outcome.failure['error']}")
-            yield from asset_events(assets, outcome.step, contexts[key], key or None, prices=prices,
-                                    replicate=replicate)
-        yield from check_evaluations(context.instance, assets, kept)
-    done = {key: ctx.to_dict() for key, ctx in kept.items()}
-    durations = [o.duration_seconds for key, o in outcomes.items() if key not in failed]
-    metadata: dict[str, Any] = {"duration_seconds": round(max(durations, default=0.0), 3)}
-    if len(outcomes) > 1:
-        metadata.update({"rows": len(outcomes), "failed_rows": sorted(failed)})
-    yield dg.Output(batch(done), metadata=metadata)
+                self.context.log.warning(f"step '{self.step.id}' failed (tolerated, fail_task_on_error=false)"
+                                         f"{_row(key)}: {outcome.failure['error']}")
+            passed[key] = ctx
+            yield from asset_events(self.assets, outcome.step, ctx, key or None, prices=self.prices,
+                                    replicate=self.replicate)
+        if stopped:
+            report_unreached(self.context, stopped)
+        yield from check_evaluations(self.context.instance, self.assets, passed)
+
+    def finish(self) -> None:
+        """End the stream; fail the op when every row that reached it stopped here. Under an
+        executor that runs one step at a time, Dagster then skips every step below, the
+        teardown op too: what the run deployed ends here."""
+        self.out.end()
+        stopped = self.stopped_here
+        self.context.log.info(f"step '{self.step.id}': {self.passed} row(s) passed"
+                              + (f", {len(stopped)} stopped here" if stopped else ""))
+        if stopped and not self.passed:
+            first = self.first_failure
+            ended = [] if side_by_side() or not _one_step_at_a_time(self.context) else \
+                self.resource.teardown(self.context.run_id)
+            raise dg.Failure(
+                description=str(first) if len(stopped) == 1 else f"{len(stopped)} rows failed; the first: {first}",
+                metadata={"error_type": first.record["error_type"], "torn_down": ended,
+                          **({"failed_rows": sorted(stopped)} if len(stopped) > 1 else {})},
+            )
 
 
-def _batched_event_writes(instance: dg.DagsterInstance):
-    """The project's local event log writes a burst of materializations together
-    (``sqlite_storage.LocalSqliteEventLogStorage.batched_writes``); other storages one by one."""
-    batched = getattr(instance.event_log_storage, "batched_writes", None)
-    return batched() if batched is not None else nullcontext()
+class _Departures:
+    """How many rows have left the run (the teardown op's stream), for a root op's admissions."""
+
+    def __init__(self, io: ContextIOManagerBase, teardown: StreamRef) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+        self._reading = asyncio.create_task(self._read(io, teardown))
+
+    async def _read(self, io: ContextIOManagerBase, teardown: StreamRef) -> None:
+        async for _ in records(io, teardown):
+            self.count += 1
+            self._changed.set()
+
+    async def at_least(self, count: int) -> None:
+        while self.count < count:
+            self._changed.clear()
+            if self._reading.done():  # the teardown op ended: no row will leave any more
+                return
+            await _first_of(self._changed.wait(), self._reading)
+
+    def close(self) -> None:
+        self._reading.cancel()
 
 
-def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
-    """Each task asset the stopped rows will not get (from this step on) as a planned
-    materialization, and each of its checks as a planned evaluation: in a failed run, that is
-    what Dagster shows as a failed partition of the asset and an execution-failed partition of
-    the check (open source storage keeps no failure events), so a backfill can pick out just
-    those rows."""
-    partitions = context.job_def.partitions_def
-    rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
-    step_key = str(context.op_handle)
-    events = []
-    subset = partitions.subset_with_partition_keys(rows) if partitions is not None and rows else None
-    for asset_key, checks in unreached_assets(context.job_def, context.op_handle.name):
-        events += [DagsterEvent.build_asset_materialization_planned_event(
-            context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
-        events += [DagsterEvent(  # as Dagster's run planning builds it
-            event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
-            message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
-            event_specific_data=AssetCheckEvaluationPlanned(
-                asset_key=asset_key, check_name=check, partitions_subset=subset),
-            step_key=step_key) for check in checks if rows]
-    for event in events:
-        context.instance.report_dagster_event(event, run_id=context.run_id, log_level=logging.DEBUG)
+class _Outbox:
+    """What an op's rows hand its generator (which alone may yield Dagster events)."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.ready = asyncio.Event()
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        self.ready.set()
+
+    async def take(self, main: asyncio.Task) -> list[Any]:
+        if not self.items and not main.done():
+            await _first_of(self.ready.wait(), main)
+        self.ready.clear()
+        items, self.items = self.items, []
+        return items
 
 
-def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
-    """The task-scoped assets (verifications, collections) of ``node`` and every node after it,
-    each with its checks."""
-    structure = job.graph.dependency_structure
-    seen, todo = set(), [node]
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo += [i.node_name for inputs in structure.output_to_downstream_inputs_for_node(name).values()
-                     for i in inputs]
-    unreached = []
-    for name in sorted(seen):
-        assets = node_assets(job.graph.node_named(name).tags)
-        unreached += [(dg.AssetKey(path), assets["checks"] if kind == VERIFICATION else [])
-                      for kind, _, path in assets["produced"] if kind != ARTIFACT]
-    return unreached
+async def _first_of(awaited: Awaitable[Any], task: asyncio.Task) -> None:
+    """Until ``awaited`` is done or ``task`` has ended (``awaited`` is dropped then)."""
+    waiting = asyncio.ensure_future(awaited)
+    try:
+        await asyncio.wait({waiting, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+
+
+STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
+
+
+def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
+            to_events: Callable[[list[Any]], Iterator[Any]]) -> Iterator[Any]:
+    """Run ``main`` on an event loop of the op's own, handing what it puts in its outbox to
+    ``to_events`` between the loop's turns (Dagster takes events from the op's thread only);
+    returns once ``main`` has ended, raising what it raised. The loop runs only while the op
+    waits for its rows, so storing an event pauses this op's rows, not the run's.
+
+    Asked to stop (the run terminated: SIGINT in the main thread, ``streams.request_stop`` from
+    the executor), ``main`` is cancelled and unwinds; then the interruption is raised."""
+    loop = new_event_loop()
+    outbox = _Outbox()
+    task = loop.create_task(main(outbox))
+    watcher = loop.create_task(_until_stopped(run_id, task))
+    interrupted: list[Any] = []
+    handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if callable(handler):
+        signal.signal(signal.SIGINT, lambda signum, frame: (interrupted.append(frame), task.cancel()))
+    try:
+        while True:
+            items = loop.run_until_complete(outbox.take(task))
+            if items:
+                yield from to_events(items)
+            if task.done() and not outbox.items:
+                break
+        if interrupted:
+            handler(signal.SIGINT, interrupted[0])  # raises, unless the process defers interrupts
+        task.result()
+    finally:
+        if callable(handler):
+            signal.signal(signal.SIGINT, handler)
+        for pending in (task, watcher):
+            pending.cancel()
+        loop.run_until_complete(asyncio.gather(task, watcher, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def _until_stopped(run_id: str, task: asyncio.Task) -> None:
+    while not task.done():
+        if stop_requested(run_id):
+            task.cancel()
+            return
+        await asyncio.sleep(STOP_POLL_SECONDS)
+
+
+ONE_STEP_AT_A_TIME = ("in_process", "execute_in_process_executor")  # Dagster's in-process executors
+
+
+def _one_step_at_a_time(context: dg.OpExecutionContext) -> bool:
+    """Whether the run's executor runs its steps one after another in this process."""
+    return context.job_def.executor_def.name in ONE_STEP_AT_A_TIME
+
+
+def _sibling(context: dg.OpExecutionContext, name: str) -> str:
+    """The step key of another node of the op's graph (``<graph>.<name>`` inside a graph)."""
+    parent = context.op_handle.parent
+    return f"{parent}.{name}" if parent is not None else name
 
 
 def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
@@ -233,192 +368,42 @@ def teardown_op() -> dg.OpDefinition:
     @dg.op(
         name=TEARDOWN_OP, ins=_ins(), out=dg.Out(io_manager_key=IO_MANAGER_KEY),
         required_resource_keys={RESOURCE_KEY, IO_MANAGER_KEY},
-        description="Ends every env and agent the run deployed; its output is the final context. "
-        "Fails the run when a row stopped at a failing step.",
+        description="Ends each row's envs, agents and sandboxes as the row leaves the run (every "
+        "last step done, or stopped at a failure), then whatever the run still holds; its stream "
+        "holds each row's final context. Fails the run when a row stopped at a failing step.",
     )
-    def _teardown(context, upstream):
-        resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
-        torn_down = resource.teardown(context.run_id)
-        final = batch({k: c.to_dict() for k, c in merge_upstream(upstream, every=False).items()})
-        io_manager = getattr(context.resources, IO_MANAGER_KEY)
-        stopped = io_manager.failed_rows(context.run_id)
-        if stopped:  # the others finished; the run fails so Dagster marks the stopped rows failed
-            io_manager.write(context.run_id, FINAL_STEP, final)
-            raise dg.Failure(
-                description=f"{len(stopped)} of {len(stopped) + len(rows_of(final))} rows stopped at a failing "
-                f"step (their verifications are failed partitions): {', '.join(stopped[:20])}"
-                + (" ..." if len(stopped) > 20 else ""),
-                metadata={"torn_down": torn_down, "failed_rows": dg.MetadataValue.json(stopped[:1000])},
-            )
-        return dg.Output(final, metadata={"torn_down": torn_down})
+    def _teardown(context, upstream, after):
+        yield from run_teardown(context, upstream, after)
 
     return _teardown
 
 
-def asset_events(
-    assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
-    *, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
-) -> Iterator[Any]:
-    """Materializations for what the step wrote, observations of what it read (the version
-    loaded), under the keys the translator gave the step's node; a verification says which
-    replicate of its row it is. Its checks follow: ``check_evaluations``."""
-    for artifact_id, path in assets["loaded"].items():
-        loaded = _loaded_version(ctx, step.id, artifact_id)
-        metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
-        yield dg.AssetObservation(asset_key=dg.AssetKey(path), metadata=metadata)
-    for kind, name, path in assets["produced"]:
-        key = dg.AssetKey(path)
-        if kind == VERIFICATION:
-            entry = (ctx.metadata.get("verifications") or {}).get(name)
-            if entry is not None:
-                metadata = {**verification_metadata(entry),
-                            **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None)),
-                            **({"replicate": replicate} if replicate is not None else {})}
-                yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition)
-        elif kind == PRODUCER:
-            entry = _produced(ctx, name)
-            if entry is not None:
-                yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition)
-        elif kind == ARTIFACT:  # a new version of a stored artifact the step names (shared by tasks: no partition)
-            universe = (_produced(ctx, step.id) or {}).get("file_artifact_universe") or {}
-            if universe.get("id") == name:
-                yield dg.AssetMaterialization(asset_key=key, metadata={
-                    "version": universe["version"], "written_by_step": step.id,
-                    **({"row": partition} if partition else {}),
-                })
+def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], after: list[StreamRef]) -> Iterator[Any]:
+    resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
+    io: ContextIOManagerBase = getattr(context.resources, IO_MANAGER_KEY)
+    out = StreamWriter(io, context.run_id, str(context.op_handle))
+    yield dg.Output(out.ref)
+    stopped: list[str] = []
+    ended: list[str] = []
 
+    async def leave(outbox: _Outbox) -> None:
+        async for row in joined(io, upstream, after):
+            ctx = TaskStepContext.from_dict(row.context)
+            ended.extend(await asyncio.to_thread(resource.end_row, context.run_id, ctx))
+            if row.stopped is not None:
+                stopped.append(row.key)
+                out.stopped(row.key, row.stopped, row.context)
+            else:
+                out.passed(row.key, row.context)
 
-def _produced(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:
-    """What a producer step recorded: collected files, or an env snapshot's universe."""
-    collected = (ctx.metadata.get("collected_artifacts") or {}).get(step_id)
-    if collected is not None:
-        return collected
-    snapshots = ctx.metadata.get("env_snapshotted_universes") or {}
-    if step_id in snapshots:
-        return {"artifacts": {}, "file_artifact_universe": snapshots[step_id]}
-    return None
-
-
-def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
-    rows = entry.get("results") or []
-    metadata: dict[str, Any] = {
-        "passed": verification_passed(entry),
-        "graded": entry.get("graded", True),
-        "format": entry.get("format") or "rows",
-        "criteria": dg.MetadataValue.table(
-            records=[
-                dg.TableRecord({
-                    "id": str(row.get("id") or row.get("description") or row.get("criterion_type") or i),
-                    "result": str(row.get("result", row.get("evaluation_status"))),
-                    "score": float(row.get("score") or 0.0),
-                    "weight": float(row.get("weight", 1) or 0),
-                    "justification": str(
-                        row.get("justification") or row.get("message") or row.get("details") or row.get("error") or ""
-                    )[:500],
-                })
-                for i, row in enumerate(rows)
-            ],
-            schema=dg.TableSchema(columns=[
-                dg.TableColumn("id", "string"), dg.TableColumn("result", "string"),
-                dg.TableColumn("score", "float"), dg.TableColumn("weight", "float"),
-                dg.TableColumn("justification", "string"),
-            ]),
-        ),
-    }
-    if entry.get("score") is not None:
-        metadata["score"] = dg.MetadataValue.float(float(entry["score"]))
-    if entry.get("reason"):
-        metadata["reason"] = entry["reason"]
-    if entry.get("format") == "coder_eval":  # whole rows: what a suite rollup aggregates
-        metadata["results"] = dg.MetadataValue.json(rows)
-        if entry.get("prompt_error"):
-            metadata["prompt_error"] = entry["prompt_error"]
-    judge = entry.get("judge") or {}
-    if judge.get("model"):
-        metadata["judge_model"] = judge["model"]
-    return metadata
-
-
-def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
-    artifacts = entry.get("artifacts") or {}
-    metadata: dict[str, Any] = {
-        "file_count": len(artifacts),
-        "files": dg.MetadataValue.json(artifacts),
-    }
-    universe = entry.get("file_artifact_universe")
-    if universe:
-        metadata["universe_id"] = universe["id"]
-        metadata["universe_version"] = universe["version"]
-    return metadata
-
-
-ROWS_A_QUERY = 1000
-
-
-def check_evaluations(
-    instance: dg.DagsterInstance, assets: dict[str, Any], contexts: dict[str, TaskStepContext],
-) -> Iterator[dg.AssetCheckEvaluation]:
-    """Each declared check of each row's verification, as that row's partition of the check
-    (so the UI shows which rows passed and which fell short), pointing at the materialization
-    it judged: Dagster counts a partition's check as current only while that is its latest."""
-    for kind, name, path in assets["produced"]:
-        if kind != VERIFICATION:
-            continue
-        entries = {k: e for k, c in contexts.items() if (e := (c.metadata.get("verifications") or {}).get(name))}
-        if not entries:
-            continue
-        key = dg.AssetKey(path)
-        targets = _latest_materializations(instance, key, [row for row in entries if row])
-        for row, entry in entries.items():
-            yield from _check_evaluations(key, entry, assets["checks"], row or None, targets.get(row or None))
-
-
-def _latest_materializations(
-    instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str],
-) -> dict[str | None, AssetCheckEvaluationTargetMaterializationData]:
-    """The latest materialization of each of ``rows`` (of the asset, when none), a query per
-    ``ROWS_A_QUERY``: the op has just written one a row, so they are the newest of those
-    partitions (and SQLite takes a bounded number of parameters). The project's local storage
-    answers from the event log's columns; others read the events."""
-    lean = getattr(instance.event_log_storage, "latest_materializations", None)
-    latest: dict[str | None, AssetCheckEvaluationTargetMaterializationData] = {}
-    for start in range(0, max(len(rows), 1), ROWS_A_QUERY):
-        chunk = rows[start:start + ROWS_A_QUERY]
-        if lean is not None and chunk:
-            found = lean(key, chunk)
-        else:
-            records = instance.fetch_materializations(
-                dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1)).records
-            found = {r.partition_key: (r.storage_id, r.run_id, r.timestamp) for r in reversed(records)}  # newest wins
-        latest.update({row: AssetCheckEvaluationTargetMaterializationData(storage_id=storage_id, run_id=run_id,
-                                                                          timestamp=timestamp)
-                       for row, (storage_id, run_id, timestamp) in found.items()})
-    return latest
-
-
-def _check_evaluations(
-    key: dg.AssetKey, entry: dict[str, Any], checks: list[str], partition: str | None,
-    target: AssetCheckEvaluationTargetMaterializationData | None,
-) -> Iterator[dg.AssetCheckEvaluation]:
-    """One evaluation per declared check; unknown (not graded) fails with severity WARN."""
-    outcomes = entry.get("checks") or {"passed": verification_passed(entry)}
-    metadata = {"score": entry["score"]} if entry.get("score") is not None else {"reason": entry.get("reason", "not graded")}
-    for name in checks:
-        passed = outcomes.get(name)
-        yield dg.AssetCheckEvaluation(
-            asset_key=key, check_name=name, passed=bool(passed), metadata=metadata, partition=partition,
-            target_materialization_data=target,
-            severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
+    yield from _driven(context.run_id, leave, lambda items: iter(()))
+    ended += resource.teardown(context.run_id)
+    out.end()
+    rows = len(io.rows(context.run_id, out.ref.name))
+    if stopped:  # the others finished; the run fails so Dagster marks the stopped rows failed
+        raise dg.Failure(
+            description=f"{len(stopped)} of {rows} rows stopped at a failing step (their verifications are "
+            f"failed partitions): {', '.join(stopped[:20])}" + (" ..." if len(stopped) > 20 else ""),
+            metadata={"torn_down": sorted(ended), "failed_rows": dg.MetadataValue.json(stopped[:1000])},
         )
-
-
-def _loaded_version(ctx: TaskStepContext, step_id: str, artifact_id: str) -> int | None:
-    for key in ("loaded_environment_artifacts", "loaded_file_artifact_universes"):
-        for entry in ctx.metadata.get(key) or []:
-            if entry.get("id") == artifact_id and entry.get("step_id", step_id) == step_id:
-                return entry.get("version")
-    return None
-
-
-def _op_name(step_type: str) -> str:
-    return node_name(step_type)
+    context.log.info(f"{rows} row(s) done; ended {len(ended)} deployment(s)")

@@ -7,7 +7,6 @@ builds a :class:`StepRuntime` from them, so step code never sees Dagster.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
@@ -22,9 +21,7 @@ from ..context import TaskStepContext
 from ..runtime.artifacts import FilesystemArtifactStore, ObjectStore
 from ..runtime.base import RunInfo, StepRuntime, artifact_store
 from ..runtime.local import Ledger
-from ..runtime.loop import run as run_loop
 from ..steps.base import TaskStep
-from ..steps.execution import StepFailed, StepOutcome, run_step
 
 if TYPE_CHECKING:
     from ..runtime.s3 import S3ArtifactStore, S3ObjectStore
@@ -84,7 +81,10 @@ class AgentEnvResource(dg.ConfigurableResource):
 
     project_dir: str
     initial_context_path: str | None = None
-    rows_in_flight: int = Field(default=32, ge=1, description="rows of a batch whose step runs at once")
+    rows_in_flight: int = Field(default=32, ge=1, description="rows whose step runs at once, in each op")
+    max_sandboxes: int | None = Field(
+        default=None, ge=1, description="rows that hold their deployed sandboxes, containers, envs and agents at "
+        "once (a row releases them as it leaves the run); default: rows_in_flight")
 
     def load_config(self, judge: JudgeResource | None = None) -> AgentEnvConfig:
         config = load_config(Path(self.project_dir))
@@ -122,36 +122,26 @@ class AgentEnvResource(dg.ConfigurableResource):
             ctx.metadata["seed"] = {**(ctx.metadata.get("seed") or {}), **seed}
         return ctx
 
-    def execute_rows(
-        self, step: TaskStep, contexts: dict[str, TaskStepContext], run_id: str, task_id: str,
-        logger: logging.Logger, *, judge: JudgeResource, artifacts: ArtifactStoreResource,
-    ) -> dict[str, StepOutcome | StepFailed]:
-        """Run one step for every row, ``rows_in_flight`` at once on one event loop (the op
-        owns it); each row's outcome, or the StepFailed that stopped it."""
-        config = self.load_config(judge)
+    def live_rows_bound(self) -> int:
+        """How many rows may hold their deployments at once (``max_sandboxes``, by default
+        ``rows_in_flight``)."""
+        return self.max_sandboxes or self.rows_in_flight
+
+    def step_runtime(
+        self, run_id: str, task_id: str, logger: logging.Logger, *, judge: JudgeResource,
+        artifacts: ArtifactStoreResource,
+    ) -> StepRuntime:
+        """What an op's rows run their step with (``async with``)."""
         run = RunInfo(run_id=run_id, task_id=task_id, run_dir=self.run_dir(run_id))
+        return StepRuntime(self.load_config(judge), run, logger, artifacts=artifacts.get_store(),
+                           objects=artifacts.get_object_store())
 
-        async def one(lanes: asyncio.Queue[StepRuntime], ctx: TaskStepContext) -> StepOutcome | StepFailed:
-            rt = await lanes.get()  # a row holds a lane while its step runs: rows_in_flight at once
-            try:
-                return await run_step(step, ctx, rt)
-            except StepFailed as failed:
-                return failed
-            finally:
-                lanes.put_nowait(rt)
-
-        async def go() -> list[StepOutcome | StepFailed]:
-            async with StepRuntime(config, run, logger, artifacts=artifacts.get_store(),
-                                   objects=artifacts.get_object_store()) as rt:
-                if len(contexts) == 1:
-                    try:
-                        return [await run_step(step, next(iter(contexts.values())), rt)]
-                    except StepFailed as failed:
-                        return [failed]
-                async with rt.lanes(min(self.rows_in_flight, len(contexts))) as lanes:
-                    return await asyncio.gather(*(one(lanes, ctx) for ctx in contexts.values()))
-
-        return dict(zip(contexts, run_loop(go())))
+    def end_row(self, run_id: str, ctx: TaskStepContext) -> list[str]:
+        """End what one row deployed (as the row leaves the run); the instances that were running."""
+        ledger = Ledger.of_run(self.run_dir(run_id))
+        instances = [r.instance_id for r in (*ctx.deployed_agents, *ctx.deployed_envs, *ctx.deployed_sandboxes)
+                     if r.instance_id]
+        return [instance for instance in instances if ledger.terminate(instance)]
 
     def teardown(self, run_id: str) -> list[str]:
         """End everything the run deployed; later deployments of the run are refused."""
@@ -160,12 +150,13 @@ class AgentEnvResource(dg.ConfigurableResource):
 
 def agentenv_resources(
     config: AgentEnvConfig, initial_context_path: str | None = None, rows_in_flight: int | None = None,
+    max_sandboxes: int | None = None,
 ) -> dict[str, dg.ConfigurableResource]:
     """The resources, with the project's settings as their (launchpad-visible) defaults.
     (Settings go in at construction: Dagster runs a resource from the config it was built
     with, so a ``model_copy`` of one is silently ignored.)"""
     store = artifact_store(config)
-    bound = {"rows_in_flight": rows_in_flight} if rows_in_flight else {}
+    bound = {k: v for k, v in (("rows_in_flight", rows_in_flight), ("max_sandboxes", max_sandboxes)) if v}
     return {
         RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), initial_context_path=initial_context_path, **bound),
         ARTIFACTS_KEY: ArtifactStoreResource(

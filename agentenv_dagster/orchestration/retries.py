@@ -19,7 +19,7 @@ import json
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.job_base import InMemoryJob
@@ -32,8 +32,7 @@ from ..plan import TaskPlan
 from ..steps.base import AGENT, ENV, SANDBOX, TaskStep
 from ..steps.containers import CONTAINER
 from ..steps.execution import record_retries, rolled_back_sandboxes
-from .io_manager import FAILED_SUFFIX, FINAL_STEP, ContextIOManagerBase, is_failure_name
-from .rows import rows_of
+from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .translator import TAG_CONTENT_HASH, TaskTranslator
 
 TAG_RETRY_SPAN = "agentenv/retry_span"  # node tag: the span a step's retry_config re-executes
@@ -93,7 +92,7 @@ def plan_retry(
     """The child run that retries the failed ``run``; else why not (None: no retry_config
     span failed)."""
     failed = sorted({e.step_key for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
-                     if e.step_key})
+                     if e.step_key and e.step_key != FINAL_STEP})  # (the teardown fails because a row stopped)
     spans = {key: json.loads(tag) for key in failed
              if job_def.graph.has_node_named(key) and (tag := job_def.graph.node_named(key).tags.get(TAG_RETRY_SPAN))}
     if not spans:
@@ -207,17 +206,15 @@ def _chain(instance: dg.DagsterInstance, run: dg.DagsterRun) -> list[dg.DagsterR
 def _rolled_back(io: ContextIOManagerBase, chain: list[dg.DagsterRun], job_def: dg.JobDefinition,
                  replayed: set[str]) -> dict[str, list[dict]]:
     """Deployments the failed attempt held that the outputs the child reuses do not."""
-    failed = [ctx for _, doc in io.read_all(chain[0].run_id) for ctx in _contexts(doc)]
+    failed = [TaskStepContext.from_dict(record["context"]) for name in io.stream_names(chain[0].run_id)
+              for record in io.rows(chain[0].run_id, name).values()]
     reused = {n.name for n in job_def.nodes} - replayed - {FINAL_STEP}
-    stored: dict[str, dict] = {}
+    stored: dict[str, list[TaskStepContext]] = {}
     for run in chain:  # each reused output from the nearest run that stored it
-        for name, doc in io.read_all(run.run_id, reused.__contains__):
-            stored.setdefault(name, doc)
-    return rolled_back_sandboxes(failed, [ctx for doc in stored.values() for ctx in _contexts(doc)])
-
-
-def _contexts(doc: dict[str, Any]) -> list[TaskStepContext]:
-    return [TaskStepContext.from_dict(row) for row in rows_of(doc).values()]
+        for name in io.stream_names(run.run_id):
+            if name in reused and name not in stored:
+                stored[name] = [TaskStepContext.from_dict(r["context"]) for r in io.rows(run.run_id, name).values()]
+    return rolled_back_sandboxes(failed, [ctx for contexts in stored.values() for ctx in contexts])
 
 
 # -- in the op ------------------------------------------------------------------------------
@@ -231,13 +228,14 @@ def self_retry_pending(context: dg.OpExecutionContext, step: TaskStep) -> bool:
 def carry_retries(context: dg.OpExecutionContext, step: TaskStep, contexts: dict[str, TaskStepContext],
                   io: ContextIOManagerBase) -> None:
     """Before the step runs in a retried attempt: the chain's resets (run tag) and the failed
-    attempt's fatal records (the parent's stored failure contexts); for a self-retry, this
-    run's own failed attempt, read from the failure context the op stored."""
+    attempt's fatal records (the rows the parent run stopped); for a self-retry, this run's own
+    failed attempt, read from the record the op kept of it."""
     resets = json.loads(context.run.tags.get(TAG_RETRY_RESETS) or "[]")
     parent = context.run.parent_run_id
-    inherited = _stored_failures(io, parent, is_failure_name) if resets and parent else {}
-    own_name = f"{context.op_handle}{FAILED_SUFFIX}"
-    own = _stored_failures(io, context.run_id, lambda name: name == own_name) if context.retry_number else {}
+    if not (resets and parent) and not context.retry_number:
+        return
+    inherited = _contexts(io.stopped_rows(parent)) if resets and parent else {}
+    own = _contexts(io.rows(context.run_id, f"{context.op_handle}{FAILED_ATTEMPT}")) if context.retry_number else {}
     retried = {r["step_id"] for r in resets}
     for key, ctx in contexts.items():
         row_resets, records = list(resets), _fatal_records(inherited.get(key, []), retried)
@@ -252,13 +250,9 @@ def carry_retries(context: dg.OpExecutionContext, step: TaskStep, contexts: dict
             record_retries(ctx, row_resets, records)
 
 
-def _stored_failures(io: ContextIOManagerBase, run_id: str, wanted: Callable[[str], bool]) -> dict[str, list[TaskStepContext]]:
-    """Per row, the run's stored failure contexts whose name is ``wanted``."""
-    found: dict[str, list[TaskStepContext]] = {}
-    for _, doc in io.read_all(run_id, wanted):
-        for key, row in rows_of(doc).items():
-            found.setdefault(key, []).append(TaskStepContext.from_dict(row))
-    return found
+def _contexts(rows: dict[str, dict[str, Any]]) -> dict[str, list[TaskStepContext]]:
+    """Per row, the context of its stream record."""
+    return {key: [TaskStepContext.from_dict(record["context"])] for key, record in rows.items()}
 
 
 def _fatal_records(contexts: list[TaskStepContext], step_ids: set[str] | None = None) -> list[dict]:

@@ -1,19 +1,18 @@
-"""What travels between ops: the contexts of the rows a run carries, by partition key.
+"""Which rows a run carries, by partition key, and what the instance knows of them.
 
 A run targets the task itself (one row, key ``""``), one partition (a dataset row), or a
-range of partitions (a shard of rows run together, as a single-run backfill would). Every
-op runs its step for all its rows at once, ``rows_in_flight`` at a time, so a thousand-row
-dataset costs a handful of ops rather than a thousand runs.
+range of partitions (rows run together, as a single-run backfill does). Every op runs its
+step for each of its rows as the row reaches it (``streams.py``), so a thousand-row dataset
+costs a handful of ops rather than a thousand runs.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Collection, Iterable
+from typing import Any, Collection
 
 import dagster as dg
 
-from ..context import TaskStepContext
 from ..steps.base import VERIFICATION
 
 UNPARTITIONED = ""
@@ -25,26 +24,6 @@ ROWS_TAG, FAILED_ROWS = "agentenv/rows", "failed"
 STEP_ASSETS_TAG = "agentenv/assets"  # a node's asset keys (the translator sets it)
 VARIANT_TAG = "agentenv/variant"  # an experiment's variant the run's steps are (one a run)
 REPLICATE_TAG = "agentenv/replicate"  # which of a task's replicates (trials, repeats) the run is
-
-
-def batch(contexts: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return {ROWS: contexts}
-
-
-def rows_of(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return payload.get(ROWS, {})
-
-
-def merge_upstream(upstream: Iterable[dict[str, Any]], *, every: bool) -> dict[str, TaskStepContext]:
-    """Per row, the merged contexts of the ancestors. ``every``: only rows every ancestor
-    passed on (a row that failed on one branch stops there), else any row seen."""
-    payloads = [rows_of(u) for u in upstream]
-    keys: list[str] = []
-    for rows in payloads:
-        keys += [k for k in rows if k not in keys]
-    if every:
-        keys = [k for k in keys if all(k in rows for rows in payloads)]
-    return {key: TaskStepContext.merge_dicts(rows[key] for rows in payloads if key in rows) for key in keys}
 
 
 def run_keys(context: dg.OpExecutionContext, seeds: dict[str, Any]) -> list[str]:

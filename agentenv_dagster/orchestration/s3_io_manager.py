@@ -1,26 +1,28 @@
-"""S3ContextIOManager: the run contexts between ops as objects in a bucket.
+"""S3ContextIOManager: the run's row streams as objects in a bucket.
 
-The same documents as :class:`TaskContextIOManager` (one redacted JSON per op output,
-``<prefix>/runs/<run_id>/context/<step_key>.json``), so ops on different machines — Celery
-workers, Kubernetes pods — hand each other their contexts. ``endpoint_url`` points at moto
-or MinIO; credentials come from boto3's usual chain (never from run config).
+The same records as :class:`TaskContextIOManager`, each append an object
+``<prefix>/runs/<run_id>/context/<step_key>/<n>.jsonl`` named in write order, so ops on
+different machines — Celery workers, Kubernetes pods — read each other's rows as they land.
+``endpoint_url`` points at moto or MinIO; credentials come from boto3's usual chain (never
+from run config).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
-from typing import Any, Callable
+from typing import Any
 
 from ..context import redacted_json
 from ..runtime.s3 import S3Location
-from .io_manager import ContextIOManagerBase
+from .io_manager import FAILED_ATTEMPT, ContextIOManagerBase
 
-_WRITTEN = "written-ns"  # object metadata: the write order (S3 timestamps are whole seconds)
+_ORDER = itertools.count()  # with the clock, keeps this process's appends in order
 
 
 class S3ContextIOManager(ContextIOManagerBase):
-    """Stores ``s3://<bucket>/<prefix>/runs/<run_id>/context/<step_key>.json``."""
+    """Stores ``s3://<bucket>/<prefix>/runs/<run_id>/context/<step_key>/<n>.jsonl``."""
 
     bucket: str
     prefix: str = ""
@@ -31,26 +33,38 @@ class S3ContextIOManager(ContextIOManagerBase):
     def location(self) -> S3Location:
         return S3Location(self.bucket, self.prefix, self.endpoint_url, self.region)
 
-    def _folder(self, run_id: str) -> str:
-        return self.location.key("runs", run_id, "context")
+    @property
+    def reads_remotely(self) -> bool:
+        return True
 
-    def write(self, run_id: str, name: str, data: dict[str, Any]) -> str:
-        key = f"{self._folder(run_id)}/{name}.json"
-        body = redacted_json(data)  # secrets never reach the bucket
-        self.location.put_bytes(key, body, ContentType="application/json", Metadata={_WRITTEN: str(time.time_ns())})
-        return self.location.url(key)
+    def _folder(self, run_id: str, name: str | None = None) -> str:
+        return self.location.key("runs", run_id, "context", *([name] if name else [])) + "/"
 
-    def read(self, run_id: str, name: str) -> dict[str, Any]:
-        return json.loads(self.location.get_bytes(f"{self._folder(run_id)}/{name}.json"))
+    def start_stream(self, run_id: str, name: str) -> None:
+        location = self.location
+        for entry in location.list_keys(self._folder(run_id, name)):
+            location.client.delete_object(Bucket=location.bucket, Key=entry["Key"])
 
-    def read_all(self, run_id: str, wanted: Callable[[str], bool] | None = None) -> list[tuple[str, dict[str, Any]]]:
-        location, folder = self.location, self._folder(run_id) + "/"
-        stored = []
-        for entry in location.list_keys(folder):
-            name = entry["Key"][len(folder):]
-            if "/" in name or not name.endswith(".json") or (wanted and not wanted(name[: -len(".json")])):
-                continue
-            got = location.client.get_object(Bucket=location.bucket, Key=entry["Key"])
-            order = int((got.get("Metadata") or {}).get(_WRITTEN) or 0)
-            stored.append((order, name[: -len(".json")], json.loads(got["Body"].read())))
-        return [(name, data) for _, name, data in sorted(stored, key=lambda s: (s[0], s[1]))]
+    def append_records(self, run_id: str, name: str, records: list[dict[str, Any]]) -> None:
+        body = b"".join(redacted_json(record) + b"\n" for record in records)  # secrets never reach the bucket
+        key = f"{self._folder(run_id, name)}{time.time_ns():020d}-{next(_ORDER):08d}.jsonl"
+        self.location.put_bytes(key, body, ContentType="application/x-ndjson")
+
+    def read_records(self, run_id: str, name: str, position: Any = None) -> tuple[list[dict[str, Any]], Any, bool]:
+        location = self.location
+        found: list[dict[str, Any]] = []
+        last = position
+        for entry in location.list_keys(self._folder(run_id, name), start_after=position):
+            last = entry["Key"]
+            found += [json.loads(line) for line in location.get_bytes(last).splitlines() if line]
+        ended = bool(found) and found[-1].get("end") is True
+        return [r for r in found if "row" in r], last, ended
+
+    def stream_names(self, run_id: str) -> list[str]:
+        folder = self._folder(run_id)
+        first: dict[str, str] = {}
+        for entry in self.location.list_keys(folder):
+            name, _, rest = entry["Key"][len(folder):].partition("/")
+            if rest and not name.endswith(FAILED_ATTEMPT):
+                first[name] = min(first.get(name, rest), rest)
+        return sorted(first, key=first.__getitem__)

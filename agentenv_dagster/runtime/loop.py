@@ -23,6 +23,11 @@ except ImportError:  # pragma: no cover - uvloop is a dependency wherever it bui
     uvloop = None
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new loop of the fastest kind available."""
+    return uvloop.new_event_loop() if uvloop else asyncio.new_event_loop()
+
+
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run`` on the fastest loop available, interruptible as the process expects.
 
@@ -32,7 +37,7 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     step would sleep on. Instead SIGINT cancels the coroutine, which unwinds (its ``finally``
     blocks run), and then the process's handler runs outside the loop and raises as it means to.
     """
-    with fewer_full_sweeps(), asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop else None) as runner:
+    with fewer_full_sweeps(), asyncio.Runner(loop_factory=new_event_loop) as runner:
         handler = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is not threading.main_thread() or not callable(handler):
             return runner.run(coroutine)

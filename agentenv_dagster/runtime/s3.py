@@ -55,9 +55,11 @@ class S3Location:
         _register(self)
         return _client(self.endpoint_url, self.region)
 
-    def list_keys(self, prefix: str) -> Iterator[dict[str, Any]]:
-        """Every object under ``prefix`` (``Key``, ``Size``, ``LastModified``)."""
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+    def list_keys(self, prefix: str, start_after: str | None = None) -> Iterator[dict[str, Any]]:
+        """Every object under ``prefix`` (``Key``, ``Size``, ``LastModified``), in key order;
+        only those after ``start_after``, when given."""
+        after = {"StartAfter": start_after} if start_after else {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix, **after):
             yield from page.get("Contents") or []
 
     def get_bytes(self, key: str) -> bytes:

@@ -70,9 +70,9 @@ def project(tmp_path):
 
 
 def test_a_dataset_is_one_run_over_its_rows(project, monkeypatch):
-    from agentenv_dagster.orchestration import ops
+    from agentenv_dagster.orchestration import step_events
 
-    monkeypatch.setattr(ops, "ROWS_A_QUERY", 2)  # the checks' targets read in two queries
+    monkeypatch.setattr(step_events, "ROWS_A_QUERY", 2)  # the checks' targets read in two queries
     path = project / "tasks" / "words.yaml"
     path.write_text(WORDS_TASK.format(extra=""))
     with dg.instance_for_test() as instance:
@@ -126,9 +126,9 @@ def test_a_dataset_op_writes_its_rows_materializations_together(project, tmp_pat
     """On the project's local instance, the verification op's materialization a row are held
     and written in one go (``batched_writes``), and read back as usual; each row's check judges
     that row's latest materialization (found from the event log's columns, two queries here)."""
-    from agentenv_dagster.orchestration import ops
+    from agentenv_dagster.orchestration import step_events
 
-    monkeypatch.setattr(ops, "ROWS_A_QUERY", 2)
+    monkeypatch.setattr(step_events, "ROWS_A_QUERY", 2)
     written: list[list[str]] = []
     write_held = LocalSqliteEventLogStorage._write_held
 

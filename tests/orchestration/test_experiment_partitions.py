@@ -15,7 +15,6 @@ from test_coder_eval_run import WORDS_TASK, cli
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.config import load_config
-from agentenv_dagster.errors import TaskLoadError
 from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
 from projects import REPO, leaked_servers, make_project
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -11,7 +10,7 @@ import textwrap
 
 import pytest
 
-from projects import REPO, leaked_servers, make_project
+from projects import REPO, leaked_servers, make_project, stream_rows
 
 SLEEP_STEP = textwrap.dedent('''
     import asyncio, time
@@ -40,7 +39,7 @@ def dagster(project, *args, timeout=300):
 
 def run_contexts(project):
     (run_dir,) = (project / ".agentenv" / "state" / "runs").iterdir()
-    return {p.stem: json.loads(p.read_text())["rows"][""] for p in (run_dir / "context").glob("*.json")}
+    return {p.stem: stream_rows(run_dir, p.stem)[""] for p in (run_dir / "context").glob("*.jsonl")}
 
 
 @pytest.mark.slow
@@ -113,6 +112,6 @@ def test_the_dg_cli_checks_the_location_and_launches_a_dataset_row(tmp_path):
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert "RUN_SUCCESS" in launched.stderr + launched.stdout
     (run_dir,) = (project / ".agentenv" / "state" / "runs").iterdir()
-    final = json.loads((run_dir / "context" / "teardown_run.json").read_text())["rows"]
+    final = stream_rows(run_dir, "teardown_run")
     assert list(final) == ["t3"] and final["t3"]["metadata"]["verifications"]["success_criteria"]["score"] == 1.0
     assert leaked_servers(project / ".agentenv" / "state") == []

@@ -8,7 +8,8 @@ import pytest
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.config import AgentEnvConfig, ConfigError
-from agentenv_dagster.orchestration.executors import FORKSERVER_EXECUTOR, _string_source, job_executor
+from agentenv_dagster.compiler import load_plan
+from agentenv_dagster.orchestration.executors import _string_source, agentenv_executor, job_executor
 from agentenv_dagster.orchestration.io_manager import TaskContextIOManager, context_io_manager
 from agentenv_dagster.orchestration.ops import IO_MANAGER_KEY
 from agentenv_dagster.orchestration.s3_io_manager import S3ContextIOManager
@@ -16,12 +17,25 @@ from agentenv_dagster.runtime.s3 import S3Location
 from projects import make_project
 
 
-def test_the_executor_is_forkserver_unless_the_project_chooses(monkeypatch):
+def test_the_executor_follows_the_plan_unless_the_project_chooses(monkeypatch, tmp_path):
+    """A chain of steps with one row runs in-process; branches or rows run side by side."""
     monkeypatch.delenv("AGENTENV_DAGSTER_EXECUTOR", raising=False)
-    assert job_executor(AgentEnvConfig()) is FORKSERVER_EXECUTOR
-    assert job_executor(AgentEnvConfig.model_validate({"dagster": {"executor": "in_process"}})).name == "in_process"
+    root = make_project(tmp_path / "p")
+    config = AgentEnvConfig()
+    chain = load_plan(root / "tasks" / "hello_python.yaml", config)
+    branches = load_plan(root / "tasks" / "reply_to_dana.json", config)
+    dataset = load_plan(root / "tasks" / "triage_tickets.yaml", config)
+    assert job_executor(config, chain).name == "in_process"
+    assert job_executor(config, branches) is agentenv_executor
+    assert job_executor(config, dataset) is agentenv_executor
+    assert job_executor(config) is agentenv_executor
+    chosen = AgentEnvConfig.model_validate({"dagster": {"executor": "in_process"}})
+    assert job_executor(chosen, dataset).name == "in_process"
+    monkeypatch.setenv("AGENTENV_DAGSTER_EXECUTOR", "multiprocess")
+    assert job_executor(config, chain).name == "multiprocess"
     monkeypatch.setenv("AGENTENV_DAGSTER_EXECUTOR", "nope")
-    with pytest.raises(ConfigError, match="AGENTENV_DAGSTER_EXECUTOR='nope': expected one of multiprocess, in_process, celery, k8s$"):
+    with pytest.raises(ConfigError, match="AGENTENV_DAGSTER_EXECUTOR='nope': expected one of agentenv, in_process, "
+                       "multiprocess, celery, k8s$"):
         job_executor(AgentEnvConfig())
 
 
@@ -77,7 +91,7 @@ def test_a_project_with_s3_stores_and_celery_gets_them_in_its_definitions(tmp_pa
     assert isinstance(context_io_manager(AgentEnvConfig(root=tmp_path)), TaskContextIOManager)
 
 
-def test_the_s3_io_manager_stores_redacted_contexts_and_finds_the_final_one(monkeypatch):
+def test_the_s3_io_manager_stores_redacted_streams_and_finds_the_final_contexts(monkeypatch):
     moto = pytest.importorskip("moto")
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(name, "testing")
@@ -86,13 +100,21 @@ def test_the_s3_io_manager_stores_redacted_contexts_and_finds_the_final_one(monk
         manager = S3ContextIOManager(bucket="ctx-bucket", prefix="x", region="us-east-1")
         row = {"metadata": {"seen": ["a"]},
                "deployed_agents": [{"agent_name": "a", "api_url": "http://a", "litellm_api_key": "sk-1"}]}
-        url = manager.write("run-1", "a", {"rows": {"": row}})
-        assert url == "s3://ctx-bucket/x/runs/run-1/context/a.json"
-        stored = manager.location.get_bytes("x/runs/run-1/context/a.json").decode()
+        manager.start_stream("run-1", "a")
+        manager.append_records("run-1", "a", [{"row": "", "context": row}])
+        (key,) = [e["Key"] for e in manager.location.list_keys("x/runs/run-1/context/a/")]
+        stored = manager.location.get_bytes(key).decode()
         assert "sk-1" not in stored and "litellm_api_key" not in stored
-        assert manager.read("run-1", "a")["rows"][""]["metadata"] == {"seen": ["a"]}
-        # without a teardown output every stored context merges; with one, it is the answer
-        manager.write("run-1", "b", {"rows": {"": {"metadata": {"b": 1}}}})
+        records, position, ended = manager.read_records("run-1", "a")
+        assert [r["context"]["metadata"] for r in records] == [{"seen": ["a"]}] and not ended
+        manager.append_records("run-1", "a", [{"end": True}])
+        assert manager.read_records("run-1", "a", position) == ([], manager.read_records("run-1", "a")[1], True)
+        # until the teardown op's stream has ended, every stream's rows merge; then it is the answer
+        manager.start_stream("run-1", "b")
+        manager.append_records("run-1", "b", [{"row": "", "context": {"metadata": {"b": 1}}}])
+        assert manager.stream_names("run-1") == ["a", "b"]
         assert json.dumps(manager.final_contexts("run-1")[""].metadata, sort_keys=True) == '{"b": 1, "seen": ["a"]}'
-        manager.write("run-1", "teardown_run", {"rows": {"": {"metadata": {"final": True}}}})
+        manager.start_stream("run-1", "teardown_run")
+        manager.append_records("run-1", "teardown_run", [{"row": "", "context": {"metadata": {"final": True}}},
+                                                          {"end": True}])
         assert manager.final_contexts("run-1")[""].metadata == {"final": True}

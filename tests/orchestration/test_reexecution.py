@@ -10,7 +10,7 @@ import dagster as dg
 from dagster._core.definitions.reconstruct import ReconstructableJob
 import pytest
 
-from projects import leaked_servers, make_project
+from projects import leaked_servers, make_project, stream_rows
 
 GATE_STEP = textwrap.dedent('''
     from pathlib import Path
@@ -58,7 +58,7 @@ def test_reexecution_from_failure_resumes_and_refuses_a_changed_task(tmp_path):
         options = dg.ReexecutionOptions.from_failure(failed.run_id, instance)
         with dg.execute_job(recon, instance=instance, reexecution_options=options, raise_on_error=False) as resumed:
             assert resumed.success
-            final = json.loads((project / ".agentenv/state/runs" / resumed.run_id / "context" / "teardown_run.json").read_text())["rows"][""]
+            final = stream_rows(project / ".agentenv/state/runs" / resumed.run_id, "teardown_run")[""]
         assert final["metadata"]["ran"] == {"first": 1, "second": 1}  # `first` came from the parent run
 
         steps[0]["gate"] = str(project)  # the task changes: its content hash too
@@ -113,7 +113,7 @@ def test_regrading_reruns_only_the_rubric_of_a_finished_run(tmp_path, fake_messa
         assert after.run_id == regraded.run_id
         assert after.asset_materialization.metadata["score"].value == 0.0  # all_pass: one criterion failed
         assert after.asset_materialization.metadata["graded"].value is True
-        saved = json.loads((project / ".agentenv/state/runs" / first.run_id / "context" / "reply.json").read_text())
-        reply = saved["rows"][""]["prompt_responses"][0]["response"]
+        saved = stream_rows(project / ".agentenv/state/runs" / first.run_id, "reply")
+        reply = saved[""]["prompt_responses"][0]["response"]
         assert f"<agent_response>\n{reply}\n</agent_response>" in fake_messages_api.requests[-1].body["messages"][-1]["content"]
     assert leaked_servers(project / ".agentenv" / "state") == []

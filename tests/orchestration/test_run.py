@@ -60,8 +60,11 @@ def test_reply_to_dana_runs_end_to_end_offline(project):
     assert context.prompt_responses[0].tool_call_count == 2
     assert context.metadata["loaded_environment_artifacts"][0]["id"] == "inbox"
     assert leaked_servers(state) == []
-    assert json.loads((state / "runs" / result.run_id / "context" / "teardown_run.json").read_text())["rows"][""]["metadata"][
-        "verifications"]["sent"]["score"] == 1.0
+    # the teardown op's stream: a record for the row (its final context), then the stream's end
+    records = [json.loads(line) for line in (state / "runs" / result.run_id / "context" / "teardown_run.jsonl")
+               .read_text().splitlines()]
+    assert [r.get("row") for r in records] == ["", None] and records[-1] == {"end": True}
+    assert records[0]["context"]["metadata"]["verifications"]["sent"]["score"] == 1.0
 
 
 FAILING_TASK = [

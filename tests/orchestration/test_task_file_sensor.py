@@ -12,7 +12,7 @@ import pytest
 from agentenv_dagster import build_definitions
 from agentenv_dagster.orchestration.sensors import TASK_FILES_SENSOR
 from agentenv_dagster.orchestration.translator import TAG_CONTENT_HASH, TAG_TASK_ID
-from projects import dagster_daemon, dagster_project, leaked_servers, make_project
+from projects import dagster_daemon, dagster_project, leaked_servers, make_project, stream_rows
 
 NOTE_STEP = '''
 from agentenv_dagster.steps.base import TaskStep
@@ -85,7 +85,7 @@ def test_new_tasks_launch_once_and_a_changed_file_launches_again(project):
             instance=instance, run_config=request.run_config, tags=request.tags,
         )
         assert result.success
-        final = result.output_for_node("teardown_run")["rows"][""]
+        final = stream_rows(project / ".agentenv" / "state" / "runs" / result.run_id, "teardown_run")[""]
         assert final["metadata"]["notes"] == {"n0": "a, edited"}
         assert instance.get_run_by_id(result.run_id).tags[TAG_CONTENT_HASH] == request.tags[TAG_CONTENT_HASH]
 
@@ -166,7 +166,8 @@ def test_a_stored_task_is_a_job_and_each_new_version_launches_once(project):
         assert request.tags[TAG_TASK_VERSION] == "2"
         result = defs.get_job_def("stored").execute_in_process(instance=instance, run_config=request.run_config,
                                                                tags=request.tags)
-        assert result.output_for_node("teardown_run")["rows"][""]["metadata"]["notes"] == {"n0": "v2"}
+        final = stream_rows(project / ".agentenv" / "state" / "runs" / result.run_id, "teardown_run")
+        assert final[""]["metadata"]["notes"] == {"n0": "v2"}
         # a restart with the cursor launches nothing again; a reload runs the new version as its job
         reloaded = build_definitions(project / "tasks")
         assert tick(reloaded, instance, second.cursor).run_requests == []

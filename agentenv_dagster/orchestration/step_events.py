@@ -1,0 +1,231 @@
+"""What a step wrote, as Dagster events: verification scores and collected files as asset
+materializations (a row's under its partition), the artifacts a step loaded as observations,
+each verification's checks as evaluations, and the assets a stopped row will never reach as
+planned materializations (Dagster shows those as failed partitions).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationPlanned,
+    AssetCheckEvaluationTargetMaterializationData,
+)
+from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
+
+from ..context import TaskStepContext
+from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
+from ..steps.scoring import verification_passed
+from .rows import UNPARTITIONED, node_assets
+from .usage import usage_metadata
+
+
+def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
+    """Each task asset the stopped rows will not get (from this step on) as a planned
+    materialization, and each of its checks as a planned evaluation: in a failed run, that is
+    what Dagster shows as a failed partition of the asset and an execution-failed partition of
+    the check (open source storage keeps no failure events), so a backfill can pick out just
+    those rows."""
+    partitions = context.job_def.partitions_def
+    rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
+    step_key = str(context.op_handle)
+    events = []
+    subset = partitions.subset_with_partition_keys(rows) if partitions is not None and rows else None
+    for asset_key, checks in unreached_assets(context.job_def, context.op_handle.name):
+        events += [DagsterEvent.build_asset_materialization_planned_event(
+            context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
+        events += [DagsterEvent(  # as Dagster's run planning builds it
+            event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
+            message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
+            event_specific_data=AssetCheckEvaluationPlanned(
+                asset_key=asset_key, check_name=check, partitions_subset=subset),
+            step_key=step_key) for check in checks if rows]
+    for event in events:
+        context.instance.report_dagster_event(event, run_id=context.run_id, log_level=logging.DEBUG)
+
+
+def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
+    """The task-scoped assets (verifications, collections) of ``node`` and every node after it,
+    each with its checks."""
+    structure = job.graph.dependency_structure
+    seen, todo = set(), [node]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += [i.node_name for inputs in structure.output_to_downstream_inputs_for_node(name).values()
+                     for i in inputs]
+    unreached = []
+    for name in sorted(seen):
+        assets = node_assets(job.graph.node_named(name).tags)
+        unreached += [(dg.AssetKey(path), assets["checks"] if kind == VERIFICATION else [])
+                      for kind, _, path in assets["produced"] if kind != ARTIFACT]
+    return unreached
+
+
+def asset_events(
+    assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
+    *, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
+) -> Iterator[Any]:
+    """Materializations for what the step wrote, observations of what it read (the version
+    loaded), under the keys the translator gave the step's node; a verification says which
+    replicate of its row it is. Its checks follow: ``check_evaluations``."""
+    for artifact_id, path in assets["loaded"].items():
+        loaded = _loaded_version(ctx, step.id, artifact_id)
+        metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
+        yield dg.AssetObservation(asset_key=dg.AssetKey(path), metadata=metadata)
+    for kind, name, path in assets["produced"]:
+        key = dg.AssetKey(path)
+        if kind == VERIFICATION:
+            entry = (ctx.metadata.get("verifications") or {}).get(name)
+            if entry is not None:
+                metadata = {**verification_metadata(entry),
+                            **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None)),
+                            **({"replicate": replicate} if replicate is not None else {})}
+                yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition)
+        elif kind == PRODUCER:
+            entry = _produced(ctx, name)
+            if entry is not None:
+                yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition)
+        elif kind == ARTIFACT:  # a new version of a stored artifact the step names (shared by tasks: no partition)
+            universe = (_produced(ctx, step.id) or {}).get("file_artifact_universe") or {}
+            if universe.get("id") == name:
+                yield dg.AssetMaterialization(asset_key=key, metadata={
+                    "version": universe["version"], "written_by_step": step.id,
+                    **({"row": partition} if partition else {}),
+                })
+
+
+def _produced(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:
+    """What a producer step recorded: collected files, or an env snapshot's universe."""
+    collected = (ctx.metadata.get("collected_artifacts") or {}).get(step_id)
+    if collected is not None:
+        return collected
+    snapshots = ctx.metadata.get("env_snapshotted_universes") or {}
+    if step_id in snapshots:
+        return {"artifacts": {}, "file_artifact_universe": snapshots[step_id]}
+    return None
+
+
+def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
+    rows = entry.get("results") or []
+    metadata: dict[str, Any] = {
+        "passed": verification_passed(entry),
+        "graded": entry.get("graded", True),
+        "format": entry.get("format") or "rows",
+        "criteria": dg.MetadataValue.table(
+            records=[
+                dg.TableRecord({
+                    "id": str(row.get("id") or row.get("description") or row.get("criterion_type") or i),
+                    "result": str(row.get("result", row.get("evaluation_status"))),
+                    "score": float(row.get("score") or 0.0),
+                    "weight": float(row.get("weight", 1) or 0),
+                    "justification": str(
+                        row.get("justification") or row.get("message") or row.get("details") or row.get("error") or ""
+                    )[:500],
+                })
+                for i, row in enumerate(rows)
+            ],
+            schema=dg.TableSchema(columns=[
+                dg.TableColumn("id", "string"), dg.TableColumn("result", "string"),
+                dg.TableColumn("score", "float"), dg.TableColumn("weight", "float"),
+                dg.TableColumn("justification", "string"),
+            ]),
+        ),
+    }
+    if entry.get("score") is not None:
+        metadata["score"] = dg.MetadataValue.float(float(entry["score"]))
+    if entry.get("reason"):
+        metadata["reason"] = entry["reason"]
+    if entry.get("format") == "coder_eval":  # whole rows: what a suite rollup aggregates
+        metadata["results"] = dg.MetadataValue.json(rows)
+        if entry.get("prompt_error"):
+            metadata["prompt_error"] = entry["prompt_error"]
+    judge = entry.get("judge") or {}
+    if judge.get("model"):
+        metadata["judge_model"] = judge["model"]
+    return metadata
+
+
+def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
+    artifacts = entry.get("artifacts") or {}
+    metadata: dict[str, Any] = {
+        "file_count": len(artifacts),
+        "files": dg.MetadataValue.json(artifacts),
+    }
+    universe = entry.get("file_artifact_universe")
+    if universe:
+        metadata["universe_id"] = universe["id"]
+        metadata["universe_version"] = universe["version"]
+    return metadata
+
+
+ROWS_A_QUERY = 1000
+
+
+def check_evaluations(
+    instance: dg.DagsterInstance, assets: dict[str, Any], contexts: dict[str, TaskStepContext],
+) -> Iterator[dg.AssetCheckEvaluation]:
+    """Each declared check of each row's verification, as that row's partition of the check
+    (so the UI shows which rows passed and which fell short), pointing at the materialization
+    it judged: Dagster counts a partition's check as current only while that is its latest."""
+    for kind, name, path in assets["produced"]:
+        if kind != VERIFICATION:
+            continue
+        entries = {k: e for k, c in contexts.items() if (e := (c.metadata.get("verifications") or {}).get(name))}
+        if not entries:
+            continue
+        key = dg.AssetKey(path)
+        targets = _latest_materializations(instance, key, [row for row in entries if row])
+        for row, entry in entries.items():
+            yield from _check_evaluations(key, entry, assets["checks"], row or None, targets.get(row or None))
+
+
+def _latest_materializations(
+    instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str],
+) -> dict[str | None, AssetCheckEvaluationTargetMaterializationData]:
+    """The latest materialization of each of ``rows`` (of the asset, when none), a query per
+    ``ROWS_A_QUERY``: the op has just written one a row, so they are the newest of those
+    partitions (and SQLite takes a bounded number of parameters). The project's local storage
+    answers from the event log's columns; others read the events."""
+    lean = getattr(instance.event_log_storage, "latest_materializations", None)
+    latest: dict[str | None, AssetCheckEvaluationTargetMaterializationData] = {}
+    for start in range(0, max(len(rows), 1), ROWS_A_QUERY):
+        chunk = rows[start:start + ROWS_A_QUERY]
+        if lean is not None and chunk:
+            found = lean(key, chunk)
+        else:
+            records = instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1)).records
+            found = {r.partition_key: (r.storage_id, r.run_id, r.timestamp) for r in reversed(records)}  # newest wins
+        latest.update({row: AssetCheckEvaluationTargetMaterializationData(storage_id=storage_id, run_id=run_id,
+                                                                          timestamp=timestamp)
+                       for row, (storage_id, run_id, timestamp) in found.items()})
+    return latest
+
+
+def _check_evaluations(
+    key: dg.AssetKey, entry: dict[str, Any], checks: list[str], partition: str | None,
+    target: AssetCheckEvaluationTargetMaterializationData | None,
+) -> Iterator[dg.AssetCheckEvaluation]:
+    """One evaluation per declared check; unknown (not graded) fails with severity WARN."""
+    outcomes = entry.get("checks") or {"passed": verification_passed(entry)}
+    metadata = {"score": entry["score"]} if entry.get("score") is not None else {"reason": entry.get("reason", "not graded")}
+    for name in checks:
+        passed = outcomes.get(name)
+        yield dg.AssetCheckEvaluation(
+            asset_key=key, check_name=name, passed=bool(passed), metadata=metadata, partition=partition,
+            target_materialization_data=target,
+            severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
+        )
+
+
+def _loaded_version(ctx: TaskStepContext, step_id: str, artifact_id: str) -> int | None:
+    for key in ("loaded_environment_artifacts", "loaded_file_artifact_universes"):
+        for entry in ctx.metadata.get(key) or []:
+            if entry.get("id") == artifact_id and entry.get("step_id", step_id) == step_id:
+                return entry.get("version")
+    return None

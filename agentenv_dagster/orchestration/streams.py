@@ -1,0 +1,220 @@
+"""Row streams: how a run's rows flow from op to op without waiting for each other.
+
+Every op of a task job outputs a *stream* rather than a finished batch: it yields its Output
+(a :class:`StreamRef`) as it starts, then appends a record for each row as that row's step
+ends. The op below it reads the stream as it grows, so a row's grading starts when its own
+agent has answered, not when every row's has. Under an executor that runs a job's ops side by
+side (``executor.py``; Dagster's multiprocess and k8s executors with
+``step_dependency_config: {require_upstream_step_success: false}`` too) the rows are
+pipelined; under one that runs them one after another (``execute_in_process``, Celery) each
+op finds its upstream streams complete and the run goes step by step, with the same results.
+
+A stream is stored by the run's IO manager (a JSONL file in the state folder, or objects in a
+bucket), so it outlives the op's process: a re-execution reads its parent run's streams, and
+ops on other machines read each other's. Within one process a writer wakes its readers at
+once; across processes they look again every ``POLL_SECONDS``.
+
+A record is one row's: ``{"row": key, "context": {...}}`` (the row's context after the step),
+or ``{"row": key, "stopped": {...}, "context": {...}}`` (the row stopped at a fatal failure,
+here or upstream: the failure record and what the row had), or the stream's end,
+``{"end": true}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
+
+from ..context import TaskStepContext
+
+if TYPE_CHECKING:
+    from .io_manager import ContextIOManagerBase
+
+POLL_SECONDS = 0.5  # how often a reader looks for rows a writer in another process appended
+END = {"end": True}
+
+
+@dataclass(frozen=True)
+class StreamRef:
+    """An op's output: the stream its rows land in (``run_id`` is the run that wrote it, which a
+    re-execution's op reads from its parent)."""
+
+    run_id: str
+    name: str
+
+
+@dataclass
+class Row:
+    """One row arriving at an op: its merged context, or why it stopped before getting here."""
+
+    key: str
+    context: dict[str, Any]
+    stopped: dict[str, Any] | None = None
+
+
+class _Wakeups:
+    """The readers waiting in this process, woken when a stream they read grows."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[tuple[str, str], set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+    def wait(self, stream: tuple[str, str]) -> asyncio.Event:
+        event = asyncio.Event()
+        with self._lock:
+            self._waiting.setdefault(stream, set()).add((asyncio.get_running_loop(), event))
+        return event
+
+    def forget(self, stream: tuple[str, str], event: asyncio.Event) -> None:
+        with self._lock:
+            waiting = self._waiting.get(stream, set())
+            waiting.difference_update({w for w in waiting if w[1] is event})
+            if not waiting:
+                self._waiting.pop(stream, None)
+
+    def wake(self, stream: tuple[str, str]) -> None:
+        with self._lock:
+            waiting = list(self._waiting.get(stream, ()))
+        for loop, event in waiting:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # its loop has closed: its reader is gone
+                pass
+
+
+WAKEUPS = _Wakeups()
+
+
+class StreamWriter:
+    """Appends an op's row records to its stream, waking the readers in this process."""
+
+    def __init__(self, io: ContextIOManagerBase, run_id: str, name: str) -> None:
+        self.io, self.ref = io, StreamRef(run_id, name)
+        io.start_stream(run_id, name)  # (an op retried in the same run starts its stream again)
+
+    def passed(self, key: str, context: TaskStepContext | dict[str, Any]) -> None:
+        self._append([{"row": key, "context": _as_dict(context)}])
+
+    def stopped(self, key: str, failure: dict[str, Any], context: TaskStepContext | dict[str, Any]) -> None:
+        self._append([{"row": key, "stopped": failure, "context": _as_dict(context)}])
+
+    def end(self) -> None:
+        self._append([END])
+
+    def _append(self, records: list[dict[str, Any]]) -> None:
+        self.io.append_records(self.ref.run_id, self.ref.name, records)
+        WAKEUPS.wake((self.ref.run_id, self.ref.name))
+
+
+async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dict[str, Any]]:
+    """The stream's row records as they are appended, until its end."""
+    stream = (ref.run_id, ref.name)
+    position: Any = None
+    while True:
+        woken = WAKEUPS.wait(stream)  # before reading: an append after the read wakes it
+        try:
+            found, position, ended = await asyncio.to_thread(io.read_records, ref.run_id, ref.name, position) \
+                if io.reads_remotely else io.read_records(ref.run_id, ref.name, position)
+            for record in found:
+                yield record
+            if ended:
+                return
+            if not found:
+                try:
+                    await asyncio.wait_for(woken.wait(), POLL_SECONDS)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            WAKEUPS.forget(stream, woken)
+
+
+async def joined(io: ContextIOManagerBase, sources: list[StreamRef], after: list[StreamRef]) -> AsyncIterator[Row]:
+    """Each row once every upstream stream has delivered it: the ``sources``' contexts merged
+    (in their order), ``after`` only waited for. A row stopped on any upstream arrives stopped,
+    once the others have delivered it too (what runs beside the failure on another branch
+    finishes first, and the row's context has it all); a row some upstream never delivered
+    (it ended without it) arrives stopped too."""
+    streams = [*sources, *after]
+    queue: asyncio.Queue[tuple[int, dict[str, Any] | None]] = asyncio.Queue()
+
+    async def pump(index: int, ref: StreamRef) -> None:
+        try:
+            async for record in records(io, ref):
+                await queue.put((index, record))
+        finally:
+            await queue.put((index, None))
+
+    pumps = [asyncio.create_task(pump(i, ref)) for i, ref in enumerate(streams)]
+    arrivals: dict[str, dict[int, dict[str, Any]]] = {}
+    open_streams = len(streams)
+    try:
+        while open_streams:
+            index, record = await queue.get()
+            if record is None:
+                open_streams -= 1
+                continue
+            got = arrivals.setdefault(record["row"], {})
+            got[index] = record
+            if len(got) == len(streams):
+                yield _arrived(record["row"], arrivals.pop(record["row"]), len(sources))
+        for key, got in arrivals.items():  # an upstream ended without it: it cannot come
+            missing = [streams[i].name for i in range(len(streams)) if i not in got]
+            lost = {"error": f"never reached this step: {', '.join(missing)} did not pass it on",
+                    "error_type": "RowLost", "step_id": missing[0], "step_key": missing[0], "is_fatal": True}
+            yield _arrived(key, {**got, -1: {"row": key, "stopped": lost, "context": {}}}, len(sources))
+    finally:
+        for task in pumps:
+            task.cancel()
+
+
+def _arrived(key: str, got: dict[int, dict[str, Any]], sources: int) -> Row:
+    """A row once every upstream has delivered it: the sources' contexts merged; stopped (the
+    first upstream's failure, every context merged) when any of them stopped it."""
+    stops = [got[i] for i in sorted(got) if "stopped" in got[i]]
+    if stops:
+        contexts = [got[i]["context"] for i in sorted(got) if got[i].get("context")]
+        return Row(key, TaskStepContext.merge_dicts(contexts).to_dict() if contexts else {},
+                   stopped=stops[0]["stopped"])
+    merged = [got[i]["context"] for i in range(sources)]
+    return Row(key, TaskStepContext.merge_dicts(merged).to_dict() if len(merged) > 1 else merged[0] if merged else {})
+
+
+# -- what the executor tells the ops of a run -----------------------------------------------
+
+_STEP_THREAD = threading.local()  # set in the threads of an executor that runs a job's ops side by side
+_STOPS: set[str] = set()  # runs asked to stop (terminated), by run id
+
+
+def running_side_by_side() -> Any:
+    """The executor's mark for the step run in this thread (``executor.py``)."""
+    _STEP_THREAD.side_by_side = True
+
+
+def side_by_side() -> bool:
+    """Whether this op runs beside the other ops of its run (so its rows may wait for rows that
+    leave the run further down): only under the project's executor."""
+    return getattr(_STEP_THREAD, "side_by_side", False)
+
+
+def request_stop(run_id: str) -> None:
+    _STOPS.add(run_id)
+
+
+def stop_requested(run_id: str) -> bool:
+    return run_id in _STOPS
+
+
+def _as_dict(context: TaskStepContext | dict[str, Any]) -> dict[str, Any]:
+    return context.to_dict() if isinstance(context, TaskStepContext) else context
+
+
+def final_rows(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each row's last record of a stream read whole (its context, with ``stopped`` where it
+    stopped), in the order the rows arrived."""
+    rows: dict[str, dict[str, Any]] = {}
+    for record in records_:
+        if "row" in record:
+            rows[record["row"]] = record
+    return rows
