@@ -141,7 +141,8 @@ class _RowsOfOp:
                                               judge=getattr(self.context.resources, JUDGE_KEY),
                                               artifacts=getattr(self.context.resources, ARTIFACTS_KEY)) as rt:
             async with rt.lanes(self.resource.rows_in_flight) as lanes:
-                running: set[asyncio.Task] = set()
+                warming = asyncio.create_task(self._warm_up(rt))
+                running: set[asyncio.Task] = {warming}
                 async for row in source:
                     if row.stopped is not None:
                         self.out.stopped(row.key, row.stopped, row.context)
@@ -151,6 +152,12 @@ class _RowsOfOp:
                     task.add_done_callback(running.discard)
                 if running:
                     await asyncio.gather(*running)
+
+    async def _warm_up(self, rt) -> None:
+        try:
+            await self.step.warm_up(rt)
+        except Exception as exc:  # noqa: BLE001 - the first row's step reports it
+            self.context.log.debug(f"step '{self.step.id}' not warmed up: {exc}")
 
     async def _one(self, row: Row, lanes: asyncio.Queue, outbox: "_Outbox") -> None:
         ctx = TaskStepContext.from_dict(row.context)

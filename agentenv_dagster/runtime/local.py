@@ -207,6 +207,21 @@ class LocalProvider:
         return HostedRequest(agent_id, agent_name, host_id, host_url, str(sandbox),
                              {"id": instance_id, "sandbox": str(sandbox), "config": settings})
 
+    async def warm_agent_host(
+        self, agent_id: str, *, ttl_seconds: int, env_vars: dict[str, str] | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> None:
+        """Find or start the agent host that deploying ``agent_id`` will use, ahead of the first
+        deploy (a host's start takes most of a second). Not for a coding CLI's agent, whose
+        checks belong to its deploy; an agent the deploy would refuse raises ``DeploymentError``."""
+        entry = self._agent_entry(agent_id, overrides)
+        if entry.kind in CODING_CLI_KINDS:
+            return
+        env = self._process_env(agent_id, entry, env_vars, None)
+        async with self._host_starting:
+            if agent_host_id(env) not in self._hosts:
+                await asyncio.to_thread(self._agent_host, env, ttl_seconds)
+
     def _agent_entry(self, agent_id: str, overrides: dict[str, Any] | None) -> AgentEntry:
         """The registry entry of ``agent_id``, with a step's inline settings on top."""
         entry = self.config.agent_entry(agent_id)

@@ -75,6 +75,10 @@ class TaskStep(BaseModel):
     def _normalize_depends_on(cls, value: Any) -> list[Any] | None:
         return normalize_depends_on(value)
 
+    async def warm_up(self, rt: "StepRuntime") -> None:
+        """What the step can start before its first row arrives, so the row waits less (an
+        agent host, say). Best effort: what fails here is the first row's to report."""
+
     async def execute(self, ctx: "TaskStepContext", rt: "StepRuntime") -> None:
         raise NotImplementedError(f"step type {self.type!r} does not implement execute()")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Literal
 
 from ..config import AgentEnvConfig
@@ -83,6 +84,15 @@ class DeployAgentStep(TaskStep):
 
     def _ttl(self) -> int:
         return self.ttl_seconds or DEFAULT_TTL_SECONDS
+
+    async def warm_up(self, rt: StepRuntime) -> None:
+        """The agent host, started as the op starts, unless a row's values could change which
+        host it is (a ``<token>`` or ``${...}`` in the agent's settings)."""
+        settings = (self.a2a_agent_id, self.env_vars, self.agent_config)
+        if "${" in json.dumps(settings, default=str) or "<" in json.dumps(settings, default=str):
+            return
+        await rt.provider.warm_agent_host(self._agent_id(rt.config), ttl_seconds=self._ttl(),
+                                          env_vars=self.env_vars, overrides=self.agent_config)
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         envs = [self._resolve_env(ctx, env_id) for env_id in self.env_ids]
