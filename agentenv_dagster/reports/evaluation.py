@@ -47,8 +47,8 @@ def evaluation_result(
             1, response.prompt_text or "", response.response, trajectory or [], response.model, token_usage,
             response.error_type is not None, response.error_message, started,
         )]
-        turns[0].duration_seconds = ((context.metadata.get("step_timings") or {}).get(response.step_id or "") or {}).get(
-            "duration_seconds") or 0.0  # the prompt step's: the agent's turn
+        timing = (context.metadata.get("step_timings") or {}).get(response.step_id or "") or {}
+        turns[0].duration_seconds = timing.get("duration_seconds") or 0.0  # the prompt step's: the agent's turn
     else:
         turns = []
     crashed = status in (FinalStatus.TIMEOUT, FinalStatus.MAX_TURNS_EXHAUSTED, FinalStatus.ERROR)
