@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -63,9 +64,11 @@ def validate(paths: tuple[Path, ...]) -> None:
               help="Coder Eval dataset: only the rows that did not pass last time (failed partitions, "
               "unreached or failing verifications); Dagster's run tag agentenv/rows=failed does the same")
 @click.option("--include-skipped", is_flag=True, help="Coder Eval: run the tasks marked skip: true too")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path),
+              help="Coder Eval: also write the results as JUnit XML to this file, for CI")
 def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
         split: str | None, sample: int | None, experiment: Path | None, rows_in_flight: int,
-        failed_only: bool, include_skipped: bool) -> None:
+        failed_only: bool, include_skipped: bool, junit: Path | None) -> None:
     """Compile each PATH and execute it through Dagster. An agent-env task (one JSON file)
     writes its final redacted context.json; Coder Eval tasks (YAML files, or folders of them:
     every task under each) write one run.json, run.md, task.html for all of them."""
@@ -82,7 +85,14 @@ def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ..
             failed_only=failed_only, include_skipped=include_skipped,
             on_warning=lambda warning: click.echo(f"warning: {warning}", err=True)))
         click.echo("\n".join(done.lines()))
+        if junit is not None:
+            from .reports.junit import write_junit
+
+            write_junit(junit, done.summary, done.results, done.suites, done.reports.run_json.parent)
+            click.echo(f"  junit: {junit}")
         sys.exit(done.exit_code)
+    if junit is not None:
+        _bad_input("--junit is for Coder Eval tasks (YAML): an agent-env task writes its context.json")
     if len(paths) > 1:
         _bad_input("an agent-env task document runs alone: give one JSON file (several paths are for Coder Eval tasks)")
     path = paths[0]
@@ -168,6 +178,32 @@ def review(run_id: str, decision: str | None, step_id: str | None, instance_id: 
     except ReviewError as exc:
         _bad_input(str(exc))
     click.echo(f"review '{record['step_id']}': {record['decision']} ({record['decided_by']})")
+
+
+@main.command()
+@click.argument("out_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default="a free one")
+def view(out_dir: Path | None, port: int) -> None:
+    """Serve a run's reports on 127.0.0.1 until Ctrl-C: task.html (every row, a filter for
+    the failed ones, the variants side by side) and each row's page (its trajectory and the
+    grading). OUT_DIR is a run's --output-dir; by default the project's out/ (every run)."""
+    from .reports.viewer import ReportServer
+
+    folder = out_dir or _config().root / "out"
+    if not folder.is_dir():
+        _bad_input(f"{folder}: no such folder (give the --output-dir of a run)")
+    try:
+        server = ReportServer(folder, port)
+    except OSError as exc:
+        _bad_input(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}")
+    click.echo(f"Serving {folder} at {server.url} (Ctrl-C to stop)")
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where it started ignored (`... &`)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        click.echo("stopped")
+    finally:
+        server.server_close()
 
 
 def context_names(data: dict[str, Any]) -> set[tuple[str, str]]:

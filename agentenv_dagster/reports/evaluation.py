@@ -16,6 +16,7 @@ from ..runtime.artifacts import ObjectStore
 from .results import CommandRunResult, CriterionResultRow, EvaluationResult, FinalStatus
 from .telemetry import CommandTelemetry, ResultSummary, TokenUsage, TurnRecord
 
+RESULT_SUMMARY_CHARS = 500  # of a tool call's result kept in task.json (the whole is in the trajectory object)
 AGENT_ERROR_STATUS = {
     "AgentTimeout": FinalStatus.TIMEOUT,
     "TimeoutError": FinalStatus.TIMEOUT,
@@ -46,6 +47,8 @@ def evaluation_result(
             1, response.prompt_text or "", response.response, trajectory or [], response.model, token_usage,
             response.error_type is not None, response.error_message, started,
         )]
+        timing = (context.metadata.get("step_timings") or {}).get(response.step_id or "") or {}
+        turns[0].duration_seconds = timing.get("duration_seconds") or 0.0  # the prompt step's: the agent's turn
     else:
         turns = []
     crashed = status in (FinalStatus.TIMEOUT, FinalStatus.MAX_TURNS_EXHAUSTED, FinalStatus.ERROR)
@@ -74,7 +77,7 @@ def _turn(iteration: int, user_input: str, output: str, events: list[dict[str, A
     assistant_turns = sum(1 for e in events if e.get("role") == "assistant")
     return TurnRecord(
         iteration=iteration, user_input=user_input, agent_output=output,
-        commands=[_command(e) for e in events if e.get("type") == "tool_call"],
+        commands=[_command(e) for e in events if e.get("type") == "tool_call"], messages=_messages(events),
         model_used=model, token_usage=usage, crashed=crashed, crash_reason=crash_reason, timestamp=timestamp,
         assistant_turn_count=assistant_turns, num_turns=max(assistant_turns, int(bool(output.strip()) and not crashed)),
         result_summary=ResultSummary(is_error=crashed, subtype="error" if crashed else "success", result=output),
@@ -181,13 +184,26 @@ def command_stats(trajectory: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _messages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The trajectory's messages in order, each with how many tool calls came before it
+    (``TurnRecord.messages``)."""
+    messages, calls = [], 0
+    for event in events:
+        if event.get("type") == "tool_call":
+            calls += 1
+        elif event.get("type") == "message":
+            messages.append({"role": event.get("role"), "content": event.get("text", ""), "tool_calls_before": calls})
+    return messages
+
+
 def _command(event: dict[str, Any]) -> CommandTelemetry:
     result = event.get("result")
+    text = result if isinstance(result, str) else json.dumps(result, default=str)
     return CommandTelemetry(
         tool_name=event["name"], parameters=event.get("arguments") or {},
-        timestamp=event.get("started_at"),
+        timestamp=event.get("started_at"), duration_seconds=event.get("duration_seconds"),
         result_status=event.get("status") or ("error" if event.get("is_error") else "success"),
-        result_summary=result if isinstance(result, str) and len(result) <= 500 else json.dumps(result)[:500],
+        result_summary=text if len(text) <= RESULT_SUMMARY_CHARS else text[: RESULT_SUMMARY_CHARS - 1] + "…",
     )
 
 

@@ -1,8 +1,10 @@
 """Experiment reports: one aggregate per variant, and per task which variant did best
-(upstream ``VariantAggregate`` / ``ExperimentResult``, written as variant.json / experiment.json)."""
+(upstream ``VariantAggregate`` / ``ExperimentResult``, written as variant.json / experiment.json),
+and the variants side by side for task.html (``variant_comparison``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
@@ -58,3 +60,58 @@ def experiment_result(
             for v, rows in by_variant.items()
         },
     }
+
+
+@dataclass(frozen=True)
+class ComparedRow:
+    """One task row (and replicate) under each variant, with each variant's score minus the
+    baseline's (the first variant); None where either was not scored."""
+
+    task_id: str
+    replicate_index: int
+    results: dict[str, EvaluationResult]
+    deltas: dict[str, float | None]
+
+    @property
+    def category(self) -> str:
+        """The row's worst outcome over the variants, for the page's filter."""
+        categories = {r.final_status.category for r in self.results.values()}
+        return next((c for c in ("error", "failed", "ungraded") if c in categories), "succeeded")
+
+
+@dataclass(frozen=True)
+class VariantComparison:
+    """The variants side by side, for task.html: their aggregates and every row's scores."""
+
+    variant_ids: list[str]
+    aggregates: dict[str, dict[str, Any]]
+    rows: list[ComparedRow]
+
+    @property
+    def baseline(self) -> str:
+        return self.variant_ids[0]
+
+    def average_delta(self, variant_id: str) -> float | None:
+        mine, base = (self.aggregates[v]["average_score"] for v in (variant_id, self.baseline))
+        return None if mine is None or base is None else mine - base
+
+
+def variant_comparison(results: list[EvaluationResult]) -> VariantComparison | None:
+    """The run's variants compared row by row, in the order they ran; None for a single variant."""
+    variant_ids = list(dict.fromkeys(r.variant_id for r in results))
+    if len(variant_ids) < 2:
+        return None
+    by_row: dict[tuple[str, int], dict[str, EvaluationResult]] = {}
+    for result in results:
+        by_row.setdefault((result.task_id, result.replicate_index), {})[result.variant_id] = result
+    rows = []
+    for (task_id, replicate), found in by_row.items():
+        base = found.get(variant_ids[0])
+        deltas = {
+            v: r.weighted_score - base.weighted_score
+            if base is not None and r.weighted_score is not None and base.weighted_score is not None else None
+            for v, r in found.items() if v != variant_ids[0]
+        }
+        rows.append(ComparedRow(task_id, replicate, found, deltas))
+    aggregates = {v: variant_aggregate(v, [r for r in results if r.variant_id == v]) for v in variant_ids}
+    return VariantComparison(variant_ids, aggregates, rows)

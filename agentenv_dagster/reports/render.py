@@ -1,27 +1,37 @@
-"""Writes a run's reports: run.json, run.md and task.html at the root, task.json per replicate,
-suite.json and suite.md per dataset suite.
+"""Writes a run's reports: run.json, run.md and task.html at the root, task.json and its page
+row.html per replicate, suite.json and suite.md per dataset suite.
 
-run.md is shaped for a GitHub job summary; task.html is one self-contained page (inline CSS,
-no scripts, no external assets) so it opens straight from a CI artifact.
+run.md is shaped for a GitHub job summary; task.html and the row pages are self-contained
+(inline CSS, no external assets) so they open straight from a CI artifact. task.html carries
+one inline script of ours, the rows' filter, which its Content-Security-Policy names by hash:
+were an agent's text ever to reach the page as markup, no script of its would run.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
+import importlib.resources
 import json
 import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Iterable
+from urllib.parse import quote
 
 import jinja2
 from markupsafe import Markup
 
 from ..criteria.judge_prompt import write_judge_transcripts
+from .experiment import variant_comparison
 from .models import EvaluationResult, RunSummary
+from .timeline import timeline
 
-TEMPLATES = ("run.md", "run_rows.md", "task.html", "task_rows.html", "suite.md")
+TEMPLATES = ("run.md", "run_rows.md", "task.html", "task_rows.html", "row.html", "_style.css", "suite.md")
+ROW_PAGE = "row.html"
+_POLICY = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 
 
 @dataclass(frozen=True)
@@ -42,13 +52,38 @@ def task_json_path(out_dir: Path | str, result: EvaluationResult) -> Path:
 def report_folder(out_dir: Path | str, variant_id: str, task_id: str, replicate_index: int) -> Path:
     """`<out_dir>/<variant>/<task_id>/<NN>`. Ids come from task documents, so a segment that
     would climb out of `out_dir` is refused."""
+    return Path(out_dir).joinpath(*_segments(variant_id, task_id, replicate_index))
+
+
+def row_page_path(out_dir: Path | str, task_id: str, variant_id: str = "default", replicate_index: int = 0) -> Path:
+    """Where a row's page is: `<out_dir>/<variant>/<task_id>/<NN>/row.html` (beside its task.json)."""
+    return report_folder(out_dir, variant_id, task_id, replicate_index) / ROW_PAGE
+
+
+def row_page_url(
+    out_dir: Path | str, task_id: str, variant_id: str = "default", replicate_index: int = 0, *,
+    base_url: str | None = None,
+) -> str:
+    """A row's page as a link: a ``file://`` URL of the page in ``out_dir``, or, given the
+    ``base_url`` that `agentenv-dagster view OUT_DIR` printed, its address there."""
+    if base_url is None:
+        return row_page_path(Path(out_dir).resolve(), task_id, variant_id, replicate_index).as_uri()
+    return base_url.rstrip("/") + "/" + _row_href(variant_id, task_id, replicate_index)
+
+
+def _segments(variant_id: str, task_id: str, replicate_index: int) -> list[str]:
     segments = [variant_id, *task_id.split("/")]
     for segment in segments:
         if segment in ("", ".", "..") or "\\" in segment:
             raise ValueError(
                 f"task {task_id!r} (variant {variant_id!r}): path segment {segment!r} cannot name a report folder"
             )
-    return Path(out_dir).joinpath(*segments, f"{replicate_index:02d}")
+    return [*segments, f"{replicate_index:02d}"]
+
+
+def _row_href(variant_id: str, task_id: str, replicate_index: int, page: str = ROW_PAGE) -> str:
+    """A row's page (or another file of its folder) relative to the run's folder, URL-quoted."""
+    return "/".join(quote(s, safe="") for s in _segments(variant_id, task_id, replicate_index)) + "/" + page
 
 
 def prepare_reports(out_dir: Path | str, variant_id: str, task_ids: list[str], replicate_index: int) -> None:
@@ -91,12 +126,17 @@ class RenderedRows:
         if kept is None or kept[0] is not result:
             html_rows = _environment().get_template("task_rows.html").module
             md_rows = _environment().get_template("run_rows.md").module
-            anchor = _anchor(result)
+            anchor, folder = _anchor(result), _result_href(result, "")
             kept = self._parts[id(result)] = (result, {
-                "html_row": html_rows.summary_row(result, anchor), "html_section": html_rows.section(result, anchor),
+                "html_row": html_rows.summary_row(result, anchor),
+                "html_section": html_rows.section(result, anchor, folder),
                 "md_row": md_rows.summary_row(result), "md_section": md_rows.section(result),
             })
         return kept[1]
+
+
+def _result_href(result: EvaluationResult, page: str = ROW_PAGE) -> str:
+    return _row_href(result.variant_id, result.task_id, result.replicate_index, page)
 
 
 def _anchor(result: EvaluationResult) -> str:
@@ -127,12 +167,22 @@ def write_reports(
 
 
 def write_task_json(out_dir: Path | str, result: EvaluationResult) -> Path:
-    """A result's task.json, with its judges' transcripts beside it (their paths in it)."""
+    """A result's task.json, with its judges' transcripts (their paths in it) and its page,
+    row.html, beside it."""
     path = task_json_path(out_dir, result)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_judge_transcripts(result, path.parent)
     path.write_text(result.model_dump_json(indent=2), encoding="utf-8")
+    (path.parent / ROW_PAGE).write_text(_row_page(result), encoding="utf-8")
     return path
+
+
+def _row_page(result: EvaluationResult) -> str:
+    """The row's page; it links back to the run's task.html, at the run's folder."""
+    climb = "../" * len(_segments(result.variant_id, result.task_id, result.replicate_index))
+    return _environment().get_template(ROW_PAGE).render(
+        r=result, anchor=_anchor(result), run_page=f"{climb}task.html#{quote(_anchor(result), safe='/')}",
+        policy=_POLICY)
 
 
 def write_suite(folder: Path, suite: dict[str, Any]) -> None:
@@ -156,7 +206,28 @@ def _write_judge_transcripts(result: EvaluationResult, folder: Path) -> None:
 
 
 def _render(template: str, summary: RunSummary, results: list[EvaluationResult], rows: RenderedRows) -> str:
-    return _environment().get_template(template).render(summary=summary, results=results, rows=rows)
+    script, _ = filter_script()
+    return _environment().get_template(template).render(
+        summary=summary, results=results, rows=rows, comparison=variant_comparison(results),
+        script=Markup(script), policy=page_policy())
+
+
+@cache
+def filter_script() -> tuple[str, str]:
+    """task.html's one script, and its hash as a Content-Security-Policy source."""
+    text = (importlib.resources.files(__package__) / "templates" / "filter.js").read_text(encoding="utf-8")
+    return text, "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode() + "'"
+
+
+def page_policy() -> str:
+    """The Content-Security-Policy of the reports' pages: inline style, and no script but
+    task.html's filter; nothing loads from anywhere."""
+    return f"{_POLICY}; script-src {filter_script()[1]}"
+
+
+def _is_local_file(value: Any) -> bool:
+    """A file name in the row's own folder (a judge transcript), safe as a relative link."""
+    return isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", value) is not None
 
 
 def _score(value: float | None) -> str:
@@ -198,4 +269,6 @@ def _environment() -> jinja2.Environment:
     env.filters.update(
         score=_score, percent=_percent, usd=_usd, md_cell=_md_cell, pretty_json=_pretty_json
     )
+    env.globals.update(timeline=timeline, row_href=_result_href)
+    env.tests["local_file"] = _is_local_file
     return env

@@ -65,7 +65,8 @@ class TokenUsage(BaseModel):
 
 
 class CommandTelemetry(BaseModel):
-    """One tool call the agent made; criteria such as `command_executed` read these."""
+    """One tool call the agent made; criteria such as `command_executed` read these.
+    `duration_seconds` is ours (the viewer shows it); upstream's readers ignore it."""
 
     tool_name: str
     tool_id: str | None = None
@@ -73,6 +74,7 @@ class CommandTelemetry(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=dict)
     result_status: Literal["success", "error", "unknown"] | None = None
     result_summary: str | None = None
+    duration_seconds: float | None = None
 
 
 class ResultSummary(BaseModel):
@@ -85,7 +87,10 @@ class ResultSummary(BaseModel):
 
 
 class TurnRecord(BaseModel):
-    """One orchestrator iteration: the prompt, the agent's reply and the tool calls between."""
+    """One orchestrator iteration: the prompt, the agent's reply and the tool calls between.
+
+    `messages` are the turn's messages in order (``{"role", "content", "tool_calls_before"}``:
+    how many of `commands` came before each), so a viewer can interleave the two."""
 
     iteration: int
     user_input: str = ""

@@ -21,9 +21,13 @@ def written(tmp_path, summary, results):
 def test_layout(tmp_path, written, results):
     out = tmp_path / "run"
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "default/broken_env/00/row.html",
         "default/broken_env/00/task.json",
+        "default/exec_only/00/row.html",
         "default/exec_only/00/task.json",
+        "default/hello_world/00/row.html",
         "default/hello_world/00/task.json",
+        "opus/sentiment/row-3/01/row.html",
         "opus/sentiment/row-3/01/task.json",
         "run.json",
         "run.md",
@@ -97,12 +101,21 @@ def test_run_md_cells_hold_no_raw_html_or_line_breaks(written):
     )
 
 
-def test_task_html_escapes_hostile_content_and_loads_nothing(written):
-    page = written.task_html.read_text()
-    assert "&lt;script&gt;document.title = &#39;PW&#39; + &#39;NED&#39;;&lt;/script&gt;" in page
-    assert "&lt;img src=x onerror=" in page
-    assert HOSTILE_SCRIPT not in page and HOSTILE_IMG not in page
-    assert not re.search(r"<(script|link|iframe|img|object|embed)\b|url\(|https?://", page, re.IGNORECASE)
+@pytest.mark.parametrize("page", ["task.html", "opus/sentiment/row-3/01/row.html"])
+def test_pages_escape_hostile_content_and_load_nothing(written, page):
+    """The only script is task.html's filter, inline and named by hash in the page's policy."""
+    text = (written.run_json.parent / page).read_text()
+    assert "&lt;script&gt;document.title = &#39;PW&#39; + &#39;NED&#39;;&lt;/script&gt;" in text
+    assert "&lt;img src=x onerror=" in text
+    assert HOSTILE_SCRIPT not in text and HOSTILE_IMG not in text
+    script, digest = render.filter_script()
+    scripts = re.findall(r"<script\b[^>]*>", text, re.IGNORECASE)
+    assert scripts == (["<script>"] if page == "task.html" else [])
+    assert text.count(script) == len(scripts)
+    policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', text).group(1)
+    assert "default-src &#39;none&#39;" in policy
+    assert ("script-src &#39;sha256-" in policy) == (page == "task.html") and (digest[1:-1] in policy) == (page == "task.html")
+    assert not re.search(r"<(link|iframe|img|object|embed)\b|url\(|https?://", text, re.IGNORECASE)
 
 
 def test_task_html_content(written):
