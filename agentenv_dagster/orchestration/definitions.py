@@ -1,14 +1,14 @@
 """build_definitions: a folder of task documents -> a Dagster code location.
 
-Staged like kedro-dagster: compile the files, then plans -> jobs, plans -> asset specs and
-checks, config -> resources. A file that does not compile becomes a placeholder job that
-explains the problem (lenient, the default) or stops the load (``strict=True``, for CI).
+Staged like kedro-dagster: compile the files, then plans -> each task's assets and job
+(``task_job``), its checks and suite, config -> resources. A file that does not compile
+becomes a placeholder job that explains the problem (lenient, the default) or stops the
+load (``strict=True``, for CI).
 """
 
 from __future__ import annotations
 
 import logging
-from functools import partial
 from pathlib import Path
 
 import dagster as dg
@@ -18,136 +18,31 @@ from ..config import AgentEnvConfig, load_config
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..plan import TaskPlan
-from ..steps.base import TaskStep
 from .executors import job_executor
 from .io_manager import context_io_manager
-from .ops import AFTER, IO_MANAGER_KEY, TEARDOWN_OP, step_op, teardown_op
+from .ops import IO_MANAGER_KEY
 from .resources import agentenv_resources
-from .rows import ROWS, VARIANT_TAG
 from .schedules import task_schedules
 from .review_tags import review_tag_sensor
-from .retries import span_tags
 from .sensors import task_sensors
 from .suites import suite_asset, suites_sensor
-from .translator import TAG_STEP_ASSETS, TaskTranslator
+from .task_job import build_task
+from .translator import TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
-POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
 
 
 def build_job(
     plan: TaskPlan, translator: TaskTranslator | None = None, executor_def: dg.ExecutorDefinition | None = None,
+    config: AgentEnvConfig | None = None, resources: dict | None = None,
 ) -> dg.JobDefinition:
-    """One job per task: a node per step (aliases of the shared per-type ops), the
-    ``depends_on`` edges, a final teardown node, the step fields as default op config. A
-    dataset task is partitioned by row: each partition's config is its row's fields. The
-    executor: ``executor_def``, else the one the plan calls for (``executors.job_executor``)."""
+    """The task's job on its own (with ``resources`` bound, when given): its op graph backing
+    its assets (``task_job.build_task``), the stored artifacts it loads as their upstream."""
     translator = translator or TaskTranslator()
-    deps: dict[dg.NodeInvocation, dict] = {}
-    node_defs = {}
-    for step in plan.steps:
-        op_def = step_op(step.type)
-        node_defs[op_def.name] = op_def
-        invocation = dg.NodeInvocation(
-            op_def.name, alias=translator.get_node_name(step), retry_policy=translator.get_retry_policy(step),
-            tags={
-                **translator.get_op_tags(step), TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
-                **({POOL_TAG: pool} if (pool := translator.get_pool(plan, step)) else {}),
-                **span_tags(plan, step, translator),
-            },
-        )
-        sources = plan.context_sources(step.id)
-        deps[invocation] = _fan_in(
-            [translator.get_node_name(plan.step_by_id[d]) for d in sources],
-            after=[translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id] if d not in sources],
-        )
-    teardown = teardown_op()
-    node_defs[teardown.name] = teardown
-    sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
-    deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP)] = _fan_in(sinks)
-    graph = dg.GraphDefinition(
-        name=translator.get_job_name(plan), node_defs=list(node_defs.values()), dependencies=deps,
-        description=translator.get_job_description(plan),
-    )
-    config, tags = _job_config(plan, translator), translator.get_job_tags(plan)
-    return dg.JobDefinition(graph_def=graph, config=config, tags=tags,
-                            executor_def=executor_def or job_executor(AgentEnvConfig(), plan))
-
-
-def _job_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping | dg.PartitionedConfig:
-    if not plan.document.partitions:
-        return step_defaults(run_config(plan, translator))
-    rows = RowConfig(plan, translator)
-    return dg.PartitionedConfig(partitions_def=translator.get_partitions_def(plan),
-                                run_config_for_partition_key_fn=rows, tags_for_partition_key_fn=rows.tags)
-
-
-class RowConfig:
-    """A partition's run config (its row's values in the root ops, its variant's steps) and
-    tags; ``rows.run_keys`` reads the plan from it for a run that names no partition."""
-
-    def __init__(self, plan: TaskPlan, translator: TaskTranslator):
-        self.plan, self.translator = plan, translator
-
-    def __call__(self, key: str) -> dict:
-        return run_config(self.plan, self.translator, {key: self.plan.document.partitions[key]})
-
-    def tags(self, key: str) -> dict[str, str]:
-        variant = self.plan.document.variant_of(key)
-        return {VARIANT_TAG: variant} if variant is not None else {}
-
-
-def step_defaults(defaults: dict) -> dg.ConfigMapping:
-    """A job's step fields as defaults the launchpad shows, without Dagster's dict ``config=``.
-
-    A dict makes Dagster build the job's whole run-config schema twice (once to copy the
-    defaults into it) and snapshot every resource, executor and logger type, with defaults,
-    in every job: a third of a location's load and of each job snapshot, for types that are
-    the same in every job. Here only ``ops`` carries the defaults (a node given in the run
-    config replaces that node's default); ``execution``, ``resources`` and ``loggers`` pass
-    through and are checked against the job's own schema when a run is validated.
-    """
-    untyped = dg.Field(dg.Permissive(), is_required=False)
-    schema = {"ops": dg.Field(dg.Permissive(), default_value=defaults["ops"]),
-              "execution": untyped, "resources": untyped, "loggers": untyped}
-    return dg.ConfigMapping(config_fn=partial(_over_defaults, defaults["ops"]), config_schema=schema)
-
-
-def _over_defaults(ops: dict, config: dict) -> dict:
-    return {**config, "ops": {**ops, **config.get("ops", {})}}
-
-
-def run_config(plan: TaskPlan, translator: TaskTranslator, rows: dict[str, dict] | None = None) -> dict:
-    """Op config: each step's fields (of the rows' variant, under an experiment), and for
-    dataset rows their values in the root ops. The steps keep their ``<row.field>`` tokens:
-    every row is filled from its own values as it runs, so one config serves a partition, a
-    range of them, or the launchpad."""
-    roots = {s.id for s in plan.steps if not plan.edges[s.id]}
-    return {"ops": {
-        translator.get_node_name(step): {"config": {
-            "step": step_config(step),
-            **({ROWS: rows} if rows and step.id in roots else {}),
-        }}
-        for step in plan.document.steps_for(next(iter(rows), None) if rows else None)
-    }}
-
-
-def step_config(step: TaskStep) -> dict:
-    """The fields a step sets (a default is filled again when the op parses them): what the
-    task document says, and what every job snapshot and run carries — a thousand
-    tasks' worth of defaults is megabytes the webserver loads for nothing."""
-    return {"id": step.id, "type": step.type,
-            **step.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)}
-
-
-def _fan_in(upstream: list[str], after: list[str] = ()) -> dict:
-    """A node's ``depends_on`` edges: ``upstream`` hands it their contexts, ``after`` only
-    orders it (a dependency another one descends from: loading its context again, and merging
-    it, would cost a dataset run a read and a merge per row for nothing)."""
-    return {
-        name: dg.MultiDependencyDefinition([dg.DependencyDefinition(node, "result") for node in nodes])
-        for name, nodes in (("upstream", upstream), (AFTER, after)) if nodes
-    }
+    task = build_task(plan, translator, executor_def, config)
+    defs = dg.Definitions(assets=[task.assets, *translator.get_artifact_specs([plan])], jobs=[task.job],
+                          resources=resources)
+    return defs.resolve_job_def(task.job.name)
 
 
 def build_definitions(
@@ -164,19 +59,19 @@ def build_definitions(
     config = load_config(project_dir)
     report = compile_location(tasks_dir, config)
     resources = location_resources(config)
-    plans, jobs, suites, specs, checks = [], [], [], [], []
+    plans, jobs, suites, assets, checks = [], [], [], [], []
     for plan in report.plans:
         try:  # Dagster's own checks (names, keys) refuse one task, not the location
-            job = build_job(plan, translator, job_executor(config, plan))
+            task = build_task(plan, translator, job_executor(config, plan), config)
             suite = suite_asset(plan, translator)
-            plan_specs, check_specs = translator.get_asset_specs(plan), translator.get_check_specs(plan)
-        except dg.DagsterInvalidDefinitionError as exc:
+            check_specs = translator.get_check_specs(plan)
+        except (dg.DagsterInvalidDefinitionError, dg.DagsterInvariantViolationError) as exc:
             report.errors.append(SpecError(f"Dagster refuses its definitions: {exc}", file=str(plan.document.source)))
             continue
         plans.append(plan)
-        jobs.append(job)
+        jobs.append(task.job)
+        assets.append(task.assets)
         suites += [suite] if suite is not None else []
-        specs += plan_specs
         if check_specs:
             checks.append(verification_checks(check_specs, f"{translator.get_job_name(plan)}__checks"))
     if report.errors and strict:
@@ -186,7 +81,7 @@ def build_definitions(
     jobs += broken_task_jobs(report.errors, {j.name for j in jobs})
     return dg.Definitions(
         jobs=jobs,
-        assets=[*translator.get_artifact_specs(plans), *specs, *suites],
+        assets=[*translator.get_artifact_specs(plans), *assets, *suites],
         asset_checks=checks,
         resources=resources,
         sensors=[*task_sensors(tasks_dir, config, plans, jobs, translator), review_tag_sensor(),

@@ -21,15 +21,18 @@ from ..context import TaskStepContext, redacted_json
 from ..plan import TaskPlan
 from .compute_logs import compute_logs_yaml
 from .dagster_internals import run_here
-from .definitions import build_job, run_config
+from .definitions import build_job
+from .task_job import run_config
 from .executors import job_executor
 from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
 from .retries import retry_in_process
-from .rows import range_tags
+from .rows import VARIANT_TAG, range_tags
 from .sqlite_storage import local_storage_yaml
 from .translator import TaskTranslator
+
+PARTITION_TAG = "dagster/partition"  # Dagster's tag of a run of one partition
 
 
 @dataclass
@@ -119,15 +122,16 @@ def execute_plan(
     ``max_sandboxes`` rows holding their deployments), in this process, with the job's
     executor (``executors.job_executor``)."""
     io_manager = context_io_manager(config)  # the state folder, or S3 ([stores] backend)
-    job = build_job(plan, executor_def=job_executor(config, plan))  # a retry re-executes it here too
+    job_name = TaskTranslator().get_job_name(plan)
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
     config.state_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", suffix=".json", dir=config.state_dir, delete=False) as seed:
         json.dump(initial_context or {}, seed)
     resources = agentenv_resources(config, initial_context_path=seed.name, rows_in_flight=rows_in_flight,
                                    max_sandboxes=max_sandboxes)
-    job_def = dg.Definitions(jobs=[job], resources={**resources, IO_MANAGER_KEY: io_manager}).get_job_def(job.name)
-    run_config, run_tags = _launch(plan, job_def, partition_key, partition_keys)
+    job_def = build_job(plan, executor_def=job_executor(config, plan), config=config,
+                        resources={**resources, IO_MANAGER_KEY: io_manager})  # a retry re-executes it here too
+    run_config, run_tags = _launch(plan, partition_key, partition_keys)
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
             run_id = run_here(job_def, active, run_config, {**(tags or {}), **run_tags})
@@ -139,7 +143,7 @@ def execute_plan(
         resources[RESOURCE_KEY].teardown(run_id)
     contexts = io_manager.final_contexts(run_ids[-1])
     context = next(iter(contexts.values())) if len(contexts) == 1 else TaskStepContext()
-    output_dir = output_dir or config.root / "out" / job.name
+    output_dir = output_dir or config.root / "out" / job_name
     output_dir.mkdir(parents=True, exist_ok=True)
     context_path = output_dir / "context.json"
     if len(contexts) <= 1:
@@ -147,31 +151,29 @@ def execute_plan(
     else:  # a dataset's rows, by key: one line, straight from the contexts
         context_path.write_bytes(redacted_json(contexts))
     return RunResult(
-        success=success, run_id=run_ids[-1], job_name=job.name, dagster_home=str(home),
+        success=success, run_id=run_ids[-1], job_name=job_name, dagster_home=str(home),
         context_path=context_path, context=context, contexts=contexts, retried_runs=run_ids[:-1],
     )
 
 
-def _launch(plan: TaskPlan, job: dg.JobDefinition, partition_key: str | None,
+def _launch(plan: TaskPlan, partition_key: str | None,
             partition_keys: list[str] | None) -> tuple[dict[str, Any], dict[str, str]]:
-    """The run config and tags of a run of the task, of one partition, or of several."""
+    """The run config and tags of a run of the task, of one partition, or of several (in
+    dataset order, tagged with their range as a single-run backfill is)."""
     if partition_keys is not None and len(partition_keys) == 1:
         partition_key = partition_keys[0]
+    translator = TaskTranslator()
     if partition_key is not None:
-        request = job.run_request_for_partition(partition_key)
-        return dict(request.run_config), dict(request.tags)
-    if partition_keys:
-        return _range_launch(plan, partition_keys)
-    return {}, {}
-
-
-def _range_launch(plan: TaskPlan, keys: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """A run of several partitions: tagged with their range (in dataset order), configured
-    with their values."""
+        if partition_key not in (plan.document.partitions or {}):
+            raise ValueError(f"task '{plan.task_id}' has no partition {partition_key!r}")
+        variant = plan.document.variant_of(partition_key)
+        return run_config(plan, translator, [partition_key]), {
+            PARTITION_TAG: partition_key, **({VARIANT_TAG: variant} if variant else {})}
+    if not partition_keys:
+        return {}, {}
     rows = plan.document.partitions or {}
-    unknown = [k for k in keys if k not in rows]
+    unknown = [k for k in partition_keys if k not in rows]
     if unknown:
         raise ValueError(f"task '{plan.task_id}' has no partitions {unknown}")
-    ordered = [k for k in rows if k in set(keys)]
-    return run_config(plan, TaskTranslator(), {k: rows[k] for k in ordered}), range_tags(plan, ordered)
-
+    ordered = [k for k in rows if k in set(partition_keys)]
+    return run_config(plan, translator, ordered), range_tags(plan, ordered)

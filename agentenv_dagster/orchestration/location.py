@@ -1,29 +1,21 @@
-"""The lazy code location: a run or step process builds the one job it runs.
+"""The lazy code location: the task folder compiled when Dagster first asks for a definition.
 
-Dagster re-imports the code location in every run worker and, under the multiprocess
-executor, in every step process. ``build_definitions`` compiles every task document and
-builds every job on import: fine for a few tasks, minutes of repeated work for thousands.
-:func:`build_repository` returns the same definitions behind Dagster's documented lazy
-mechanism (a ``@repository`` returning a :class:`dagster.RepositoryData`): a process that
-asks for one job compiles that job's file only; anything else (the job list, assets, checks,
-sensors, schedules, resources: what the code server and the daemon need) loads the whole
-folder once, through ``build_definitions``, so both paths give the same definitions.
+``build_definitions`` compiles every task document as it is called; :func:`build_repository`
+returns the same definitions behind Dagster's documented lazy mechanism (a ``@repository``
+returning a :class:`dagster.RepositoryData`), so importing the code location costs nothing
+until a definition is asked for, and a process that never asks (a step process of an
+executor that does not need the whole location, a tool that imports ``definitions.py`` for
+something else) pays nothing.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import dagster as dg
-import yaml
 
-from ..compiler import compile_paths, task_sources
-from ..config import AgentEnvConfig, load_config
-from ..errors import TaskLoadError
-from ..naming import job_name
 from .translator import TaskTranslator
 
 SINGLETON_REPOSITORY = "__repository__"  # the name Dagster gives a Definitions' repository
@@ -60,12 +52,8 @@ class TaskRepositoryData(dg.RepositoryData):
         self.project_dir = Path(project_dir).resolve() if project_dir else self.tasks_dir.parent
         self.translator = translator or TaskTranslator()
         self.strict = strict
-        self._config: AgentEnvConfig | None = None
         self._full: dg.RepositoryDefinition | None = None
-        self._index: dict[str, list[Path]] | None = None
-        self._jobs: dict[str, dg.JobDefinition] = {}
         self._lock = threading.RLock()
-        self.jobs_built = 0  # jobs built one at a time (what a run or step process pays)
 
     # -- the whole location ---------------------------------------------------------------
     @property
@@ -78,60 +66,13 @@ class TaskRepositoryData(dg.RepositoryData):
                 self._full = build_definitions(
                     self.tasks_dir, project_dir=self.project_dir, translator=self.translator, strict=self.strict,
                 ).get_repository_def()
-                self._jobs.clear()
             return self._full
 
-    @property
-    def config(self) -> AgentEnvConfig:
-        if self._config is None:
-            self._config = load_config(self.project_dir)
-        return self._config
-
-    # -- one job ----------------------------------------------------------------------------
     def get_job(self, job_name: str) -> dg.JobDefinition:
-        with self._lock:
-            if self._full is not None:
-                return self._full.get_job(job_name)
-            if job_name not in self._jobs:
-                job = self._build_one(job_name)
-                if job is None:  # not a task job (or not found cheaply): the whole location decides
-                    return self.full.get_job(job_name)
-                self._jobs[job_name] = job
-            return self._jobs[job_name]
+        return self.full.get_job(job_name)
 
     def has_job(self, job_name: str) -> bool:
-        if self._full is None and self._candidates(job_name):
-            return True
         return self.full.has_job(job_name)
-
-    def _build_one(self, name: str) -> dg.JobDefinition | None:
-        """The job of the first file that compiles to ``name`` (as ``compile_paths`` picks
-        between files claiming one name), bound to the location's resources."""
-        from .definitions import broken_task_jobs, build_job, location_resources
-        from .executors import job_executor
-
-        for path in self._candidates(name):
-            report = compile_paths([path], self.config)
-            if report.errors and self.strict:
-                raise TaskLoadError(report.errors)
-            plans = [p for p in report.plans if self.translator.get_job_name(p) == name]
-            if plans:
-                job = build_job(plans[0], self.translator, job_executor(self.config, plans[0]))
-            elif name.endswith(INVALID_SUFFIX) and report.errors:
-                (job,) = broken_task_jobs(report.errors, set())
-            else:
-                continue
-            self.jobs_built += 1
-            # bound the way Definitions binds a location's jobs (resources, default loggers)
-            return dg.Definitions(jobs=[job], resources=location_resources(self.config)).get_job_def(name)
-        return None
-
-    def _candidates(self, name: str) -> list[Path]:
-        if type(self.translator).get_job_name is not TaskTranslator.get_job_name:
-            return []  # a custom naming needs every plan: no cheap index
-        if self._index is None:
-            self._index = task_file_index(task_sources(self.tasks_dir, self.config))
-        return self._index.get(name, [])
 
     # -- everything else: the whole location -------------------------------------------------
     def get_all_jobs(self) -> Sequence[dg.JobDefinition]:
@@ -181,32 +122,3 @@ class TaskRepositoryData(dg.RepositoryData):
 
     def get_component_tree(self):
         return self.full.get_component_tree()
-
-
-def task_file_index(paths: Sequence[Path]) -> dict[str, list[Path]]:
-    """Job name -> the files that may compile to it, in discovery order, read cheaply (the
-    task id only, no validation). A file also answers for its ``<stem>__invalid``
-    placeholder; one whose id cannot be read answers for its stem."""
-    index: dict[str, list[Path]] = {}
-    for path in paths:
-        names = {job_name(peek_task_id(path) or path.stem), job_name(path.stem) + INVALID_SUFFIX}
-        for name in names:
-            index.setdefault(name, []).append(path)
-    return index
-
-
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def peek_task_id(path: Path) -> str | None:
-    """The id a document declares (``id`` of the stored JSON form, a Coder Eval
-    ``task_id``), else None (the file's stem names the task, or the file is broken)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    task_id = data.get("id") if path.suffix == ".json" else data.get("task_id")
-    return str(task_id) if task_id else None

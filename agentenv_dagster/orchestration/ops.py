@@ -29,18 +29,28 @@ from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, row_seed, run_keys, step_fields
-from .step_events import asset_events, check_evaluations, report_unreached
+from .step_events import asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata
 from .streams import Row, StreamRef, StreamWriter, joined, records, side_by_side, stop_requested
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_TYPE, TAG_TASK_ID
 
 IO_MANAGER_KEY = "task_context_io_manager"
 TEARDOWN_OP = FINAL_STEP
 AFTER = "after"  # dependencies that order a node without handing it their context
+ASSET_OUTPUT = "asset"  # what a node's task asset maps from (never yielded: each row's materialization is logged)
+ARTIFACTS_INPUT = "artifacts"  # what the stored artifacts a node loads map into (lineage only)
 
 
 def _ins() -> dict[str, dg.In]:
     return {"upstream": dg.In(list[Any], default_value=[], description="the streams whose rows' contexts it merges"),
-            AFTER: dg.In(list[Any], default_value=[], description="streams whose rows it only waits for")}
+            AFTER: dg.In(list[Any], default_value=[], description="streams whose rows it only waits for"),
+            ARTIFACTS_INPUT: dg.In(dg.Nothing, description="the stored artifacts the step loads")}
+
+
+def _outs() -> dict[str, dg.Out]:
+    return {"result": dg.Out(io_manager_key=IO_MANAGER_KEY, is_required=False,
+                             description="the step's row stream: each row as its step ends"),
+            ASSET_OUTPUT: dg.Out(dg.Nothing, is_required=False,
+                                 description="the task asset the step writes, a materialization a row")}
 
 
 @lru_cache(maxsize=None)
@@ -51,11 +61,11 @@ def step_op(step_type: str) -> dg.OpDefinition:
     @dg.op(
         name=node_name(step_type),
         ins=_ins(),
-        out=dg.Out(io_manager_key=IO_MANAGER_KEY),
+        out=_outs(),
         config_schema={
             "step": dg.Field(dg.Permissive(), description="the step's fields"),
-            ROWS: dg.Field(dg.Permissive(), is_required=False,
-                           description="root ops: row id -> the row's values (a dataset's partitions)"),
+            ROWS: dg.Field(dg.Array(str), is_required=False,
+                           description="root ops: the rows (partition keys) to run, when not the run's partitions"),
         },
         required_resource_keys={RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY, IO_MANAGER_KEY},
         tags={TAG_STEP_TYPE: step_type},
@@ -75,7 +85,8 @@ def run_step_op(
     refuse_changed_task(context)
     step = resource.parse_step(step_type, step_fields(context))
     out = StreamWriter(io, context.run_id, str(context.op_handle))
-    yield dg.Output(out.ref)  # the ops below may start: they read the rows as they land
+    if "result" in context.selected_output_names:
+        yield dg.Output(out.ref, "result")  # the ops below may start: they read the rows as they land
     rows = _RowsOfOp(context, resource, io, step, out)
     source = joined(io, upstream, after) if upstream or after else rows.admitted()
     try:
@@ -108,6 +119,7 @@ class _RowsOfOp:
         self.prices = resource.load_config().model.prices if self.assets["produced"] else {}
         replicate = context.run.tags.get(REPLICATE_TAG)
         self.replicate = int(replicate) if replicate is not None else None
+        self.tags = code_version_tags(context)
         self.passed = 0
         self.stopped_here: list[str] = []
         self.first_failure: StepFailed | None = None
@@ -117,8 +129,7 @@ class _RowsOfOp:
         side by side, a row only once fewer than ``max_sandboxes`` are in the run (the
         teardown op's stream says which have left)."""
         context, resource = self.context, self.resource
-        seeds = context.op_config.get(ROWS) or {}
-        keys = run_keys(context, seeds)
+        keys = run_keys(context, context.op_config.get(ROWS))
         defaults = _seed_defaults(context)
         bound = resource.live_rows_bound() if side_by_side() and len(keys) > 1 else None
         left = _Departures(self.io, StreamRef(context.run_id, _sibling(context, TEARDOWN_OP))) if bound else None
@@ -128,7 +139,7 @@ class _RowsOfOp:
                     await left.at_least(index + 1 - bound)
                 # a re-execution (a retry) is the same task instance as its root run
                 ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key,
-                                               row_seed(context, seeds, key))
+                                               row_seed(context, key))
                 default_seed(ctx, defaults)
                 yield Row(key, ctx.to_dict())
         finally:
@@ -201,7 +212,7 @@ class _RowsOfOp:
                                          f"{_row(key)}: {outcome.failure['error']}")
             passed[key] = ctx
             yield from asset_events(self.assets, outcome.step, ctx, key or None, prices=self.prices,
-                                    replicate=self.replicate)
+                                    replicate=self.replicate, tags=self.tags)
         if stopped:
             report_unreached(self.context, stopped)
         yield from check_evaluations(self.context.instance, self.assets, passed)
@@ -328,6 +339,13 @@ async def _until_stopped(run_id: str, task: asyncio.Task) -> None:
 ONE_STEP_AT_A_TIME = ("in_process", "execute_in_process_executor")  # Dagster's in-process executors
 
 
+def _results_asset(context: dg.OpExecutionContext) -> tuple[dg.AssetKey, dict[str, str]] | None:
+    """The teardown node's asset (each row's outcome), with the tags of its materializations."""
+    if not context.has_assets_def:  # (a job of the op graph alone)
+        return None
+    return context.asset_key_for_output(ASSET_OUTPUT), code_version_tags(context)
+
+
 def _one_step_at_a_time(context: dg.OpExecutionContext) -> bool:
     """Whether the run's executor runs its steps one after another in this process."""
     return context.job_def.executor_def.name in ONE_STEP_AT_A_TIME
@@ -373,7 +391,7 @@ def refuse_changed_task(context) -> None:
 @lru_cache(maxsize=None)
 def teardown_op() -> dg.OpDefinition:
     @dg.op(
-        name=TEARDOWN_OP, ins=_ins(), out=dg.Out(io_manager_key=IO_MANAGER_KEY),
+        name=TEARDOWN_OP, ins=_ins(), out=_outs(),
         required_resource_keys={RESOURCE_KEY, IO_MANAGER_KEY},
         description="Ends each row's envs, agents and sandboxes as the row leaves the run (every "
         "last step done, or stopped at a failure), then whatever the run still holds; its stream "
@@ -389,7 +407,9 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
     resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
     io: ContextIOManagerBase = getattr(context.resources, IO_MANAGER_KEY)
     out = StreamWriter(io, context.run_id, str(context.op_handle))
-    yield dg.Output(out.ref)
+    if "result" in context.selected_output_names:
+        yield dg.Output(out.ref, "result")
+    results = _results_asset(context)
     stopped: list[str] = []
     ended: list[str] = []
 
@@ -402,8 +422,16 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
                 out.stopped(row.key, row.stopped, row.context)
             else:
                 out.passed(row.key, row.context)
+            outbox.put((row.key, ctx, row.stopped))
 
-    yield from _driven(context.run_id, leave, lambda items: iter(()))
+    def materialized(left: list[tuple[str, TaskStepContext, dict | None]]) -> Iterator[Any]:
+        if results is not None:
+            key, tags = results
+            for row, ctx, failure in left:
+                yield dg.AssetMaterialization(asset_key=key, partition=row or None, tags=tags,
+                                              metadata=result_metadata(ctx, failure))
+
+    yield from _driven(context.run_id, leave, materialized)
     ended += resource.teardown(context.run_id)
     out.end()
     rows = len(io.rows(context.run_id, out.ref.name))

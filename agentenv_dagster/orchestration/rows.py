@@ -9,11 +9,16 @@ costs a handful of ops rather than a thousand runs.
 from __future__ import annotations
 
 import json
-from typing import Any, Collection
+from typing import TYPE_CHECKING, Any, Collection
 
 import dagster as dg
 
 from ..steps.base import VERIFICATION
+
+if TYPE_CHECKING:
+    from ..plan import TaskPlan
+    from ..spec.loader import TaskDocument
+    from ..steps.base import TaskStep
 
 UNPARTITIONED = ""
 ROWS = "rows"
@@ -24,24 +29,39 @@ ROWS_TAG, FAILED_ROWS = "agentenv/rows", "failed"
 STEP_ASSETS_TAG = "agentenv/assets"  # a node's asset keys (the translator sets it)
 VARIANT_TAG = "agentenv/variant"  # an experiment's variant the run's steps are (one a run)
 REPLICATE_TAG = "agentenv/replicate"  # which of a task's replicates (trials, repeats) the run is
+CONTENT_HASH_TAG = "agentenv/content_hash"  # a task job's: the plan its definitions were built from
+
+# The plan of each task job this process built (``task_job.build_task``), by job name and
+# content hash: what an op reads a dataset's rows and an experiment's variants from. Like the
+# job definition itself, it exists in every process that loads the code location.
+_PLANS: dict[tuple[str, str], "TaskPlan"] = {}
 
 
-def run_keys(context: dg.OpExecutionContext, seeds: dict[str, Any]) -> list[str]:
-    """The rows a root op starts: those its config seeds, else the run's partitions; a run
-    of a dataset job that names none takes the dataset's selection (every row, or a draw
-    of ``sample_per_stratum``)."""
-    if seeds:
-        keys = list(seeds)
+def register_plan(job_name: str, plan: "TaskPlan") -> None:
+    _PLANS[(job_name, plan.document.content_hash)] = plan
+
+
+def plan_of(context: dg.OpExecutionContext) -> "TaskPlan | None":
+    """The plan the op's job was built from."""
+    return _PLANS.get((context.job_def.name, context.job_def.tags.get(CONTENT_HASH_TAG, "")))
+
+
+def run_keys(context: dg.OpExecutionContext, selected: list[str] | None) -> list[str]:
+    """The rows a root op starts: those its config selects, else the run's partitions; a run
+    of a dataset job that names none takes the dataset's selection (every row, or a draw of
+    ``sample_per_stratum``)."""
+    if selected:
+        keys = list(selected)
     elif context.has_partition_key_range:
         keys = list(context.partition_keys)
     else:
         keys = [context.partition_key] if context.has_partition_key else [UNPARTITIONED]
-    partitioned = context.job_def.partitioned_config
-    if partitioned is None:
+    plan = plan_of(context)
+    if plan is None or not plan.document.partitions:
         return keys
-    document = partitioned.run_config_for_partition_key_fn.plan.document  # a RowConfig (definitions.py)
+    document = plan.document
     failed_only = context.run.tags.get(ROWS_TAG) == FAILED_ROWS
-    variant = context.run.tags.get(VARIANT_TAG) if document.variant_steps is not None else None
+    variant = run_variant(context, document)
     if keys == [UNPARTITIONED]:
         if document.variant_steps is not None and variant not in document.variant_steps:
             raise dg.Failure(description=f"an experiment job runs one variant a run: launch a partition, or set "
@@ -50,6 +70,9 @@ def run_keys(context: dg.OpExecutionContext, seeds: dict[str, Any]) -> list[str]
         keys = ([k for k in document.partitions if document.variant_of(k) == variant] if failed_only
                 else document.selected_rows(variant))
         context.log.info(f"no rows named: {len(keys)} rows of the dataset")
+    unknown = [k for k in keys if k not in document.partitions]
+    if unknown:
+        raise dg.Failure(description=f"task '{plan.task_id}' has no rows {unknown[:5]}")
     if variant is not None and (other := [k for k in keys if document.variant_of(k) != variant]):
         raise dg.Failure(description=f"this run's steps are variant '{variant}'; it cannot run partitions {other[:5]}")
     if failed_only:
@@ -58,6 +81,15 @@ def run_keys(context: dg.OpExecutionContext, seeds: dict[str, Any]) -> list[str]
         keys = [k for k in named if k in failed]
         context.log.info(f"{ROWS_TAG}={FAILED_ROWS}: {len(keys)} of {len(named)} rows did not pass: {keys[:20]}")
     return keys
+
+
+def run_variant(context: dg.OpExecutionContext, document: "TaskDocument") -> str | None:
+    """The experiment variant a run's steps are: its partition's, else its tag's."""
+    if document.variant_steps is None:
+        return None
+    if context.has_partition_key:
+        return document.variant_of(context.partition_key)
+    return context.run.tags.get(VARIANT_TAG)
 
 
 def range_tags(plan, keys: list[str]) -> dict[str, str]:
@@ -151,31 +183,47 @@ def _value(metadata_value: Any) -> Any:
     return getattr(metadata_value, "value", metadata_value)
 
 
+def node_config(run_config: dict[str, Any], node: str) -> dict[str, Any]:
+    """One node's config in a task job's run config (its nodes are under the task's graph)."""
+    for graph in (run_config.get("ops") or {}).values():
+        found = ((graph or {}).get("ops") or {}).get(node)
+        if found is not None:
+            return found.get("config") or {}
+    return {}
+
+
+def step_config(step: "TaskStep") -> dict[str, Any]:
+    """The fields a step sets (a default is filled again when the op parses them): what the
+    task document says, and what every job snapshot and run carries."""
+    return {"id": step.id, "type": step.type,
+            **step.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)}
+
+
 def step_fields(context: dg.OpExecutionContext, node: str | None = None) -> dict[str, Any]:
-    """The op's step fields (or those of ``node``, another op of the run): its config, or,
-    for a run of a dataset job launched with nothing but a partition (``dg launch --job J
-    --partition P``, a run request or tags without run config), that partition's, as the
-    launchpad would have filled them in."""
-    name = node or context.op_handle.name
+    """The op's step fields (or those of ``node``, another op of the run): its config, which
+    the launchpad can edit. Under an experiment, a run of another variant than the job's
+    defaults describe runs that variant's fields where the config is those defaults."""
     if node is None:
         fields = context.op_config["step"]
-    else:  # the run's config as the op sees it: through the job's step defaults, if it has them
+    else:  # the run's config as the op sees it: through the job's step defaults
         mapping = context.job_def.config_mapping
         config = mapping.resolve_from_unvalidated_config(context.run_config) if mapping else context.run_config
-        fields = (((config.get("ops") or {}).get(name) or {}).get("config") or {}).get("step") or {}
-    partitioned = context.job_def.partitioned_config
-    if fields or partitioned is None or not (context.has_partition_key or context.has_partition_key_range):
+        fields = node_config(config, node).get("step") or {}
+    plan = plan_of(context)
+    variant = run_variant(context, plan.document) if plan is not None else None
+    if variant is None or not fields:
         return fields
-    key = context.partition_keys[0] if context.has_partition_key_range else context.partition_key
-    return partitioned.get_run_config_for_partition_key(key)["ops"][name]["config"]["step"]
+    defaults = {s.id: s for s in plan.steps}
+    chosen = {s.id: s for s in plan.document.variant_steps[variant]}
+    step_id = fields.get("id")
+    if step_id in chosen and step_id in defaults and fields == step_config(defaults[step_id]):
+        return step_config(chosen[step_id])
+    return fields
 
 
-def row_seed(context: dg.OpExecutionContext, seeds: dict[str, Any], key: str) -> dict[str, Any] | None:
-    """A row's dataset values: from the op config, else from the job's partitioned config."""
-    if key in seeds or key == UNPARTITIONED:
-        return seeds.get(key)
-    partitioned = context.job_def.partitioned_config
-    if partitioned is None:
+def row_seed(context: dg.OpExecutionContext, key: str) -> dict[str, Any] | None:
+    """A row's dataset values (the ``metadata.seed`` its steps are filled from)."""
+    plan = plan_of(context)
+    if key == UNPARTITIONED or plan is None:
         return None
-    config = partitioned.get_run_config_for_partition_key(key)
-    return config["ops"][context.op_handle.name]["config"].get(ROWS, {}).get(key)
+    return (plan.document.partitions or {}).get(key)

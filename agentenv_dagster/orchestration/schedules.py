@@ -43,7 +43,7 @@ def _run_request(
 ) -> dg.RunRequest:
     """Its steps as op config, its id, version and content hash as tags; a dataset task's
     selected rows (every row, or a new stratified draw) all in one run, tagged with their range."""
-    from .definitions import run_config  # definitions imports this module
+    from .task_job import run_config  # task_job imports this module (through definitions)
 
     tags = {**translator.get_job_tags(plan), **({VARIANT_TAG: variant} if variant else {}),
             **({REPLICATE_TAG: str(replicate)} if replicate is not None else {})}
@@ -51,11 +51,10 @@ def _run_request(
     if not plan.document.partitions:
         return dg.RunRequest(**request, run_config=run_config(plan, translator), tags=tags)
     keys = plan.document.selected_rows(variant)
-    rows = {key: plan.document.partitions[key] for key in keys}
     if len(keys) == 1:
-        return dg.RunRequest(**request, run_config=run_config(plan, translator, rows), tags=tags, partition_key=keys[0])
+        return dg.RunRequest(**request, run_config=run_config(plan, translator, keys), tags=tags, partition_key=keys[0])
     tags.update(range_tags(plan, keys))
-    return dg.RunRequest(**request, run_config=run_config(plan, translator, rows), tags=tags)
+    return dg.RunRequest(**request, run_config=run_config(plan, translator, keys), tags=tags)
 
 
 def task_schedules(

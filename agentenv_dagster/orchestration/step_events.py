@@ -20,6 +20,7 @@ from ..context import TaskStepContext
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.scoring import verification_passed
 from .rows import UNPARTITIONED, node_assets
+from .translator import TAG_CODE_VERSION
 from .usage import usage_metadata
 
 
@@ -66,13 +67,24 @@ def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey
     return unreached
 
 
+CODE_VERSION_TAG = "dagster/code_version"  # Dagster's own tag: what it compares to flag an asset stale
+
+
+def code_version_tags(context: dg.OpExecutionContext) -> dict[str, str]:
+    """The tags a task asset's materializations carry: the code version of the node's task."""
+    version = context.op.tags.get(TAG_CODE_VERSION)
+    return {CODE_VERSION_TAG: version} if version else {}
+
+
 def asset_events(
     assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
     *, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
+    tags: dict[str, str] | None = None,
 ) -> Iterator[Any]:
-    """Materializations for what the step wrote, observations of what it read (the version
-    loaded), under the keys the translator gave the step's node; a verification says which
-    replicate of its row it is. Its checks follow: ``check_evaluations``."""
+    """Materializations for what the step wrote (``tags`` on the task's own assets), and
+    observations of what it read (the version loaded), under the keys the translator gave the
+    step's node; a verification says which replicate of its row it is. Its checks follow:
+    ``check_evaluations``."""
     for artifact_id, path in assets["loaded"].items():
         loaded = _loaded_version(ctx, step.id, artifact_id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
@@ -85,11 +97,12 @@ def asset_events(
                 metadata = {**verification_metadata(entry),
                             **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None)),
                             **({"replicate": replicate} if replicate is not None else {})}
-                yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition)
+                yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition, tags=tags)
         elif kind == PRODUCER:
             entry = _produced(ctx, name)
             if entry is not None:
-                yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition)
+                yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition,
+                                              tags=tags)
         elif kind == ARTIFACT:  # a new version of a stored artifact the step names (shared by tasks: no partition)
             universe = (_produced(ctx, step.id) or {}).get("file_artifact_universe") or {}
             if universe.get("id") == name:
@@ -97,6 +110,32 @@ def asset_events(
                     "version": universe["version"], "written_by_step": step.id,
                     **({"row": partition} if partition else {}),
                 })
+
+
+def result_metadata(ctx: TaskStepContext, failure: dict[str, Any] | None) -> dict[str, Any]:
+    """A row's outcome as its ``results`` asset shows it: passed, or where it stopped and why,
+    and each step's status and duration."""
+    timings = ctx.metadata.get("step_timings") or {}
+    failed = {record["step_id"]: record for record in ctx.metadata.get("failed_steps") or []}
+    steps = [dg.TableRecord({
+        "step": step_id,
+        "status": ("stopped" if failed[step_id].get("is_fatal") else "failed (tolerated)") if step_id in failed else "done",
+        "seconds": float(timing.get("duration_seconds") or 0.0),
+        "error": str(failed.get(step_id, {}).get("error", ""))[:300],
+    }) for step_id, timing in timings.items()]
+    metadata: dict[str, Any] = {
+        "status": "stopped" if failure else "done",
+        "steps": dg.MetadataValue.table(steps, schema=dg.TableSchema(columns=[
+            dg.TableColumn("step", "string"), dg.TableColumn("status", "string"),
+            dg.TableColumn("seconds", "float"), dg.TableColumn("error", "string")])),
+    }
+    if failure:
+        metadata["stopped_at"] = str(failure.get("step_id"))
+        metadata["error"] = str(failure.get("error", ""))[:500]
+    scores = {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}
+    if scores:
+        metadata["scores"] = dg.MetadataValue.json(scores)
+    return metadata
 
 
 def _produced(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:

@@ -6,24 +6,28 @@ instead of forking the compiler.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import warnings
+from typing import Any
 
 import dagster as dg
 
+from ..config import AgentEnvConfig
 from ..naming import job_name, node_name
 from ..plan import TaskPlan
 from ..steps.base import AGENT, ARTIFACT, PRODUCER, SELF, VERIFICATION, TaskStep
-from .rows import STEP_ASSETS_TAG
+from .rows import CONTENT_HASH_TAG, STEP_ASSETS_TAG
 
 TAG_TASK_ID = "agentenv/task_id"
 TAG_TASK_VERSION = "agentenv/task_version"
-TAG_CONTENT_HASH = "agentenv/content_hash"
+TAG_CONTENT_HASH = CONTENT_HASH_TAG
 TAG_FORMAT = "agentenv/format"
 TAG_STEP_ASSETS = STEP_ASSETS_TAG
 TAG_STEP_TYPE = "agentenv/step_type"
 TAG_SEED = "agentenv/seed"  # the task's default token values (JSON); edit it in the launchpad to retarget a run
+TAG_CODE_VERSION = "agentenv/code_version"  # node tag: the code version its assets' materializations carry
 
 log = logging.getLogger("agentenv_dagster")
 
@@ -91,13 +95,13 @@ class TaskTranslator:
 
     # -- assets ----------------------------------------------------------------------------
     def get_verification_asset_key(self, task_id: str, verifier_id: str) -> dg.AssetKey:
-        return dg.AssetKey(["verifications", task_id, verifier_id])
+        return dg.AssetKey(["verifications", job_name(task_id), verifier_id])
 
     def get_collection_asset_key(self, task_id: str, step_id: str) -> dg.AssetKey:
-        return dg.AssetKey(["artifacts", task_id, step_id])
+        return dg.AssetKey(["artifacts", job_name(task_id), step_id])
 
     def get_suite_asset_key(self, task_id: str) -> dg.AssetKey:
-        return dg.AssetKey(["suites", task_id])
+        return dg.AssetKey(["suites", job_name(task_id)])
 
     def get_loaded_artifact_asset_key(self, artifact_id: str) -> dg.AssetKey:
         """A stored artifact: what steps load, and what a step writing it by name materializes."""
@@ -134,25 +138,39 @@ class TaskTranslator:
             if any(kind == VERIFICATION for kind, _, _ in produced) else [],
         })
 
-    def get_asset_specs(self, plan: TaskPlan) -> list[dg.AssetSpec]:
-        specs = []
-        for step in plan.steps:
-            deps = [self.get_loaded_artifact_asset_key(a) for a in plan.artifact_lineage(step.id)]
-            # a step that reads verifications (aggregate_verifiers) is downstream of them
-            deps += [self.get_verification_asset_key(plan.task_id, n.name) for n in step.names_read()
-                     if n.kind == VERIFICATION]
-            for kind, _, key in self.produced_asset_keys(plan.task_id, step):
-                if kind == ARTIFACT:  # shared by every task that loads or writes it: get_artifact_specs
-                    continue
+    def get_step_asset_outputs(self, plan: TaskPlan, step: TaskStep) -> list[tuple[dg.AssetKey, str]]:
+        """The task-scoped assets a step's node materializes (its verification, or what it
+        collects), each with its description. Stored artifacts a step writes are shared by
+        tasks (``get_artifact_specs``), not the task's own."""
+        outputs = []
+        for kind, _, key in self.produced_asset_keys(plan.task_id, step):
+            if kind != ARTIFACT:
                 what = "verification" if kind == VERIFICATION else "artifacts produced"
-                specs.append(dg.AssetSpec(
-                    key=key, deps=deps, group_name=self.get_group_name(plan),
-                    partitions_def=self.get_partitions_def(plan),
-                    description=f"The {what} of step `{step.id}` ({step.type}) of task `{plan.task_id}`.",
-                    kinds={"agentenv"}, tags={TAG_TASK_ID.replace("/", "_"): job_name(plan.task_id)},
-                    metadata={"step_id": step.id},  # the job says where the task came from
-                ))
-        return specs
+                outputs.append((key, f"The {what} of step `{step.id}` ({step.type}) of task `{plan.task_id}`."))
+        return outputs
+
+    def get_results_asset_key(self, plan: TaskPlan) -> dg.AssetKey:
+        """Each row's outcome (its status, and each step's): what the task's last node writes."""
+        return dg.AssetKey(["results", self.get_job_name(plan)])
+
+    def get_asset_tags(self, plan: TaskPlan) -> dict[str, str]:
+        return {TAG_TASK_ID.replace("/", "_"): self.get_job_name(plan)}
+
+    def get_code_version(self, plan: TaskPlan, config: AgentEnvConfig) -> str:
+        """What decides the task's scores, hashed: its content, the registry entries of the
+        agents and envs it deploys, and the model settings (agent, judge, roles) — when any of
+        them changes, Dagster shows the task's assets as stale. No key is part of it."""
+        deployed = sorted({getattr(step, "a2a_agent_id", None) or "" for step in plan.steps
+                           if step.type == "deploy_agent"})
+        envs = sorted({getattr(step, "env_id", None) or "" for step in plan.steps if step.type == "deploy_env"})
+        model = config.model.model_dump(mode="json", exclude={"api_key", "prices"})
+        parts = {
+            "task": plan.document.content_hash,
+            "agents": {a: _entry(config.agent_entry(a or config.agents.default_a2a_agent_id)) for a in deployed},
+            "envs": {e: _entry(config.env_entry(e)) for e in envs},
+            "model": model,
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def get_artifact_specs(self, plans: list[TaskPlan]) -> list[dg.AssetSpec]:
         """One spec per stored artifact any task loads or writes, so a universe one task
@@ -194,6 +212,13 @@ class TaskTranslator:
                 if kind == VERIFICATION
                 for name, description in step.verification_checks()
             ]
+
+
+def _entry(entry: Any) -> dict[str, Any] | None:
+    """A registry entry as it decides behaviour (its secrets left out)."""
+    if entry is None:
+        return None
+    return entry.model_dump(mode="json", exclude_none=True, exclude={"api_key"} & set(type(entry).model_fields))
 
 
 def _acyclic(upstream: dict[str, set[str]]) -> dict[str, list[str]]:

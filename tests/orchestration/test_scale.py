@@ -16,8 +16,7 @@ import pytest
 from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
 from dagster._serdes import serialize_value
 
-from agentenv_dagster import build_definitions, build_repository
-from agentenv_dagster.orchestration.location import peek_task_id, task_file_index
+from agentenv_dagster import build_repository
 from projects import REPO, make_project
 
 COUNTING_TRANSLATOR = textwrap.dedent('''
@@ -52,78 +51,6 @@ def snapshot_bytes(repo: dg.RepositoryDefinition) -> int:
     size = len(serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True)))
     return size + sum(len(serialize_value(JobDataSnap.from_job_def(j, include_parent_snapshot=True)))
                       for j in repo.get_all_jobs())
-
-
-def test_a_lazy_location_builds_only_the_job_asked_for(tmp_path, monkeypatch):
-    root = make_project(tmp_path / "p", tasks={**many_tasks(30), "broken.json": "[{]"})
-    built = []
-    from agentenv_dagster.orchestration import definitions
-
-    real = definitions.build_job
-    monkeypatch.setattr(definitions, "build_job", lambda plan, *a, **k: built.append(plan.task_id) or real(plan, *a, **k))
-    repo = build_repository(root / "tasks")
-    assert built == []  # importing the location compiles nothing
-    job = repo.get_job("task_0007")
-    assert built == ["task_0007"] and repo.get_job("task_0007") is job
-    # bound like the eager location's job: same resources, same snapshot
-    eager = build_definitions(root / "tasks").get_job_def("task_0007")
-    assert set(job.resource_defs) == set(eager.resource_defs)
-    assert job.get_job_snapshot_id() == eager.get_job_snapshot_id()
-    assert repo.get_job("broken__invalid").tags["agentenv/invalid"] == "true"
-    built.clear()
-    # the webserver's view (every job, sensors, assets) loads the whole folder once
-    assert {"task_0000", "task_0029", "broken__invalid"} <= set(repo.job_names)
-    assert len(built) == 30 and repo.get_sensor_def("agentenv_task_files")
-    assert dg.AssetKey(["verifications", "task_0003", "sent"]) in repo.asset_graph.get_all_asset_keys()
-
-
-def test_the_cheap_index_picks_files_as_the_compiler_does(tmp_path):
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "a.json").write_text(json.dumps({"id": "same id", "type": "task", "steps": []}))
-    (tasks / "b.json").write_text(json.dumps({"id": "same id", "type": "task", "steps": []}))
-    (tasks / "plain.json").write_text("[]")
-    (tasks / "ce.yaml").write_text("task_id: hello-python\nsuccess_criteria: []\n")
-    (tasks / "bad.json").write_text("{")
-    assert peek_task_id(tasks / "ce.yaml") == "hello-python" and peek_task_id(tasks / "plain.json") is None
-    index = task_file_index(sorted(tasks.iterdir()))
-    assert index["same_id"] == [tasks / "a.json", tasks / "b.json"]  # the first that compiles wins
-    assert index["plain"] == [tasks / "plain.json"] and index["hello_python"] == [tasks / "ce.yaml"]
-    assert index["bad__invalid"] == [tasks / "bad.json"]
-
-
-@pytest.mark.slow
-def test_a_multiprocess_run_builds_one_job_per_step_process(tmp_path):
-    """Every step process re-imports the location: each builds the run's job, and only it.
-    (The launching process here is ``execute_job``, which counts the location's jobs for
-    telemetry and so loads it all; a ``dagster dev`` run worker does not.)"""
-    project = make_project(tmp_path / "p", tasks=many_tasks(40))
-    (project / "counting.py").write_text(COUNTING_TRANSLATOR)
-    (project / "counting_definitions.py").write_text(COUNTING_DEFINITIONS)
-    (project / ".dagster_home").mkdir()
-    log = tmp_path / "builds.log"
-    script = textwrap.dedent('''
-        import os
-        import dagster as dg
-        from dagster._core.definitions.reconstruct import ReconstructableRepository
-        print(os.getpid())
-        recon = ReconstructableRepository.for_file("counting_definitions.py", "defs", working_directory=".")
-        with dg.DagsterInstance.get() as instance:
-            with dg.execute_job(recon.get_reconstructable_job("task_0011"), instance=instance) as result:
-                assert result.success, [e.message for e in result.all_events if e.is_failure]
-    ''')
-    env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), "PYTHONPATH": str(project),
-           "AGENTENV_BUILD_LOG": str(log)}
-    done = subprocess.run([sys.executable, "-c", script], cwd=project, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    launcher = done.stdout.split()[0]
-    by_process: dict[str, list[str]] = {}
-    for pid, task in (line.split() for line in log.read_text().splitlines()):
-        by_process.setdefault(pid, []).append(task)
-    steps = {pid: tasks for pid, tasks in by_process.items() if pid != launcher}
-    assert len(steps) == 8  # 7 steps and the teardown, each in its own process
-    assert all(tasks == ["task_0011"] for tasks in steps.values()), steps
 
 
 @pytest.mark.slow

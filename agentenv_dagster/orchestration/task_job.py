@@ -1,0 +1,172 @@
+"""A task plan as Dagster definitions: its op graph, the assets that graph materializes, and
+the job that runs it.
+
+The graph mirrors the plan: a node per step (aliases of the shared per-type ops), the
+``depends_on`` edges, a final ``teardown_run`` node. It backs a multi-asset: each
+verification and each collection is an asset mapped from its step's node, and the
+teardown's ``results/<task>`` (each row's outcome) from the last node, so **Materialize** in
+the asset graph runs the task and each asset carries a code version (what decides its score:
+the task's content, its agent, model and judge) that Dagster compares to flag a score stale.
+The stored artifacts a step loads are the multi-asset's upstream assets. The task's job
+selects the multi-asset; a dataset task's is partitioned by row (each partition's config is
+its row's values) and a backfill runs a range of rows in one run (``BackfillPolicy``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import dagster as dg
+
+from ..config import AgentEnvConfig
+from ..naming import dagster_name
+from ..plan import TaskPlan
+from ..steps.base import ARTIFACT
+from .executors import job_executor
+from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, teardown_op
+from .retries import span_tags
+from .rows import ROWS, register_plan, step_config
+from .translator import TAG_CODE_VERSION, TAG_STEP_ASSETS, TaskTranslator
+
+POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
+
+
+@dataclass(frozen=True)
+class TaskDefinitions:
+    """What one task adds to a code location: the multi-asset its graph backs and its job."""
+
+    assets: dg.AssetsDefinition
+    job: dg.UnresolvedAssetJobDefinition
+
+
+def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
+               executor_def: dg.ExecutorDefinition | None = None,
+               config: AgentEnvConfig | None = None) -> TaskDefinitions:
+    translator = translator or TaskTranslator()
+    config = config or AgentEnvConfig()
+    register_plan(translator.get_job_name(plan), plan)
+    code_version = translator.get_code_version(plan, config)
+    graph, outputs, inputs = task_graph(plan, translator, code_version)
+    assets = dg.AssetsDefinition.from_graph(
+        graph,
+        keys_by_output_name={name: key for name, (key, _) in outputs.items()},
+        keys_by_input_name=inputs,
+        descriptions_by_output_name={name: description for name, (_, description) in outputs.items()},
+        code_versions_by_output_name={name: code_version for name in outputs},
+        partitions_def=translator.get_partitions_def(plan),
+        group_name=translator.get_group_name(plan),
+        backfill_policy=dg.BackfillPolicy.single_run(),
+        tags_by_output_name={name: translator.get_asset_tags(plan) for name in outputs},
+    )
+    job = dg.define_asset_job(
+        translator.get_job_name(plan), selection=dg.AssetSelection.assets(assets).without_checks(),
+        config=job_config(plan, translator), tags=translator.get_job_tags(plan),
+        executor_def=executor_def or job_executor(config, plan), description=translator.get_job_description(plan),
+    )
+    return TaskDefinitions(assets, job)
+
+
+def task_graph(plan: TaskPlan, translator: TaskTranslator, code_version: str) -> tuple[
+        dg.GraphDefinition, dict[str, tuple[dg.AssetKey, str]], dict[str, dg.AssetKey]]:
+    """The task's op graph, the assets its outputs map to (output name -> key, description)
+    and the stored artifacts its inputs map from (input name -> key)."""
+    deps: dict[dg.NodeInvocation, dict] = {}
+    node_defs: dict[str, dg.OpDefinition] = {}
+    outputs: dict[str, tuple[dg.AssetKey, str]] = {}
+    output_mappings, input_mappings = [], []
+    inputs: dict[str, dg.AssetKey] = {}
+    for step in plan.steps:
+        op_def = step_op(step.type)
+        node_defs[op_def.name] = op_def
+        node = translator.get_node_name(step)
+        invocation = dg.NodeInvocation(
+            op_def.name, alias=node, retry_policy=translator.get_retry_policy(step),
+            tags={
+                **translator.get_op_tags(step), TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
+                TAG_CODE_VERSION: code_version,
+                **({POOL_TAG: pool} if (pool := translator.get_pool(plan, step)) else {}),
+                **span_tags(plan, step, translator),
+            },
+        )
+        sources = plan.context_sources(step.id)
+        deps[invocation] = _fan_in(
+            [translator.get_node_name(plan.step_by_id[d]) for d in sources],
+            after=[translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id] if d not in sources],
+        )
+        for key, description in translator.get_step_asset_outputs(plan, step):
+            outputs[node] = (key, description)  # (one task asset a step, at most)
+            output_mappings.append(dg.OutputMapping(graph_output_name=node, mapped_node_name=node,
+                                                    mapped_node_output_name=ASSET_OUTPUT))
+        for artifact_id in sorted({n.name for n in step.names_read() if n.kind == ARTIFACT}):
+            name = f"artifact__{dagster_name(artifact_id)}"
+            inputs[name] = translator.get_loaded_artifact_asset_key(artifact_id)
+            input_mappings.append(dg.InputMapping(graph_input_name=name, mapped_node_name=node,
+                                                  mapped_node_input_name=ARTIFACTS_INPUT))
+    teardown = teardown_op()
+    node_defs[teardown.name] = teardown
+    sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
+    deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP, tags={TAG_CODE_VERSION: code_version})] = _fan_in(sinks)
+    outputs[TEARDOWN_OP] = (translator.get_results_asset_key(plan),
+                            f"Each row's outcome in task `{plan.task_id}`: its status and each step's.")
+    output_mappings.append(dg.OutputMapping(graph_output_name=TEARDOWN_OP, mapped_node_name=TEARDOWN_OP,
+                                            mapped_node_output_name=ASSET_OUTPUT))
+    graph = dg.GraphDefinition(
+        name=translator.get_job_name(plan), node_defs=list(node_defs.values()), dependencies=deps,
+        description=translator.get_job_description(plan), input_mappings=input_mappings,
+        output_mappings=output_mappings,
+    )
+    return graph, outputs, inputs
+
+
+def job_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping | dict:
+    """The job's config: each step's fields as the defaults the launchpad shows (of a
+    partitioned job, as a plain dict: Dagster takes no config mapping there). A dataset's rows
+    are not config: a run's rows are its partitions, or the keys a root op's ``rows`` selects,
+    and each row's values are the plan's (``rows.row_seed``)."""
+    defaults = run_config(plan, translator)
+    return defaults if plan.document.partitions else step_defaults(defaults)
+
+
+def step_defaults(defaults: dict) -> dg.ConfigMapping:
+    """A job's step fields as defaults the launchpad shows, the config of a node given in a
+    run's config replacing that node's default. Only ``ops`` carries defaults; ``execution``,
+    ``resources`` and ``loggers`` pass through and are checked against the job's own schema
+    when a run is validated."""
+    untyped = dg.Field(dg.Permissive(), is_required=False)
+    schema = {"ops": dg.Field(dg.Permissive(), default_value=defaults["ops"]),
+              "execution": untyped, "resources": untyped, "loggers": untyped}
+    return dg.ConfigMapping(config_fn=partial(_over_defaults, defaults["ops"]), config_schema=schema)
+
+
+def _over_defaults(ops: dict, config: dict) -> dict:
+    given = config.get("ops", {})
+    merged = {graph: {"ops": {**nodes.get("ops", {}), **(given.get(graph) or {}).get("ops", {})}}
+              for graph, nodes in ops.items()}
+    return {**config, "ops": {**given, **merged}}
+
+
+def run_config(plan: TaskPlan, translator: TaskTranslator, rows: list[str] | None = None) -> dict:
+    """Op config, under the task's graph: each step's fields (of the rows' variant, under an
+    experiment) and, when given, the rows the root ops start. The steps keep their
+    ``<row.field>`` tokens: every row is filled from its own values as it runs."""
+    roots = {s.id for s in plan.steps if not plan.edges[s.id]}
+    return {"ops": {translator.get_job_name(plan): {"ops": {
+        translator.get_node_name(step): {"config": {
+            "step": step_config(step),
+            **({ROWS: list(rows)} if rows and step.id in roots else {}),
+        }}
+        for step in plan.document.steps_for(rows[0] if rows else None)
+    }}}}
+
+
+def _fan_in(upstream: list[str], after: list[str] = ()) -> dict:
+    """A node's ``depends_on`` edges: ``upstream`` hands it the rows whose contexts it merges,
+    ``after`` only orders it (a dependency another one descends from: merging its context
+    again would cost a dataset run a merge per row for nothing)."""
+    return {
+        name: dg.MultiDependencyDefinition([dg.DependencyDefinition(node, "result") for node in nodes])
+        for name, nodes in (("upstream", upstream), (AFTER, after)) if nodes
+    }
+
+
