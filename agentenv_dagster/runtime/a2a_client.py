@@ -207,10 +207,12 @@ class A2AClient:
     def _factory(self):
         from a2a.client import ClientConfig, ClientFactory
 
-        return ClientFactory(ClientConfig(
+        factory = ClientFactory(ClientConfig(
             streaming=False, httpx_client=self._http, supported_protocol_bindings=list(TRANSPORTS),
             grpc_channel_factory=_grpc_channel,
         ))
+        factory.register("GRPC", _grpc_transport)
+        return factory
 
     async def _cancel_context(self, client: "Client", context_id: str) -> list[str]:
         """Cancel the unfinished tasks of ``context_id``; their ids (best effort: an 0.3 agent
@@ -276,6 +278,19 @@ def _transport_error(exc: Exception) -> httpx.TransportError | None:
     connection stays httpx's ``TransportError``, as for every other request of a step."""
     cause = exc.__cause__
     return cause if isinstance(cause, httpx.TransportError) else None
+
+
+def _grpc_transport(card, url: str, config):
+    """The gRPC transport for the interface at ``url``: 0.3's or 1.0's. (a2a-sdk 1.3's own
+    producer loses the 0.3 one when ``a2a.client`` is imported before ``a2a.compat``: a
+    circular import it swallows.)"""
+    from a2a.client.transports.grpc import GrpcTransport
+    from a2a.compat.v0_3.grpc_transport import CompatGrpcTransport
+    from a2a.compat.v0_3.versions import is_legacy_version
+
+    versions = [i.protocol_version for i in card.supported_interfaces if i.protocol_binding == "GRPC" and i.url == url]
+    legacy = bool(versions) and all(v and is_legacy_version(v) for v in versions)  # 1.0 wins where offered
+    return (CompatGrpcTransport if legacy else GrpcTransport).create(card, url, config)
 
 
 def _grpc_channel(target: str):
