@@ -48,6 +48,13 @@ class ProviderConfig(_Section):
     verdict: Literal["tool", "json_schema"] = "tool"
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
 
+    def resolved_base_url(self) -> str | None:
+        """The URL (references read); Anthropic's falls back to ``ANTHROPIC_BASE_URL``."""
+        url = resolve_reference(self.base_url)
+        if not url and self.protocol == "anthropic":
+            url = os.environ.get("ANTHROPIC_BASE_URL")
+        return url or None
+
 
 # the built-in providers; ``[model.providers.<name>]`` overrides their fields or adds others
 BUILTIN_PROVIDERS = {
@@ -57,8 +64,12 @@ BUILTIN_PROVIDERS = {
     # agent-env's judges reach every model through LiteLLM: its proxy, or any server like it
     "openai-compatible": ProviderConfig(api_key="env:LITELLM_API_KEY", base_url="env:LITELLM_BASE_URL"),
 }
-# where a model agent's host process finds its key, by protocol (the key never goes in argv)
-KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+def model_key_env(provider: str) -> str:
+    """The variable a tool-use agent's host reads its provider's key from (never argv or a file)."""
+    return {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}.get(
+        provider, "AGENTENV_" + re.sub(r"[^A-Za-z0-9]", "_", provider).upper() + "_API_KEY")
 
 
 class ResolvedModel(BaseModel):
@@ -79,10 +90,7 @@ class ResolvedModel(BaseModel):
         return resolve_reference(self.settings.api_key)
 
     def base_url(self) -> str | None:
-        url = resolve_reference(self.settings.base_url)
-        if not url and self.settings.protocol == "anthropic":
-            url = os.environ.get("ANTHROPIC_BASE_URL")
-        return url or None
+        return self.settings.resolved_base_url()
 
     def missing_setting(self, api_key: str | None = None, base_url: str | None = None) -> str | None:
         """What must be set before this model can be called (``api_key``/``base_url``: given

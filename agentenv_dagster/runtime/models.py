@@ -182,8 +182,8 @@ class ChatCompletionsModel(ModelClient):
                 for t in tools]
             if forced:
                 request["tool_choice"] = {"type": "function", "function": {"name": tool_choice["name"]}}
-            elif (tool_choice or {}).get("type") == "any":
-                request["tool_choice"] = "required"
+            elif tool_choice:
+                request["tool_choice"] = {"any": "required"}.get(tool_choice.get("type"), "auto")
         try:
             completion = await self._client.chat.completions.create(**request)
         except openai.APIStatusError as exc:
