@@ -43,7 +43,7 @@ PLACEHOLDER_URL = "http://127.0.0.1/"  # until the port is known
 
 class SampleAgentExecutor(AgentExecutor):
     """The sample's executor: a working status, the reply as an artifact, then completed. A
-    prompt starting with ``slow`` takes 30 s unless cancelled. The agent-config system prompt,
+    prompt starting with ``slow`` takes 3 s unless cancelled. The agent-config system prompt,
     when set, prefixes the reply; every task's events are kept for the trajectory extension."""
 
     def __init__(self, state: SampleState) -> None:
@@ -63,7 +63,7 @@ class SampleAgentExecutor(AgentExecutor):
         await updater.start_work(updater.new_agent_message([Part(text="Processing your question...")]))
         query = context.get_user_input()
         if query.startswith("slow"):
-            for _ in range(3000):
+            for _ in range(300):
                 if task_id not in self.running:
                     return
                 await asyncio.sleep(0.01)
@@ -117,8 +117,10 @@ def sample_agent(version: str, transport: str):
         elif transport == "HTTP+JSON":
             routes += create_rest_routes(handler, path_prefix="/a2a/rest")
     else:
-        routes.append(Route("/.well-known/agent-card.json", lambda _: JSONResponse(
-            to_compat_agent_card(card).model_dump(by_alias=True, exclude_none=True, mode="json"))))
+        async def card_v03(_: Request) -> JSONResponse:
+            return JSONResponse(to_compat_agent_card(card).model_dump(by_alias=True, exclude_none=True, mode="json"))
+
+        routes.append(Route("/.well-known/agent-card.json", card_v03))
         if transport == "JSONRPC":
             routes.append(Route("/a2a/jsonrpc", _v03_jsonrpc(handler), methods=["POST"]))
         elif transport == "HTTP+JSON":
