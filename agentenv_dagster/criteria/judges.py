@@ -1,6 +1,7 @@
 """Judge criteria (``llm_judge``, ``agent_judge``): a model grades the task through a
-``submit_verdict`` tool call, with the model, base URL and key of ``[model]`` (role
-``judge``). A judge with no key configured is recorded as not graded (no score, a reason),
+``submit_verdict`` tool call (or the schema-constrained response, for providers configured
+so), with the model of ``[model]``'s role ``judge`` (``provider/model``) and its provider's
+URL and key. A judge with no key configured is recorded as not graded (no score, a reason),
 never given an invented verdict; a missing or malformed verdict scores 0.0 with the error; an
 API failure left after the SDK's retries makes the task an ERROR.
 

@@ -1,8 +1,12 @@
 """rubrics_verifier: a judge grades a reply against plain-language criteria.
 
 The judge is a named agent (``agent_name``), a judge agent deployed for the grading
-(``use_agent_judge``), or the LLM itself through the ``anthropic`` client. A judge that
-cannot be reached from here is not faked: the verification is written as not graded.
+(``use_agent_judge``), or the LLM itself (``runtime.judge``, a model of any provider). A judge
+that cannot be reached from here is not faked: the verification is written as not graded.
+
+The LLM's verdict is its forced ``submit_verdict`` call (or the schema-constrained response,
+for providers configured so); a judge agent's is its structured output or its whole reply as
+JSON. A JSON object inside prose never counts: it could be the graded agent's, quoted.
 
 Output formats (``rubric_formats``): ``rubric_binary``, ``rubric_partial`` and
 ``trajectory_mistakes`` are graded here; the evidence formats need screenshot trajectory
