@@ -191,9 +191,10 @@ class A2AClient:
                 task = MessageToDict(await client.get_task(GetTaskRequest(id=task_id), context=call()))
                 failures = 0
             except SDKError as exc:
-                failures += 1  # a dropped poll is retried; an agent that is gone is not
-                if failures >= MAX_POLL_FAILURES:
-                    raise _transport_error(exc) or A2AError(f"A2A GetTask failed: {exc}") from None
+                dropped = _transport_error(exc)
+                failures += 1  # a dropped poll is retried; an agent that is gone, or says no, is not
+                if dropped is None or failures >= MAX_POLL_FAILURES:
+                    raise dropped or A2AError(f"A2A GetTask failed: {exc}") from None
         return _reply(task)
 
     async def _client(self, url: str, card: dict | None) -> "Client":

@@ -83,8 +83,8 @@ class StepRuntime:
                 await view.a2a.aclose()
                 await view.http.aclose()
 
-    def judge(self, model: str | None = None, base_url: str | None = None) -> LLMJudge:
-        return llm_judge(self.config, model, base_url)
+    def judge(self, model: str | None = None, base_url: str | None = None, api_key: str | None = None) -> LLMJudge:
+        return llm_judge(self.config, model, base_url, api_key)
 
 
 LANE_CONNECTIONS = 4  # a lane's pool (one row at a time uses it)

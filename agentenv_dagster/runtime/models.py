@@ -173,7 +173,9 @@ class ChatCompletionsModel(ModelClient):
         request: dict[str, Any] = {"model": self.model.name, "messages": chat_messages(system, messages),
                                    self.model.settings.max_tokens_param: max_tokens, **params}
         if as_schema:
-            tool = next(t for t in tools or [] if t["name"] == tool_choice["name"])
+            tool = next((t for t in tools or [] if t["name"] == tool_choice["name"]), None)
+            if tool is None:
+                raise ValueError(f"tool_choice names '{tool_choice['name']}', which is not among the tools")
             request["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": tool["name"], "description": tool.get("description", ""), "schema": tool["input_schema"]}}
         elif tools:

@@ -263,7 +263,9 @@ class RubricsVerifierStep(TaskStep):
 
             return self._agent_asker(rt, agent.a2a_url, agent.a2a_card), {"a2a_agent_id": agent_id, "model": model}, stop
         try:
-            judge = rt.judge(model, self.default_model_api_base)
+            # a run's LiteLLM overrides (agent-env's) stand for the judge provider's URL and key
+            judge = rt.judge(model, self.default_model_api_base or user_override(ctx, "judge_litellm_base_url"),
+                             user_override(ctx, "judge_litellm_api_key"))
         except JudgeUnavailable as exc:
             raise NotGraded(str(exc)) from None
 

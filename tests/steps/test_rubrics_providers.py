@@ -100,3 +100,16 @@ episodes = [{{match = "Criteria", reply = "{quoting}"}}]
     assert entry["error"].startswith("judge returned no verdict after 3 attempts (no verdict: "
                                      "the judge's reply is not JSON as a whole: 'I checked the reply.")
     assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_a_runs_litellm_overrides_are_the_judges_url_and_key(tmp_path, fake_chat_api, monkeypatch):
+    """agent-env's ``judge_litellm_base_url`` / ``judge_litellm_api_key`` run overrides point the
+    judge at a LiteLLM proxy no config names."""
+    monkeypatch.delenv("LITELLM_BASE_URL", raising=False)
+    root = make_project(tmp_path / "p", extra_config=AGENT_CONFIG,
+                        model={"api_key": "env:NO_SUCH_KEY_VAR", "default": "openai-compatible/judge-test"})
+    fake_chat_api.enqueue(chat_verdict(1.0, 1.0))
+    overrides = {"judge_litellm_base_url": fake_chat_api.base_url, "judge_litellm_api_key": "sk-run"}
+    context = run_steps(root, steps(), context={"metadata": {"user_overrides": overrides}})
+    assert context.metadata["verifications"]["tone"]["score"] == 1.0
+    assert fake_chat_api.requests[0].headers["authorization"] == "Bearer sk-run"
