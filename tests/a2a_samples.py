@@ -43,7 +43,8 @@ PLACEHOLDER_URL = "http://127.0.0.1/"  # until the port is known
 
 class SampleAgentExecutor(AgentExecutor):
     """The sample's executor: a working status, the reply as an artifact, then completed. A
-    prompt starting with ``slow`` takes 3 s unless cancelled. The agent-config system prompt,
+    prompt starting with ``slow`` takes 3 s unless cancelled; one starting with ``early`` is
+    ``input-required`` for a moment (the blocking send returns then) before it goes on. The agent-config system prompt,
     when set, prefixes the reply; every task's events are kept for the trajectory extension."""
 
     def __init__(self, state: SampleState) -> None:
@@ -62,6 +63,10 @@ class SampleAgentExecutor(AgentExecutor):
         updater = TaskUpdater(event_queue, task_id, task.context_id)
         await updater.start_work(updater.new_agent_message([Part(text="Processing your question...")]))
         query = context.get_user_input()
+        if query.startswith("early"):  # answers the blocking send before it is done
+            await updater.requires_input(updater.new_agent_message([Part(text="One moment...")]))
+            await asyncio.sleep(0.3)
+            await updater.start_work()
         if query.startswith("slow"):
             for _ in range(300):
                 if task_id not in self.running:

@@ -86,3 +86,12 @@ async def test_the_sdk_client_rides_on_the_runtime_http_client():
             reply = await client.send_and_wait(url, "hi", timeout_seconds=20)
     assert reply.state == "completed"
     assert seen and set(seen) == {"Bearer run-token"}  # the card and the prompt
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+async def test_a_task_that_comes_back_unfinished_is_polled_to_its_end(a2a, version):
+    with sample_agent(version, "JSONRPC") as (url, state):
+        reply = await a2a.send_and_wait(url, "early bird", timeout_seconds=20, poll_interval=0.05)
+        assert (reply.state, reply.text) == ("completed", "Hello World! You said: 'early bird'.")
+        polls = [call for call in state.calls if call[0] in ("GetTask", "tasks/get")]
+        assert polls and set(polls) == {({"1.0": "GetTask", "0.3": "tasks/get"}[version], version)}
