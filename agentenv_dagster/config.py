@@ -35,18 +35,146 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class ProviderConfig(_Section):
+    """Where the models of one provider are served and how they are spoken to:
+    ``protocol = "anthropic"`` (the Messages API) or ``"openai"`` (Chat Completions: OpenAI,
+    a LiteLLM proxy, vLLM, Ollama ...). ``verdict`` is how a judge is made to answer in its
+    schema: a forced tool call, or a JSON-schema response format for servers whose models
+    cannot be forced to call a tool."""
+
+    protocol: Literal["anthropic", "openai"] = "openai"
+    base_url: str | None = None
+    api_key: str | None = None
+    verdict: Literal["tool", "json_schema"] = "tool"
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+
+    def resolved_base_url(self) -> str | None:
+        """The URL (references read); Anthropic's falls back to ``ANTHROPIC_BASE_URL``."""
+        url = resolve_reference(self.base_url)
+        if not url and self.protocol == "anthropic":
+            url = os.environ.get("ANTHROPIC_BASE_URL")
+        return url or None
+
+
+# the built-in providers; ``[model.providers.<name>]`` overrides their fields or adds others
+BUILTIN_PROVIDERS = {
+    "anthropic": ProviderConfig(protocol="anthropic"),  # base_url and api_key: [model]'s own
+    "openai": ProviderConfig(api_key="env:OPENAI_API_KEY", base_url="env:OPENAI_BASE_URL",
+                             max_tokens_param="max_completion_tokens"),
+    # agent-env's judges reach every model through LiteLLM: its proxy, or any server like it
+    "openai-compatible": ProviderConfig(api_key="env:LITELLM_API_KEY", base_url="env:LITELLM_BASE_URL"),
+}
+
+
+def model_key_env(provider: str) -> str:
+    """The variable a tool-use agent's host reads its provider's key from (never argv or a file)."""
+    return {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}.get(
+        provider, "AGENTENV_" + re.sub(r"[^A-Za-z0-9]", "_", provider).upper() + "_API_KEY")
+
+
+class ResolvedModel(BaseModel):
+    """One model: ``provider/name`` read against the providers (a bare name is Anthropic's)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ref: str           # as configured: what usage, reports and prices name it by
+    provider: str
+    name: str          # what the API is asked for
+    settings: ProviderConfig
+
+    @property
+    def protocol(self) -> str:
+        return self.settings.protocol
+
+    def api_key(self) -> str | None:
+        return resolve_reference(self.settings.api_key)
+
+    def base_url(self) -> str | None:
+        return self.settings.resolved_base_url()
+
+    def missing_setting(self, api_key: str | None = None, base_url: str | None = None) -> str | None:
+        """What must be set before this model can be called (``api_key``/``base_url``: given
+        instead of the provider's), or None. Anthropic and OpenAI need a key; a server of
+        another provider may need none, but needs its URL."""
+        if self.provider == "anthropic" or self.provider == "openai":
+            if not (api_key or self.api_key()):
+                return self._where("api_key")
+        elif self.protocol == "openai" and not (base_url or self.base_url()):
+            return self._where("base_url")
+        return None
+
+    def _where(self, setting: str) -> str:
+        section = "[model]" if self.provider == "anthropic" else f"[model.providers.{self.provider}]"
+        builtin = BUILTIN_PROVIDERS.get(self.provider)
+        reference = (getattr(builtin, setting) if builtin else getattr(self.settings, setting)) or ""
+        if self.provider == "anthropic":
+            reference = "env:ANTHROPIC_API_KEY"
+        variable = reference[4:].partition("?")[0] if reference.startswith("env:") else ""
+        return f"set {section} {setting} in .agentenv/config.toml" + (f" or {variable}" if variable else "")
+
+
 class ModelConfig(_Section):
+    """Models are named ``provider/model`` (``anthropic/claude-sonnet-4-6``, ``openai/gpt-4.1``,
+    ``openai-compatible/llama3``); a bare name is an Anthropic model. ``base_url`` and
+    ``api_key`` here are the ``anthropic`` provider's."""
+
     base_url: str | None = None
     api_key: str | None = "env:ANTHROPIC_API_KEY"
     default: str = DEFAULT_JUDGE_MODEL
     params: dict[str, Any] = Field(default_factory=dict)
     roles: dict[str, str] = Field(default_factory=dict)
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     # USD per million tokens, {"<model>": {"input": 3.0, "output": 15.0}}: what turns usage
-    # into cost (run_limits.max_usd). No price, no cost: the cap is skipped, as upstream.
+    # into cost (run_limits.max_usd). No price, no cost: the cap is skipped, as upstream. A
+    # model is found under its ``provider/model`` name or, for Anthropic's, its bare name too.
     prices: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _models_and_prices(self) -> "ModelConfig":
+        for name, provider in self.providers.items():
+            if "/" in name:
+                raise ValueError(f"providers.{name}: a provider name has no '/'")
+            if name not in BUILTIN_PROVIDERS and provider.protocol == "openai" and not provider.base_url:
+                raise ValueError(f"providers.{name}: an OpenAI-compatible provider needs a base_url")
+        for model in [self.default, *self.roles.values()]:
+            self.resolve(model)
+        aliases: dict[str, dict[str, float]] = {}
+        for model, price in self.prices.items():
+            resolved = self.resolve(model, where="prices")
+            aliases.update({f"{resolved.provider}/{resolved.name}": price} if resolved.provider != "anthropic"
+                           else {f"anthropic/{resolved.name}": price, resolved.name: price})
+        self.prices.update({k: v for k, v in aliases.items() if k not in self.prices})
+        return self
 
     def for_role(self, role: str) -> str:
         return self.roles.get(role) or self.default
+
+    def provider(self, name: str) -> ProviderConfig | None:
+        """A provider's settings: the built-in ones with the file's fields on top."""
+        base = BUILTIN_PROVIDERS.get(name)
+        if name == "anthropic":
+            base = ProviderConfig(protocol="anthropic", base_url=self.base_url, api_key=self.api_key)
+        own = self.providers.get(name)
+        if own is None:
+            return base
+        if base is None:
+            return own
+        return base.model_copy(update=own.model_dump(exclude_unset=True))
+
+    def resolve(self, model: str, *, where: str = "model") -> ResolvedModel:
+        """``provider/model`` read against the providers; a bare name is an Anthropic model.
+        ValueError names the unknown provider and the known ones."""
+        provider, slash, name = model.partition("/")
+        if not slash:
+            provider, name = "anthropic", model
+        settings = self.provider(provider)
+        if settings is None:
+            known = sorted({*BUILTIN_PROVIDERS, *self.providers})
+            raise ValueError(f"{where} '{model}': unknown provider '{provider}' (known providers: {known}; "
+                             "a bare model name is an Anthropic model)")
+        if not name:
+            raise ValueError(f"{where} '{model}': no model name after the provider")
+        return ResolvedModel(ref=model, provider=provider, name=name, settings=settings)
 
     def resolved_api_key(self) -> str | None:
         return resolve_reference(self.api_key)

@@ -86,3 +86,13 @@ def docker_engine():
     finally:
         stopped = _engine("stop", timeout=120)
         assert stopped.returncode == 0, stopped.stderr
+
+
+@pytest.fixture
+def fake_chat_api():
+    """A fake Chat Completions API (OpenAI, LiteLLM, vLLM, Ollama) on 127.0.0.1; script it with
+    ``enqueue(...)``, point clients at ``base_url`` (it ends in ``/v1``), read ``requests``."""
+    from fakes.chat_completions_api import FakeChatCompletionsAPI
+
+    with FakeChatCompletionsAPI() as api:
+        yield api

@@ -1,5 +1,6 @@
 """The agent judge's world: an isolated copy of the sandbox and read-only tools confined to
-it, driven by a Messages API tool-use loop that ends with a ``submit_verdict`` call.
+it, driven by a tool-use loop (on the judge model's provider, ``runtime.models``) that ends with
+a ``submit_verdict`` call.
 
 The copy never holds ``.claude``, ``.mcp.json`` or the sandbox's own ``_reference`` (the
 security floor of the ignore patterns); the task's reference is mounted at ``_reference/``

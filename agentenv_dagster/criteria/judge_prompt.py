@@ -56,8 +56,43 @@ LLM_SYSTEM_PROMPT = (
 CLOSING_LINE = "Grade the work above against the GRADING PROMPT and call submit_verdict exactly once."
 
 
+MAX_VERDICT_DEPTH = 16
+MAX_VERDICT_VALUES = 10_000
+
+
 class VerdictError(ValueError):
     """The judge's ``submit_verdict`` call is missing or malformed: the criterion scores 0.0."""
+
+
+def shape_problem(value: Any, depth: int = MAX_VERDICT_DEPTH, values: int = MAX_VERDICT_VALUES) -> str | None:
+    """Why a judge's output is too large to handle (nested deeper than ``depth`` levels, more
+    than ``values`` values), else None. Walked without recursion: the output is hostile."""
+    stack, seen = [(value, 1)], 0
+    while stack:
+        item, level = stack.pop()
+        seen += 1
+        if seen > values:
+            return f"more than {values} values"
+        if isinstance(item, (dict, list)):
+            if level > depth:
+                return f"nested deeper than {depth} levels"
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return None
+
+
+def kept(value: Any) -> Any:
+    """``value`` as a transcript may keep it: as it is, or a note of why it is not kept."""
+    problem = shape_problem(value)
+    return value if problem is None else f"[not kept: {problem}]"
+
+
+def excerpt(value: Any, limit: int = 100) -> str:
+    """A short repr of a hostile value (the repr of a huge integer may itself fail)."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
 
 
 @dataclass
@@ -73,17 +108,22 @@ def parse_verdict(data: Any) -> Verdict:
     are ignored."""
     if not isinstance(data, dict):
         raise VerdictError("submit_verdict input must be an object")
+    problem = shape_problem(data)
+    if problem:
+        raise VerdictError(f"submit_verdict input is {problem}")
     if data.get("score") is None:
         raise VerdictError("score field missing in judge verdict")
     raw = data["score"]
     if isinstance(raw, bool):
-        raise VerdictError(f"score field is not a number: {raw!r}")
+        raise VerdictError(f"score field is not a number: {excerpt(raw)}")
     try:
         score = float(raw)
     except (TypeError, ValueError):
-        raise VerdictError(f"score field is not a number: {raw!r}") from None
+        raise VerdictError(f"score field is not a number: {excerpt(raw)}") from None
+    except OverflowError:
+        score = math.inf
     if not math.isfinite(score):
-        raise VerdictError(f"score field is not a finite number: {raw!r}")
+        raise VerdictError(f"score field is not a finite number: {excerpt(raw)}")
     rationale = data.get("rationale")
     if rationale is None:
         rationale = ""
@@ -98,7 +138,9 @@ def parse_verdict(data: Any) -> Verdict:
 
 
 def last_verdict_input(content: list[Any]) -> Any:
-    """The input of the last ``submit_verdict`` tool_use block; VerdictError when there is none."""
+    """The input of the last ``submit_verdict`` call (a tool_use block, or the
+    schema-constrained response standing for it); VerdictError when there is none. Text in the
+    reply never counts: a verdict written as JSON in text could be the agent's, quoted."""
     calls = [b for b in content if getattr(b, "type", None) == "tool_use" and b.name == VERDICT_TOOL]
     if not calls:
         raise VerdictError("Judge did not call submit_verdict")

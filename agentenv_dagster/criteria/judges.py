@@ -1,6 +1,7 @@
 """Judge criteria (``llm_judge``, ``agent_judge``): a model grades the task through a
-``submit_verdict`` tool call, with the model, base URL and key of ``[model]`` (role
-``judge``). A judge with no key configured is recorded as not graded (no score, a reason),
+``submit_verdict`` tool call (or the schema-constrained response, for providers configured
+so), with the model of ``[model]``'s role ``judge`` (``provider/model``) and its provider's
+URL and key. A judge with no key configured is recorded as not graded (no score, a reason),
 never given an invented verdict; a missing or malformed verdict scores 0.0 with the error; an
 API failure left after the SDK's retries makes the task an ERROR.
 
@@ -18,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..runtime.judge import JudgeAPIError, JudgeUnavailable, LLMJudge, llm_judge
+from ..runtime.models import UnreadableReply
 from . import judge_agent
 from .base import Criterion, CriterionContext, CriterionResult, JudgeInfrastructureError
 from .judge_prompt import (
@@ -29,6 +31,7 @@ from .judge_prompt import (
     VerdictError,
     capped_transcript,
     grading_message,
+    kept,
     last_verdict_input,
     parse_verdict,
     reference_block,
@@ -135,12 +138,15 @@ class LlmJudge(JudgeCriterion):
     async def grade(self, judge, client, ctx):
         reference = reference_block(self, ctx) if self.include_reference else None
         message = grading_message(self, ctx, reference=reference)
-        reply = await judge.create(
-            client, system=LLM_SYSTEM_PROMPT, messages=[{"role": "user", "content": message.text}],
-            tools=[VERDICT_TOOL_SPEC], tool_choice={"type": "tool", "name": VERDICT_TOOL},
-            max_tokens=self.max_tokens, **self._sampling(),
-        )
-        content = [block.model_dump(exclude_none=True) for block in reply.content]
+        try:
+            reply = await judge.create(
+                client, system=LLM_SYSTEM_PROMPT, messages=[{"role": "user", "content": message.text}],
+                tools=[VERDICT_TOOL_SPEC], tool_choice={"type": "tool", "name": VERDICT_TOOL},
+                max_tokens=self.max_tokens, **self._sampling(),
+            )
+        except UnreadableReply as exc:
+            return None, str(exc), {"system": LLM_SYSTEM_PROMPT, "prompt": message.for_transcript}, message.notes
+        content = [kept(block.model_dump(exclude_none=True)) for block in reply.content]
         transcript = {"system": LLM_SYSTEM_PROMPT, "prompt": message.for_transcript, "verdict": content,
                       "stop_reason": reply.stop_reason}
         try:
@@ -212,13 +218,13 @@ class AgentJudge(JudgeCriterion):
             try:
                 outcome = await judge_agent.judge_loop(judge, client, tools, message.text, max_turns=self.max_turns,
                                                        turn_timeout=self.turn_timeout)
-            except TimeoutError as exc:
+            except (TimeoutError, UnreadableReply) as exc:
                 return None, str(exc), {"system": judge_agent.AGENT_SYSTEM_PROMPT, "prompt": message.for_transcript,
                                         "tool_calls": tools.calls}, message.notes
         conversation = [{"role": "user", "content": message.for_transcript},
                         *judge_agent.without_reference_reads(outcome.messages[1:-1])]
-        transcript = {"system": judge_agent.AGENT_SYSTEM_PROMPT, "prompt": conversation,
-                      "verdict": outcome.messages[-1]["content"], "turns": outcome.turns,
+        transcript = {"system": judge_agent.AGENT_SYSTEM_PROMPT, "prompt": kept(conversation),
+                      "verdict": kept(outcome.messages[-1]["content"]), "turns": outcome.turns,
                       "tool_calls": tools.calls}
         return outcome.verdict, outcome.error, transcript, message.notes
 

@@ -1,11 +1,17 @@
 """Talk to a deployed A2A agent: read its card, call its extensions, send a prompt and wait.
 
-Raw JSON-RPC over one shared ``httpx.AsyncClient`` (A2A spec 1.0 wire, as a2a-sdk 1.3 serves
-it): a blocking ``SendMessage`` answers the moment the task ends (no polling delay, which
-would cost a fast agent a whole poll interval); past the deadline the tasks of the prompt's
-context are found with ``ListTasks`` and cancelled. A task that comes back unfinished
-(``input-required``, an agent that answers early) is followed with ``GetTask`` polling. The agentenv extension URIs live here too, as the
-one definition shared by this client and the embedded agents.
+Prompts go through a2a-sdk's own client (``ClientFactory``): the transport is negotiated from
+the agent card (JSON-RPC, HTTP+JSON/REST or gRPC) and so is the protocol version (1.0, or 0.3
+through the SDK's compatibility transports), so any published agent can be prompted, not only
+ours. The SDK client rides on the step runtime's ``httpx.AsyncClient`` (never one of its own),
+so whatever that client adds to a request (a per-run bearer token for our own servers) reaches
+the agents too; gRPC agents get a channel of their own.
+
+A prompt is one blocking ``SendMessage``: it answers the moment the task ends. Past the
+deadline the unfinished tasks of the prompt's context are found (``ListTasks``, 1.0) and
+cancelled. A task that comes back unfinished (``input-required``, an agent that answers early)
+is followed with ``GetTask`` polling. The agentenv extension URIs live here too, as the one
+definition shared by this client and the embedded agents; their endpoints are plain HTTP.
 
 Extensions may also ride on the prompt itself, A2A's way: a payload in ``message.metadata[uri]``
 (listed in ``message.extensions``), and extensions asked of the reply in the ``A2A-Extensions``
@@ -16,13 +22,19 @@ a request each way per prompt.
 from __future__ import annotations
 
 import asyncio
+import copy
+import ipaddress
 import json
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import httpx
+
+if TYPE_CHECKING:
+    from a2a.client import Client
 
 MCP_CONFIG_URI = "urn:agentenv:mcp-config/v1"
 AGENT_CONFIG_URI = "urn:agentenv:agent-config/v1"
@@ -40,14 +52,14 @@ DEFAULT_ENDPOINTS = {
 TRIGGERS_DECIDE_ENDPOINT = "/ext/triggers/decide"  # the triggers extension's second endpoint
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
-EXTENSIONS_HEADER = "A2A-Extensions"  # a2a-sdk's HTTP_EXTENSION_HEADER; importing it loads a2a's protobufs (~0.3 s)
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected"})
+TRANSPORTS = ("JSONRPC", "HTTP+JSON", "GRPC")  # what this client speaks, in the SDK's names
 MAX_POLL_FAILURES = 5
-_HEADERS = {"A2A-Version": "1.0"}
+CANCEL_SECONDS = 5.0
 
 
 class A2AError(RuntimeError):
-    """An agent answered with an HTTP error or a JSON-RPC error."""
+    """An agent answered with an HTTP error or an A2A error, or cannot be spoken to."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +75,18 @@ class A2AReply:
 
 
 class A2AClient:
+    """One step runtime's way to its agents, over its ``httpx.AsyncClient``. The SDK client of
+    each agent is made on the first prompt and kept (by agent URL) until :meth:`aclose`."""
+
     def __init__(self, http: httpx.AsyncClient) -> None:
         self._http = http
+        self._clients: dict[str, Client] = {}
+
+    async def aclose(self) -> None:
+        """Close the agents' clients (gRPC channels; the HTTP client is the runtime's to close)."""
+        clients, self._clients = self._clients, {}
+        for client in clients.values():
+            await client.close()
 
     async def get_card(self, url: str) -> dict:
         """The agent card; agents that predate ``agent-card.json`` serve ``agent.json``."""
@@ -108,86 +130,119 @@ class A2AClient:
         context_id: str | None = None,
         extensions: dict[str, Any] | None = None,
         requested_extensions: tuple[str, ...] = (),
+        card: dict | None = None,
     ) -> A2AReply:
         """Send one text prompt and wait until its task ends.
 
-        ``url`` is the agent's JSON-RPC endpoint: the base URL of an embedded agent, the
-        card's ``supportedInterfaces[].url`` in general. ``extensions`` are payloads the message
-        carries, by extension URI; ``requested_extensions`` are asked of the reply. On the
-        deadline the task is cancelled (best effort) and TimeoutError is raised.
+        ``url`` is the agent's base URL (where its card is); ``card``, when the caller has it
+        already, saves reading it. The card decides the transport and the endpoint.
+        ``extensions`` are payloads the message carries, by extension URI;
+        ``requested_extensions`` are asked of the reply. On the deadline the task is cancelled
+        (best effort) and TimeoutError is raised.
         """
+        from a2a.client import A2AClientTimeoutError, ClientCallContext
+        from a2a.client.service_parameters import ServiceParametersFactory, with_a2a_extensions
+        from a2a.types import GetTaskRequest, Message, Part, Role, SendMessageRequest
+        from a2a.utils.errors import A2AError as SDKError
+        from google.protobuf.json_format import MessageToDict
+
         deadline = time.monotonic() + timeout_seconds
+        client = await self._client(url, card)
         context_id = context_id or uuid.uuid4().hex  # ours, so a timed-out task can be found
-        message: dict[str, Any] = {
-            "messageId": uuid.uuid4().hex,
-            "role": "ROLE_USER",
-            "parts": [{"text": text}],
-            "contextId": context_id,
-        }
+        message = Message(message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=[Part(text=text)],
+                          context_id=context_id)
         if extensions:
-            message.update(extensions=list(extensions), metadata=extensions)
-        headers = {**_HEADERS, EXTENSIONS_HEADER: ",".join(requested_extensions)} if requested_extensions else _HEADERS
+            message.extensions.extend(extensions)
+            message.metadata.update(extensions)
+        parameters = ServiceParametersFactory.create([with_a2a_extensions(list(requested_extensions))]) or None
+
+        def call(exact: bool = False) -> ClientCallContext:
+            """``exact``: time out at the deadline itself (a blocking send), else allow a second."""
+            remaining = deadline - time.monotonic()
+            return ClientCallContext(timeout=max(remaining, 0.001 if exact else 1.0), service_parameters=parameters)
+
         try:
-            result = await self._rpc(url, "SendMessage", {"message": message}, deadline, exact=True, headers=headers)
-        except httpx.TimeoutException:
-            task_ids = await self._cancel_context(url, context_id)
+            response = None
+            async for response in client.send_message(SendMessageRequest(message=message), context=call(exact=True)):
+                pass  # not streaming: one response, the task as it stands or the agent's message
+        except A2AClientTimeoutError:
+            task_ids = await self._cancel_context(client, context_id)
             raise TimeoutError(
                 f"A2A task {task_ids[0] if task_ids else '(unknown)'} did not complete within {timeout_seconds:g}s"
             ) from None
-        except A2AError as exc:
-            raise A2AError(f"A2A message/send failed: {exc}") from None
-        if "message" in result:  # the agent answered directly, without a task
-            status = {"state": "TASK_STATE_COMPLETED", "message": result["message"]}
+        except (SDKError, ValueError, NotImplementedError) as exc:
+            raise _transport_error(exc) or A2AError(f"A2A message/send failed: {exc}") from None
+        if response is None:
+            raise A2AError("A2A message/send succeeded but returned nothing")
+        if response.HasField("message"):  # the agent answered directly, without a task
+            status = {"state": "TASK_STATE_COMPLETED", "message": MessageToDict(response.message)}
             return _reply({"status": status})
-        task = result.get("task") or {}
+        task = MessageToDict(response.task)
         task_id = task.get("id")
         if not task_id:
-            raise A2AError(f"A2A message/send succeeded but returned no task id: {result}")
+            raise A2AError(f"A2A message/send succeeded but returned no task id: {str(task)[:2000]}")
         failures = 0
         while _state(task) not in TERMINAL_STATES:
             if time.monotonic() + poll_interval >= deadline:
-                await self._cancel_quietly(url, task_id)
-                raise TimeoutError(
-                    f"A2A task {task_id} did not complete within {timeout_seconds:g}s"
-                )
+                await self._cancel_quietly(client, task_id)
+                raise TimeoutError(f"A2A task {task_id} did not complete within {timeout_seconds:g}s")
             await asyncio.sleep(poll_interval)
             try:
-                task = await self._rpc(url, "GetTask", {"id": task_id}, deadline, headers=headers)
+                task = MessageToDict(await client.get_task(GetTaskRequest(id=task_id), context=call()))
                 failures = 0
-            except httpx.TransportError:
-                failures += 1  # a dropped poll is retried; an agent that is gone is not
-                if failures >= MAX_POLL_FAILURES:
-                    raise
+            except SDKError as exc:
+                dropped = _transport_error(exc)
+                failures += 1  # a dropped poll is retried; an agent that is gone, or says no, is not
+                if dropped is None or failures >= MAX_POLL_FAILURES:
+                    raise dropped or A2AError(f"A2A GetTask failed: {exc}") from None
         return _reply(task)
 
-    async def _cancel_context(self, url: str, context_id: str) -> list[str]:
-        """Cancel the unfinished tasks of ``context_id``; their ids (best effort)."""
+    async def _client(self, url: str, card: dict | None) -> "Client":
+        """The SDK client for the agent at ``url``, made from its card on first use."""
+        client = self._clients.get(url)
+        if client is None:
+            card = card if card is not None else await self.get_card(url)
+            client = self._clients[url] = self._factory().create(_sdk_card(card, url))
+        return client
+
+    def _factory(self):
+        from a2a.client import ClientConfig, ClientFactory
+
+        factory = ClientFactory(ClientConfig(
+            streaming=False, httpx_client=self._http, supported_protocol_bindings=list(TRANSPORTS),
+            grpc_channel_factory=_grpc_channel,
+        ))
+        factory.register("GRPC", _grpc_transport)
+        return factory
+
+    async def _cancel_context(self, client: "Client", context_id: str) -> list[str]:
+        """Cancel the unfinished tasks of ``context_id``; their ids (best effort: an 0.3 agent
+        cannot list its tasks)."""
+        from a2a.client import ClientCallContext
+        from a2a.types import ListTasksRequest
+        from a2a.utils.errors import A2AError as SDKError
+        from google.protobuf.json_format import MessageToDict
+
         try:
-            listed = await self._rpc(url, "ListTasks", {"contextId": context_id}, time.monotonic() + 5.0)
-        except (A2AError, httpx.HTTPError):
+            listed = await client.list_tasks(ListTasksRequest(context_id=context_id),
+                                             context=ClientCallContext(timeout=CANCEL_SECONDS))
+        except (SDKError, NotImplementedError):
             return []
-        open_ids = [t["id"] for t in listed.get("tasks") or [] if _state(t) not in TERMINAL_STATES]
+        open_ids = [t["id"] for t in MessageToDict(listed).get("tasks") or [] if _state(t) not in TERMINAL_STATES]
         for task_id in open_ids:
-            await self._cancel_quietly(url, task_id)
+            await self._cancel_quietly(client, task_id)
         return open_ids
 
-    async def _cancel_quietly(self, url: str, task_id: str) -> None:
-        try:
-            await self._rpc(url, "CancelTask", {"id": task_id}, time.monotonic() + 5.0)
-        except (A2AError, httpx.HTTPError):
-            pass
+    @staticmethod
+    async def _cancel_quietly(client: "Client", task_id: str) -> None:
+        from a2a.client import ClientCallContext
+        from a2a.types import CancelTaskRequest
+        from a2a.utils.errors import A2AError as SDKError
 
-    async def _rpc(self, url: str, method: str, params: dict, deadline: float, exact: bool = False,
-                   headers: dict[str, str] = _HEADERS) -> dict:
-        """``exact``: time out at the deadline itself (a blocking send), else allow a second."""
-        payload = {"jsonrpc": "2.0", "id": uuid.uuid4().hex, "method": method, "params": params}
-        timeout = max(deadline - time.monotonic(), 0.001 if exact else 1.0)
-        response = await self._http.post(url, json=payload, headers=headers, timeout=timeout)
-        _raise_for_status("POST", response)
-        body = response.json()
-        if body.get("error"):
-            raise A2AError(str(body["error"]))
-        return body.get("result") or {}
+        try:
+            await client.cancel_task(CancelTaskRequest(id=task_id), context=ClientCallContext(timeout=CANCEL_SECONDS))
+        except (SDKError, NotImplementedError):
+            pass
 
     async def _extension_request(
         self, method: str, url: str, card: dict, uri: str, body: dict | None
@@ -199,6 +254,56 @@ class A2AClient:
         response = await self._http.request(method, target, json=body)
         _raise_for_status(method, response)
         return response.json() if response.content else {}
+
+
+def _sdk_card(card: dict, url: str):
+    """The card as the SDK reads it (0.3 cards too). A card that names no interface at all is
+    taken for a JSON-RPC 1.0 agent at ``url``, where such agents have always answered."""
+    from a2a.client.card_resolver import parse_agent_card
+    from google.protobuf.json_format import ParseError
+
+    try:
+        parsed = parse_agent_card(copy.deepcopy(card))  # (it rewrites the legacy fields in place)
+    except ParseError as exc:
+        raise A2AError(f"the agent card at {url} is not valid: {exc}") from None
+    if not parsed.supported_interfaces:
+        parsed.supported_interfaces.add(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
+    if not any(i.protocol_binding in TRANSPORTS for i in parsed.supported_interfaces):
+        offered = sorted({i.protocol_binding for i in parsed.supported_interfaces})
+        raise A2AError(f"the agent at {url} offers only the transports {offered}; this client speaks {list(TRANSPORTS)}")
+    return parsed
+
+
+def _transport_error(exc: Exception) -> httpx.TransportError | None:
+    """The connection failure under an SDK error, if that is what it is: a lost or refused
+    connection stays httpx's ``TransportError``, as for every other request of a step."""
+    cause = exc.__cause__
+    return cause if isinstance(cause, httpx.TransportError) else None
+
+
+def _grpc_transport(card, url: str, config):
+    """The gRPC transport for the interface at ``url``: 0.3's or 1.0's. (a2a-sdk 1.3's own
+    producer loses the 0.3 one when ``a2a.client`` is imported before ``a2a.compat``: a
+    circular import it swallows.)"""
+    from a2a.client.transports.grpc import GrpcTransport
+    from a2a.compat.v0_3.grpc_transport import CompatGrpcTransport
+    from a2a.compat.v0_3.versions import is_legacy_version
+
+    versions = [i.protocol_version for i in card.supported_interfaces if i.protocol_binding == "GRPC" and i.url == url]
+    legacy = bool(versions) and all(v and is_legacy_version(v) for v in versions)  # 1.0 wins where offered
+    return (CompatGrpcTransport if legacy else GrpcTransport).create(card, url, config)
+
+
+def _grpc_channel(target: str):
+    """A gRPC channel to an agent's ``host:port``: plain on this machine, TLS elsewhere."""
+    import grpc
+
+    host = urlsplit(f"//{target}").hostname or ""
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        local = False
+    return grpc.aio.insecure_channel(target) if local else grpc.aio.secure_channel(target, grpc.ssl_channel_credentials())
 
 
 def trajectory_metadata(events: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import copy
 import functools
 import logging
 import ssl
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator
@@ -22,7 +21,6 @@ from ..config import AgentEnvConfig
 from .a2a_client import A2AClient
 from .artifacts import FilesystemArtifactStore, ObjectStore
 from .dataplane import DataPlaneClient
-from .http1 import Http1Transport
 from .judge import LLMJudge, llm_judge
 from .local import LocalProvider
 
@@ -58,6 +56,7 @@ class StepRuntime:
 
     async def __aexit__(self, *exc_info) -> None:
         await self.provider.aclose()
+        await self.a2a.aclose()
         await self.http.aclose()
 
     def _connect(self, http: httpx.AsyncClient) -> None:
@@ -80,10 +79,12 @@ class StepRuntime:
             yield views
         finally:
             while not views.empty():
-                await views.get_nowait().http.aclose()
+                view = views.get_nowait()
+                await view.a2a.aclose()
+                await view.http.aclose()
 
-    def judge(self, model: str | None = None, base_url: str | None = None) -> LLMJudge:
-        return llm_judge(self.config, model, base_url)
+    def judge(self, model: str | None = None, base_url: str | None = None, api_key: str | None = None) -> LLMJudge:
+        return llm_judge(self.config, model, base_url, api_key)
 
 
 LANE_CONNECTIONS = 4  # a lane's pool (one row at a time uses it)
@@ -91,19 +92,14 @@ LANE_CONNECTIONS = 4  # a lane's pool (one row at a time uses it)
 
 @functools.cache
 def _tls() -> ssl.SSLContext:
-    """httpx's default verification, built once (loading the CA bundle costs ~17 ms)."""
+    """httpx's default verification, built once per process (loading the CA bundle is not free)."""
     return httpx.create_ssl_context()
 
 
 def http_client(max_connections: int = 100) -> httpx.AsyncClient:
-    """A step runtime's client: httpx, its plain-HTTP requests over the lean transport
-    (``http1``), the rest over its own, built when the first of them comes. The TLS context
-    is built ahead only for the proxies the environment names (httpx mounts them now)."""
+    """A step runtime's client: plain httpx, for every agent, env, data plane and object URL."""
     limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(180.0, connect=10.0), verify=_tls() if urllib.request.getproxies() else True,
-        limits=limits, transport=Http1Transport(lambda: httpx.AsyncHTTPTransport(verify=_tls(), limits=limits), limits),
-    )
+    return httpx.AsyncClient(timeout=httpx.Timeout(180.0, connect=10.0), verify=_tls(), limits=limits)
 
 
 def artifact_store(config: AgentEnvConfig) -> "ArtifactStore":

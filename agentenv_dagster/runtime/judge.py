@@ -1,7 +1,9 @@
-"""The LLM judge: one forced tool call through the ``anthropic`` client.
+"""The LLM judge: one forced ``submit_verdict`` call to the configured model, of any provider
+(``runtime.models``): a tool call where the API has one, the schema-constrained response where
+the provider is configured for that.
 
-A judge that is not configured (no API key) is *unavailable*, and callers record the
-verification as not graded: offline, nothing invents a verdict.
+A judge that is not configured (no API key, no base URL) is *unavailable*, and callers record
+the verification as not graded: offline, nothing invents a verdict.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import AgentEnvConfig
+from ..config import AgentEnvConfig, ResolvedModel
+from .models import MissingKey, ModelAPIError, ModelClient, ModelReply, UnreadableReply, model_client
 
 VERDICT_TOOL = "submit_verdict"
 
@@ -23,20 +26,17 @@ class JudgeError(RuntimeError):
 
 
 class JudgeNoVerdict(JudgeError):
-    """The judge answered but did not call ``submit_verdict``: a missing verdict, not a
-    transport failure (callers may ask again or score it 0)."""
+    """The judge answered but gave no readable ``submit_verdict`` call: a missing verdict, not
+    a transport failure (callers may ask again or score it 0)."""
 
 
 class JudgeAPIError(JudgeError):
-    """The Messages API refused or failed the call after the SDK's own retries: a fault of the
+    """The model's API refused or failed the call after the SDK's own retries: a fault of the
     judge's infrastructure or configuration, never of the graded agent."""
 
     def __init__(self, message: str, *, retryable: bool = False):
         super().__init__(message)
         self.retryable = retryable
-
-
-RETRYABLE_STATUS = frozenset({408, 409, 429})  # with every 5xx: what the SDK itself retries
 
 
 @dataclass
@@ -57,48 +57,47 @@ class JudgeUsage:
 
 @dataclass
 class LLMJudge:
-    model: str
-    api_key: str = field(repr=False)
-    base_url: str | None = None
+    resolved: ResolvedModel
+    api_key: str | None = field(default=None, repr=False)  # instead of the provider's
+    base_url: str | None = None  # instead of the provider's
     attempts: int = 3
     usage: JudgeUsage = field(default_factory=JudgeUsage)
     max_retries: int = 2  # the SDK's own retries of 429 / 5xx / connection errors, per call
 
-    def client(self) -> Any:
-        """A fresh ``AsyncAnthropic`` for one grading (a conversation reuses it); close it after."""
-        import anthropic  # ~1 s to import: only when a judge really runs
+    @property
+    def model(self) -> str:
+        """The model as configured (``provider/model``, or a bare Anthropic name)."""
+        return self.resolved.ref
 
-        return anthropic.AsyncAnthropic(api_key=self.api_key, base_url=self.base_url, max_retries=self.max_retries)
-
-    async def create(self, client: Any, **request: Any) -> Any:
-        """One ``messages.create`` with this judge's model; usage is counted. What the SDK's
-        retries leave (a 4xx, exhausted 429/529/5xx, no connection) is a ``JudgeAPIError``
-        (``retryable`` when another attempt may help)."""
-        import anthropic
-
+    def client(self) -> ModelClient:
+        """A fresh client for one grading (a conversation reuses it); close it after."""
         try:
-            message = await client.messages.create(model=self.model, **request)
-        except anthropic.APIStatusError as exc:
-            body = exc.body if isinstance(exc.body, dict) else {}
-            error = body.get("error") if isinstance(body.get("error"), dict) else {}
-            kind = error.get("type") or type(exc).__name__
-            detail = error.get("message") or str(exc)
-            raise JudgeAPIError(
-                f"judge API error {exc.status_code} ({kind}) for model '{self.model}': {detail}",
-                retryable=exc.status_code in RETRYABLE_STATUS or exc.status_code >= 500,
-            ) from exc
-        except anthropic.APIConnectionError as exc:
-            raise JudgeAPIError(f"judge API unreachable at {self.base_url or 'api.anthropic.com'}: {exc}",
-                                retryable=True) from exc
-        self.usage.add(message.usage)
-        return message
+            return model_client(self.resolved, api_key=self.api_key, base_url=self.base_url,
+                                max_retries=self.max_retries)
+        except MissingKey as exc:
+            raise JudgeUnavailable(f"no judge configured: {exc}") from None
+
+    async def create(self, client: ModelClient, **request: Any) -> ModelReply:
+        """One request with this judge's model; usage is counted. What the SDK's retries leave
+        (a 4xx, exhausted 429/529/5xx, no connection) is a ``JudgeAPIError`` (``retryable``
+        when another attempt may help); a reply that cannot be read is ``UnreadableReply``."""
+        try:
+            reply = await client.create(**request)
+        except ModelAPIError as exc:
+            if exc.status is None:
+                raise JudgeAPIError(f"judge {exc}", retryable=exc.retryable) from exc
+            raise JudgeAPIError(f"judge API error {exc.status} ({exc.kind}) for model '{self.model}': {exc.detail}",
+                                retryable=exc.retryable) from exc
+        self.usage.add(reply.usage)
+        return reply
 
     async def verdict(self, prompt: str, input_schema: dict[str, Any], *, max_tokens: int = 4096) -> dict[str, Any]:
-        """Ask for the verdict as the forced ``submit_verdict`` tool call; its input is returned.
+        """Ask for the verdict as the forced ``submit_verdict`` call; its input is returned.
 
         The SDK retries 429/5xx itself; what it gives up on (and a lost connection) is tried
         ``attempts`` times in all. A request the API refuses (another 4xx) fails at once:
-        asking again would be refused again.
+        asking again would be refused again. A reply without a readable call is
+        ``JudgeNoVerdict``.
         """
         client = self.client()
         tool = {"name": VERDICT_TOOL, "description": "Submit the grading verdict.", "input_schema": input_schema}
@@ -106,7 +105,7 @@ class LLMJudge:
         try:
             for _ in range(self.attempts):
                 try:
-                    message = await self.create(
+                    reply = await self.create(
                         client, max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}],
                         tools=[tool], tool_choice={"type": "tool", "name": VERDICT_TOOL},
                     )
@@ -115,8 +114,12 @@ class LLMJudge:
                         raise JudgeError(f"LLM judge failed: {exc}") from None
                     last_error = exc
                     continue
-                for block in message.content:
-                    if getattr(block, "type", None) == "tool_use" and block.name == VERDICT_TOOL:
+                except UnreadableReply as exc:
+                    raise JudgeNoVerdict(str(exc)) from None
+                for block in reply.tool_uses():
+                    if block.name == VERDICT_TOOL:
+                        if not isinstance(block.input, dict):
+                            raise JudgeNoVerdict("the submit_verdict input is not an object")
                         return dict(block.input)
                 raise JudgeNoVerdict("judge replied without calling submit_verdict")
         finally:
@@ -124,15 +127,16 @@ class LLMJudge:
         raise JudgeError(f"LLM judge failed after {self.attempts} attempts: {last_error}")
 
 
-def llm_judge(config: AgentEnvConfig, model: str | None = None, base_url: str | None = None) -> LLMJudge:
-    """The configured judge; ``base_url`` (a step's ``default_model_api_base``) wins over
-    ``[model] base_url``."""
-    api_key = config.model.resolved_api_key()
-    if not api_key:
-        raise JudgeUnavailable(
-            "no judge configured: set [model] api_key in .agentenv/config.toml or ANTHROPIC_API_KEY"
-        )
-    return LLMJudge(
-        model=model or config.model.for_role("judge"), api_key=api_key,
-        base_url=base_url or config.model.resolved_base_url(),
-    )
+def llm_judge(config: AgentEnvConfig, model: str | None = None, base_url: str | None = None,
+              api_key: str | None = None) -> LLMJudge:
+    """The configured judge for ``model`` (``[model]``'s judge role by default); ``base_url``
+    and ``api_key`` (a step's ``default_model_api_base``, a run's overrides) win over the
+    provider's. ``JudgeUnavailable`` when the provider has no key or no base URL."""
+    try:
+        resolved = config.model.resolve(model or config.model.for_role("judge"))
+    except ValueError as exc:
+        raise JudgeUnavailable(f"no judge configured: {exc}") from None
+    missing = resolved.missing_setting(api_key, base_url)
+    if missing:
+        raise JudgeUnavailable(f"no judge configured: {missing}")
+    return LLMJudge(resolved, api_key=api_key, base_url=base_url)

@@ -25,9 +25,8 @@ from typing import Any, Callable
 import httpx
 from filelock import FileLock
 
-from ..config import BUILTIN_AGENTS, CODING_CLI_KINDS, AgentEntry, AgentEnvConfig
+from ..config import BUILTIN_AGENTS, BUILTIN_PROVIDERS, CODING_CLI_KINDS, AgentEntry, AgentEnvConfig, model_key_env
 from ..context import DeployedAgent, DeployedEnv, DeployedSandbox
-from .http1 import Http1Transport
 from .processes import ServerProcess, is_running, spawn_server, terminate
 from .sandbox import LocalSandbox
 
@@ -237,16 +236,25 @@ class LocalProvider:
         """The agent host's environment: the step's variables and the key its agent kind needs."""
         process_env = dict(env_vars or {})
         if entry.kind == "anthropic":
-            api_key = self.config.model.resolved_api_key()
-            if not api_key:
-                raise DeploymentError(
-                    f"A2A agent '{agent_id}' is the Anthropic tool-use agent and needs an API key: "
-                    "set [model] api_key in .agentenv/config.toml or ANTHROPIC_API_KEY"
-                )
-            process_env["ANTHROPIC_API_KEY"] = api_key
+            process_env.update(self._model_key(agent_id, entry))
         if entry.kind in CODING_CLI_KINDS:
             process_env.update(self._coding_cli_ready(agent_id, entry, container))
         return process_env
+
+    def _model_key(self, agent_id: str, entry: AgentEntry) -> dict[str, str]:
+        """The tool-use agent's key, in the variable its host reads it from (``model_key_env``):
+        the key of its model's provider (none for a server that needs none)."""
+        ref = entry.model or self.config.model.for_role("agent")
+        try:
+            model = self.config.model.resolve(ref)
+        except ValueError as exc:
+            raise DeploymentError(f"A2A agent '{agent_id}': {exc}") from None
+        missing = model.missing_setting()
+        if missing:
+            raise DeploymentError(f"A2A agent '{agent_id}' is the tool-use agent of model '{ref}' and needs "
+                                  f"{'an API key' if 'api_key' in missing else 'a base URL'}: {missing}")
+        key = model.api_key()
+        return {model_key_env(model.provider): key} if key else {}
 
     def _record_hosted(self, host_id: str, answered: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
         """Write down the agents a host deployed (its answers with a URL), all in one go."""
@@ -408,6 +416,8 @@ class LocalProvider:
             "model": entry.model or self.config.model.for_role("agent"), "max_turns": entry.max_turns,
             "base_url": self.config.model.resolved_base_url(), "description": entry.description,
         }
+        if entry.kind == "anthropic":
+            settings["providers"] = self._providers()
         if entry.kind in CODING_CLI_KINDS:
             # their own defaults unless set: the CLI's turn cap; codex's model (ours are Anthropic's)
             settings["max_turns"] = entry.max_turns if "max_turns" in entry.model_fields_set else None
@@ -417,6 +427,17 @@ class LocalProvider:
                 "permission_mode", "allowed_tools", "disallowed_tools", "sdk_options", "system_prompt_mode",
                 "setting_sources", "settings", "plugins", "cli_path"}))
         return settings
+
+    def _providers(self) -> dict[str, dict[str, Any]]:
+        """Every provider as the agent host sees it: URLs resolved here, each key read from
+        the host's environment (``model_key_env``), never written into its config."""
+        providers = {}
+        for name in sorted({*BUILTIN_PROVIDERS, *self.config.model.providers}):
+            settings = self.config.model.provider(name)
+            url = settings.resolved_base_url()
+            if url or name in BUILTIN_PROVIDERS:  # (a provider of ours without its URL cannot be used)
+                providers[name] = {**settings.model_dump(), "base_url": url, "api_key": f"env:{model_key_env(name)}"}
+        return providers
 
     def _spawn(self, module, args, instance_id, kind, ttl_seconds, env=None):
         server = spawn_server(
@@ -479,11 +500,8 @@ class HostBatch:
     async def _send(self) -> None:
         batch, self._waiting = self._waiting, []
         try:
-            if self._http is None:
-                # plain HTTP on loopback, over the lean transport (``http1``) as the prompts go: with
-                # httpx's own, its requests' large bodies cost a shard ~0.2 s of CPU more
-                lean = Http1Transport(lambda: httpx.AsyncHTTPTransport(verify=False))
-                self._http = httpx.AsyncClient(timeout=30, transport=lean)
+            if self._http is None:  # plain HTTP on loopback: no CA bundle to load
+                self._http = httpx.AsyncClient(timeout=30, verify=False)
             response = await self._http.post(f"{self.host_url}/agents", json={"agents": [b for b, _ in batch]})
             response.raise_for_status()
             answers = response.json()["agents"]

@@ -105,7 +105,7 @@ async def ask_user(rt, endpoint: UserEndpoint, text: str, *, timeout_seconds: fl
     conversation (``error``) rather than failing the step, as upstream."""
     try:
         reply = await rt.a2a.send_and_wait(endpoint.url, text, timeout_seconds=timeout_seconds,
-                                           poll_interval=0.25, context_id=endpoint.context_id)
+                                           poll_interval=0.25, context_id=endpoint.context_id, card=endpoint.card)
     except (TimeoutError, A2AError, httpx.HTTPError) as exc:
         error = str(exc) or type(exc).__name__
         return UserTurn(None, {"error": f"user agent: {error}"}, stop_reason=ERROR)

@@ -161,7 +161,7 @@ class PromptAgentStep(TaskStep):
         return await rt.a2a.send_and_wait(
             url, message, timeout_seconds=self.timeout_seconds,
             poll_interval=min(self.poll_interval_seconds, 0.25), context_id=context_id,
-            extensions=config, requested_extensions=(TRAJECTORY,) if _has(card, TRAJECTORY) else (),
+            extensions=config, requested_extensions=(TRAJECTORY,) if _has(card, TRAJECTORY) else (), card=card,
         )
 
     async def _single_turn(self, ctx, rt, agent, url, card, model, config) -> None:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .execution import parse_structured_output
+from ..criteria.judge_prompt import excerpt, shape_problem
 
 #: formats a local runtime can serve; the evidence ones need screenshot trajectory compaction
 LOCAL_FORMATS = ("rubric_binary", "rubric_partial", "trajectory_mistakes")
@@ -109,18 +109,28 @@ class MissingVerdict(ValueError):
     """The judge's reply holds no verdict object at all (no tool call, no JSON, no results list)."""
 
 
-def parse_verdict_text(text: str | None) -> Any:
-    """A judge agent's reply text as JSON: the whole text, else the last JSON object in it."""
+def agent_verdict(structured: Any, text: str | None) -> Any:
+    """A judge agent's verdict: the structured output it returned, else its whole reply read
+    as JSON (a ```json fence around all of it allowed). Never a JSON object found inside prose:
+    that could be the graded agent's output, quoted, with a verdict of its own."""
+    if isinstance(structured, (dict, list)):
+        return structured
+    stripped = (text or "").strip()
+    if stripped.startswith("```") and stripped.endswith("```"):
+        stripped = stripped.strip("`").removeprefix("json").strip()
     try:
-        return json.loads(text or "")
-    except (TypeError, ValueError):
-        return parse_structured_output(text or "")
+        return json.loads(stripped)
+    except (ValueError, RecursionError):
+        raise MissingVerdict(f"the judge's reply is not JSON as a whole: {excerpt(text or '', 200)}") from None
 
 
 def verdict_parts(verdict: Any) -> tuple[list[dict[str, Any]], list[Any]]:
     """``(results, mistakes)`` of a verdict: ``{"results": [...]}`` or a bare list. A verdict
     with no results list is missing (:class:`MissingVerdict`); non-object items are dropped
     (and then show up as an id mismatch)."""
+    problem = shape_problem(verdict)
+    if problem:
+        raise MissingVerdict(f"the verdict is {problem}")
     mistakes: list[Any] = []
     if isinstance(verdict, dict):
         mistakes = verdict.get("mistakes") if isinstance(verdict.get("mistakes"), list) else []
@@ -149,7 +159,7 @@ def number(value: Any) -> float | None:
         return None
     try:
         result = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return result if math.isfinite(result) else None
 
@@ -203,7 +213,7 @@ def make_row(fmt: str, criterion: dict[str, Any], item: dict[str, Any]) -> dict[
     row = {**extra, **criterion, "justification": str(item.get("justification") or "")}
     score = number(item.get("score"))
     if score is None:
-        row.update(score=0.0, result=False, error=f"judge gave no numeric score: {item.get('score')!r}")
+        row.update(score=0.0, result=False, error=f"judge gave no numeric score: {excerpt(item.get('score'))}")
         return row
     if fmt == "rubric_partial":
         row.update(partial_score(criterion, item, score))

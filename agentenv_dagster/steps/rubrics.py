@@ -1,8 +1,12 @@
 """rubrics_verifier: a judge grades a reply against plain-language criteria.
 
 The judge is a named agent (``agent_name``), a judge agent deployed for the grading
-(``use_agent_judge``), or the LLM itself through the ``anthropic`` client. A judge that
-cannot be reached from here is not faked: the verification is written as not graded.
+(``use_agent_judge``), or the LLM itself (``runtime.judge``, a model of any provider). A judge
+that cannot be reached from here is not faked: the verification is written as not graded.
+
+The LLM's verdict is its forced ``submit_verdict`` call (or the schema-constrained response,
+for providers configured so); a judge agent's is its structured output or its whole reply as
+JSON. A JSON object inside prose never counts: it could be the graded agent's, quoted.
 
 Output formats (``rubric_formats``): ``rubric_binary``, ``rubric_partial`` and
 ``trajectory_mistakes`` are graded here; the evidence formats need screenshot trajectory
@@ -31,8 +35,8 @@ from .rubric_formats import (
     FORMATS,
     MissingVerdict,
     id_problem,
+    agent_verdict,
     make_row,
-    parse_verdict_text,
     restore_mistakes,
     verdict_parts,
 )
@@ -242,15 +246,14 @@ class RubricsVerifierStep(TaskStep):
             agent = ctx.find_agent(self.agent_name)
             if agent is None:
                 raise RuntimeError(f"Agent with name '{self.agent_name}' not found in context.deployed_agents")
-            return self._agent_asker(rt, agent.a2a_url or agent.api_url), {"agent_name": self.agent_name}, nothing
+            return self._agent_asker(rt, agent.a2a_url or agent.api_url, agent.a2a_card), {"agent_name": self.agent_name}, nothing
         if use_agent:
             agent_id = self.judge_a2a_agent_id or rt.config.agents.judge_a2a_agent_id
             entry = rt.config.agent_entry(agent_id)
-            if entry is not None and entry.kind == "anthropic" and not rt.config.model.resolved_api_key():
-                raise NotGraded(
-                    f"judge agent '{agent_id}' needs an API key and none is configured "
-                    "(set [model] api_key or ANTHROPIC_API_KEY)"
-                )
+            if entry is not None and entry.kind == "anthropic":
+                missing = _agent_model_missing(rt, entry)
+                if missing:
+                    raise NotGraded(f"judge agent '{agent_id}' needs an API key and none is configured ({missing})")
             agent = await asyncio.to_thread(
                 rt.provider.deploy_agent, agent_id, agent_name=f"judge-{self.id}", ttl_seconds=int(self.judge_timeout_seconds) + 60,
             )
@@ -258,9 +261,11 @@ class RubricsVerifierStep(TaskStep):
             async def stop() -> None:
                 await asyncio.to_thread(rt.provider.terminate, agent.instance_id)
 
-            return self._agent_asker(rt, agent.a2a_url), {"a2a_agent_id": agent_id, "model": model}, stop
+            return self._agent_asker(rt, agent.a2a_url, agent.a2a_card), {"a2a_agent_id": agent_id, "model": model}, stop
         try:
-            judge = rt.judge(model, self.default_model_api_base)
+            # a run's LiteLLM overrides (agent-env's) stand for the judge provider's URL and key
+            judge = rt.judge(model, self.default_model_api_base or user_override(ctx, "judge_litellm_base_url"),
+                             user_override(ctx, "judge_litellm_api_key"))
         except JudgeUnavailable as exc:
             raise NotGraded(str(exc)) from None
 
@@ -274,15 +279,12 @@ class RubricsVerifierStep(TaskStep):
 
         return ask, info, nothing
 
-    def _agent_asker(self, rt, url):
+    def _agent_asker(self, rt, url, card):
         async def ask(text: str) -> Any:
-            reply = await rt.a2a.send_and_wait(url, text, timeout_seconds=self.judge_timeout_seconds)
+            reply = await rt.a2a.send_and_wait(url, text, timeout_seconds=self.judge_timeout_seconds, card=card)
             if reply.state != "completed":
-                raise RuntimeError(f"Judge A2A task failed (task_id={reply.task_id}): {reply.text}")
-            verdict = parse_verdict_text(reply.text)
-            if verdict is None:
-                raise MissingVerdict(f"the judge's reply is not JSON: {(reply.text or '')[:200]!r}")
-            return verdict
+                raise RuntimeError(f"Judge A2A task failed (task_id={reply.task_id}): {reply.text[:2000]}")
+            return agent_verdict(reply.data.get("structured_output"), reply.text)
 
         return ask
 
@@ -326,6 +328,14 @@ class RubricsVerifierStep(TaskStep):
             for name in entry.get("files") or []
         ]
 
+
+
+def _agent_model_missing(rt: StepRuntime, entry: Any) -> str | None:
+    """What the judge agent's model still needs configured (its provider's key), or None."""
+    try:
+        return rt.config.model.resolve(entry.model or rt.config.model.for_role("agent")).missing_setting()
+    except ValueError as exc:
+        return str(exc)
 
 
 @dataclass

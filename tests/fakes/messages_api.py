@@ -62,6 +62,12 @@ class Scripted:
     body: dict
     headers: dict[str, str] = field(default_factory=dict)
     delay_seconds: float = 0.0
+    raw: str | None = None  # sent as it is (hostile replies): no id or model added
+
+
+def raw_reply(text: str) -> Scripted:
+    """A 200 whose body is ``text`` exactly (a reply the SDK may not be able to read)."""
+    return Scripted(200, {}, raw=text)
 
 
 def text_reply(text: str, *, delay_seconds: float = 0.0,
@@ -135,6 +141,8 @@ class FakeMessagesAPI:
                 400, "FakeMessagesAPI: no scripted reply left"
             )
         await asyncio.sleep(scripted.delay_seconds)
+        if scripted.raw is not None:
+            return Response(scripted.raw, media_type="application/json")
         payload = dict(scripted.body)
         if scripted.status == 200:
             payload.update(id=f"msg_{uuid.uuid4().hex[:12]}", model=body.get("model", ""))

@@ -88,14 +88,17 @@ def test_binary_off_scale_score_fails_and_keeps_the_raw_score(judged):
 def test_verdict_shapes_bare_list_and_missing():
     from agentenv_dagster.steps.rubric_formats import (
         MissingVerdict,
-        parse_verdict_text,
+        agent_verdict,
         verdict_parts,
     )
 
     item = {"id": "c1", "score": 1, "justification": "ok"}
     assert verdict_parts([item, "junk"]) == ([item], [])  # a bare list is accepted
     assert verdict_parts({"results": [item], "note": "extra"}) == ([item], [])
-    assert parse_verdict_text('Verdict: {"results": []}') == {"results": []}
+    assert agent_verdict(None, '```json\n{"results": []}\n```') == {"results": []}
+    assert agent_verdict({"results": [item]}, "prose") == {"results": [item]}  # structured output wins
+    with pytest.raises(MissingVerdict, match=r"the judge's reply is not JSON as a whole: 'Verdict: \{"):
+        agent_verdict(None, 'Verdict: {"results": []}')  # an object inside prose may be quoted agent output
     for bad in (None, {"verdict": "pass"}, {"results": "all good"}, "pass"):
         with pytest.raises(MissingVerdict):
             verdict_parts(bad)

@@ -1,8 +1,12 @@
-"""The live agent: an Anthropic Messages API tool-use loop over the registered MCP tools.
+"""The live agent: a tool-use loop over the registered MCP tools, on the model of any provider
+(``runtime.models``: the Messages API for Anthropic's models, Chat Completions for OpenAI's,
+a LiteLLM proxy's, vLLM's or Ollama's). The ``anthropic`` agent kind is this agent, whatever
+its model.
 
-The API key comes only from this process's ``ANTHROPIC_API_KEY`` (never argv or a file, so
-it never shows in a process list or a task document); model and ``base_url`` come from the
-config file, and agent-config may override the model, system prompt, turn cap and params.
+The API key comes only from this process's environment (``model_key_env``: for example
+``ANTHROPIC_API_KEY`` or ``OPENAI_API_KEY``; never argv or a file, so it never shows in a
+process list or a task document); model, ``base_url`` and the providers come from the config
+file, and agent-config may override the model, system prompt, turn cap and params.
 
 Tasks of one A2A context are one conversation: each prompt continues the messages of the
 context's earlier tasks, so a multi-turn ``prompt_agent`` (and a user simulator, whose
@@ -10,15 +14,16 @@ persona is its system prompt) talks to a model that remembers the dialog.
 
 Config file::
 
-    {"name": "anthropic-agent", "model": "claude-...", "base_url": null,
+    {"name": "anthropic-agent", "model": "claude-... | openai/gpt-...", "base_url": null,
+     "providers": {"openai": {"protocol": "openai", "base_url": ..., "api_key": "env:OPENAI_API_KEY"}},
      "max_tokens": 4096, "max_turns": 20, "system_prompt": "", "model_params": {}}
 """
 
 from __future__ import annotations
 
-import os
-
 from agentenv_dagster.builtin.agents.server import AgentFailure, Reply, TaskSession
+from agentenv_dagster.config import ModelConfig, ResolvedModel, model_key_env
+from agentenv_dagster.runtime.models import ModelAPIError, ModelReply, UnreadableReply, model_client
 
 RESERVED_PARAMS = frozenset({"model", "messages", "system", "tools"})
 
@@ -26,7 +31,7 @@ RESERVED_PARAMS = frozenset({"model", "messages", "system", "tools"})
 class AnthropicBrain:
     def __init__(self, config: dict) -> None:
         self.model = config.get("model")
-        self.base_url = config.get("base_url")
+        self.models = ModelConfig(base_url=config.get("base_url"), providers=config.get("providers") or {})
         self.system_prompt = config.get("system_prompt") or ""
         self.max_turns = int(config.get("max_turns", 20))
         self.params = {"max_tokens": int(config.get("max_tokens", 4096)),
@@ -34,34 +39,25 @@ class AnthropicBrain:
         self.conversations: dict[str, list[dict]] = {}  # A2A context id -> its messages so far
 
     async def run(self, prompt: str, session: TaskSession) -> Reply:
-        api_key = os.environ.get("ANTHROPIC_API_KEY")
-        if not api_key:
-            raise AgentFailure(
-                "MissingAPIKey",
-                "ANTHROPIC_API_KEY is not set in the agent's environment; the anthropic "
-                "agent reads its key only from there",
-            )
-        import anthropic  # imported here: the replay agent never pays for it
-
         params = self._request_params(session)
+        model = self._model(session.model)
         max_turns = int(session.config.get("max_turns") or self.max_turns)
         history = self.conversations.get(session.context_id or "", [])
         messages: list[dict] = [*history, {"role": "user", "content": prompt}]
-        client = anthropic.AsyncAnthropic(api_key=api_key, base_url=self.base_url, max_retries=2)
-        async with client:
+        async with model_client(model, max_retries=2) as client:
             for _ in range(max_turns):
                 session.turn_started()
                 response = await _create(client, messages, params)
                 session.usage["input_tokens"] += response.usage.input_tokens
                 session.usage["output_tokens"] += response.usage.output_tokens
-                text = "".join(b.text for b in response.content if b.type == "text")
-                calls = [b for b in response.content if b.type == "tool_use"]
+                text = response.text
+                calls = response.tool_uses()
                 if response.stop_reason != "tool_use" or not calls:
                     self._remember(session, messages, text)
                     return Reply(text)
                 if text:
                     session.record_message("assistant", text)
-                messages.append({"role": "assistant", "content": response.content})
+                messages.append({"role": "assistant", "content": [b.model_dump() for b in response.content]})
                 results = []
                 for call in calls:
                     outcome = await session.call_tool(call.name, call.input)
@@ -70,6 +66,18 @@ class AnthropicBrain:
                                     **({"content": outcome.text} if outcome.text else {})})
                 messages.append({"role": "user", "content": results})
         raise AgentFailure("MaxTurnsExceeded", f"no final reply within max_turns={max_turns}")
+
+    def _model(self, ref: str) -> ResolvedModel:
+        """The session's model, with its key in this process's environment."""
+        try:
+            model = self.models.resolve(ref)
+        except ValueError as exc:
+            raise AgentFailure("InvalidModel", str(exc)) from None
+        if model.missing_setting():
+            variable = model_key_env(model.provider)
+            raise AgentFailure("MissingAPIKey", f"{variable} is not set in the agent's environment; the agent reads "
+                               f"the key of model '{ref}' only from there")
+        return model
 
     def _remember(self, session: TaskSession, messages: list[dict], reply: str) -> None:
         """Keep the finished turn for the context's next task (a failed turn is forgotten)."""
@@ -87,7 +95,6 @@ class AnthropicBrain:
         params = {**self.params, **settings.get("model_params", {})}
         if reserved := sorted(RESERVED_PARAMS & params.keys()):
             raise AgentFailure("InvalidModelParams", f"model_params may not set {reserved}")
-        params["model"] = session.model
         system = _system_prompt(settings.get("system_prompt") or self.system_prompt, session.skills)
         if system:
             params["system"] = system
@@ -97,20 +104,15 @@ class AnthropicBrain:
         return params
 
 
-async def _create(client, messages: list[dict], params: dict):
+async def _create(client, messages: list[dict], params: dict) -> ModelReply:
     """One request; what the SDK's own retries (429, 5xx, connection) leave, and a request
     the API refuses (4xx), fail the task as ``ModelAPIError`` with the API's own words."""
-    import anthropic
-
     try:
-        return await client.messages.create(messages=messages, **params)
-    except anthropic.APIStatusError as exc:
-        body = exc.body if isinstance(exc.body, dict) else {}
-        error = body.get("error") if isinstance(body.get("error"), dict) else {}
-        raise AgentFailure("ModelAPIError", f"Messages API error {exc.status_code} "
-                           f"({error.get('type') or type(exc).__name__}): {error.get('message') or exc}") from exc
-    except anthropic.APIConnectionError as exc:
-        raise AgentFailure("ModelAPIError", f"Messages API unreachable: {exc}") from exc
+        return await client.create(messages=messages, **params)
+    except ModelAPIError as exc:
+        raise AgentFailure("ModelAPIError", str(exc)) from exc
+    except UnreadableReply as exc:
+        raise AgentFailure("ModelAPIError", str(exc)) from exc
 
 
 def _system_prompt(base: str, skills: list[dict]) -> str:

@@ -400,10 +400,14 @@ class TriggerEngine:
         if executor is None:
             raise RuntimeError("no executor is registered")
         async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=executor["timeout_seconds"] + 5)) as http:
-            reply = await A2AClient(http).send_and_wait(
-                executor["a2a_url"], instruction, executor["timeout_seconds"],
-                context_id=f"trigger-{tid}-{uuid.uuid4().hex[:8]}",
-            )
+            a2a = A2AClient(http)
+            try:
+                reply = await a2a.send_and_wait(
+                    executor["a2a_url"], instruction, executor["timeout_seconds"],
+                    context_id=f"trigger-{tid}-{uuid.uuid4().hex[:8]}",
+                )
+            finally:
+                await a2a.aclose()
         if reply.state != "completed":
             raise RuntimeError(f"executor task {reply.task_id} ended {reply.state}: {reply.text[:200]}")
         return {"executor_task_id": reply.task_id, "reply": reply.text[:300]}

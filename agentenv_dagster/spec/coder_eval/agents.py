@@ -2,7 +2,7 @@
 
 Coder Eval's own kinds (claude-code, codex, antigravity, opencode, pi, delegate, none) share
 the coding-agent fields; ``replay`` and ``anthropic`` are ours, so a task can run offline or
-on the Messages API. ``type`` may be omitted: an experiment layer or ``--type`` supplies it.
+on a model of any provider (``anthropic`` is the tool-use agent, whatever its model). ``type`` may be omitted: an experiment layer or ``--type`` supplies it.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class ReplayAgentConfig(AgentConfig):
 
 
 class AnthropicAgentConfig(AgentConfig):
-    """Our Messages API agent."""
+    """Our tool-use agent; ``model`` is ``provider/model`` or a bare Anthropic name."""
 
     supports_cooperative_stop = True
 

@@ -1,0 +1,290 @@
+"""Model clients: one request shape for every provider, spoken through the provider's own SDK.
+
+Callers (judges, the judge agent's loop, the live tool-use agent) build Messages-API-shaped
+requests: a system prompt, messages whose content is text or blocks (``text``, ``tool_use``,
+``tool_result``), tools with an ``input_schema``, and ``tool_choice`` (``auto``, or one tool
+forced). A provider of ``protocol = "anthropic"`` gets them as they are through ``anthropic``;
+one of ``protocol = "openai"`` gets them as Chat Completions through ``openai`` (OpenAI, a
+LiteLLM proxy, vLLM, Ollama). Replies come back in one shape too (:class:`ModelReply`).
+
+A forced tool is a forced tool call where the provider takes one; a provider configured with
+``verdict = "json_schema"`` is asked for a response in that tool's schema instead, and the
+whole response is read as the call's input. Nothing else in a reply (text around a tool call, a
+JSON object at the end of some text) ever stands for a tool call.
+
+A reply the SDK cannot read (nested too deeply, numbers too long to parse) is
+:class:`UnreadableReply`, which callers grade as a missing verdict, never a failed step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import ResolvedModel
+
+RETRYABLE_STATUS = frozenset({408, 409, 429})  # with every 5xx: what the SDKs themselves retry
+STOP_REASONS = {"tool_calls": "tool_use", "function_call": "tool_use", "stop": "end_turn", "length": "max_tokens",
+                "content_filter": "refusal"}
+
+
+class ModelAPIError(RuntimeError):
+    """The API refused or failed the call after the SDK's own retries (``retryable`` when
+    another attempt may help); ``kind`` is the API's error type."""
+
+    def __init__(self, message: str, *, status: int | None = None, kind: str = "", detail: str = "",
+                 retryable: bool = False):
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.detail = detail or message
+        self.retryable = retryable
+
+
+class UnreadableReply(ValueError):
+    """The API answered, but its reply cannot be read (too deep, numbers too long, not JSON)."""
+
+
+class MissingKey(RuntimeError):
+    """The model's provider lacks a setting it needs (a key, a base URL); the message says which."""
+
+
+@dataclass
+class TextBlock:
+    text: str
+    type: str = "text"
+
+    def model_dump(self, exclude_none: bool = True) -> dict[str, Any]:
+        return {"type": self.type, "text": self.text}
+
+
+@dataclass
+class ToolUseBlock:
+    id: str
+    name: str
+    input: Any
+    type: str = "tool_use"
+
+    def model_dump(self, exclude_none: bool = True) -> dict[str, Any]:
+        return {"type": self.type, "id": self.id, "name": self.name, "input": self.input}
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0  # uncached input
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+@dataclass
+class ModelReply:
+    content: list[TextBlock | ToolUseBlock]
+    stop_reason: str | None
+    usage: Usage = field(default_factory=Usage)
+
+    @property
+    def text(self) -> str:
+        return "".join(b.text for b in self.content if b.type == "text")
+
+    def tool_uses(self) -> list[ToolUseBlock]:
+        return [b for b in self.content if b.type == "tool_use"]
+
+
+class ModelClient:
+    """One provider's SDK client for ``model``; ``create`` takes a Messages-shaped request.
+    Close it after use (``close`` or ``async with``)."""
+
+    def __init__(self, model: ResolvedModel, *, api_key: str | None = None, base_url: str | None = None,
+                 max_retries: int = 2) -> None:
+        missing = model.missing_setting(api_key, base_url)
+        if missing:
+            raise MissingKey(missing)
+        self.model = model
+        self.base_url = base_url or model.base_url()
+        self._client = self._sdk_client(api_key or model.api_key() or "unused", max_retries)
+
+    async def __aenter__(self) -> "ModelClient":
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    def _sdk_client(self, key: str, max_retries: int) -> Any:
+        raise NotImplementedError
+
+    async def create(self, *, messages: list[dict[str, Any]], max_tokens: int, system: str | None = None,
+                     tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
+                     **params: Any) -> ModelReply:
+        raise NotImplementedError
+
+
+class AnthropicModel(ModelClient):
+    """The Messages API, through ``anthropic``."""
+
+    def _sdk_client(self, key: str, max_retries: int) -> Any:
+        import anthropic  # imported when a model is used: most runs never load it
+
+        return anthropic.AsyncAnthropic(api_key=key, base_url=self.base_url, max_retries=max_retries)
+
+    async def create(self, *, messages, max_tokens, system=None, tools=None, tool_choice=None, **params) -> ModelReply:
+        import anthropic
+
+        request: dict[str, Any] = {"model": self.model.name, "messages": messages, "max_tokens": max_tokens, **params}
+        request.update({k: v for k, v in (("system", system), ("tools", tools), ("tool_choice", tool_choice)) if v})
+        try:
+            message = await self._client.messages.create(**request)
+        except anthropic.APIStatusError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            error = body.get("error") if isinstance(body.get("error"), dict) else {}
+            raise _status_error("Messages API", exc.status_code, error.get("type") or type(exc).__name__,
+                                error.get("message") or str(exc)) from exc
+        except anthropic.APIConnectionError as exc:
+            raise ModelAPIError(f"Messages API unreachable at {self.base_url or 'api.anthropic.com'}: {exc}",
+                                retryable=True) from exc
+        except (RecursionError, ValueError) as exc:
+            raise UnreadableReply(f"the Messages API reply could not be read: {_excerpt(exc)}") from None
+        content = [ToolUseBlock(b.id, b.name, b.input) if b.type == "tool_use" else TextBlock(b.text)
+                   for b in message.content if b.type in ("tool_use", "text")]
+        usage = message.usage
+        return ModelReply(content, message.stop_reason, Usage(
+            input_tokens=usage.input_tokens or 0, output_tokens=usage.output_tokens or 0,
+            cache_creation_input_tokens=getattr(usage, "cache_creation_input_tokens", 0) or 0,
+            cache_read_input_tokens=getattr(usage, "cache_read_input_tokens", 0) or 0))
+
+
+class ChatCompletionsModel(ModelClient):
+    """Chat Completions, through ``openai``: the request translated, the reply read back."""
+
+    def _sdk_client(self, key: str, max_retries: int) -> Any:
+        import openai
+
+        return openai.AsyncOpenAI(api_key=key, base_url=self.base_url, max_retries=max_retries)
+
+    async def create(self, *, messages, max_tokens, system=None, tools=None, tool_choice=None, **params) -> ModelReply:
+        import openai
+
+        forced = (tool_choice or {}).get("type") == "tool"
+        as_schema = forced and self.model.settings.verdict == "json_schema"
+        request: dict[str, Any] = {"model": self.model.name, "messages": chat_messages(system, messages),
+                                   self.model.settings.max_tokens_param: max_tokens, **params}
+        if as_schema:
+            tool = next((t for t in tools or [] if t["name"] == tool_choice["name"]), None)
+            if tool is None:
+                raise ValueError(f"tool_choice names '{tool_choice['name']}', which is not among the tools")
+            request["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": tool["name"], "description": tool.get("description", ""), "schema": tool["input_schema"]}}
+        elif tools:
+            request["tools"] = [{"type": "function", "function": {
+                "name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]}}
+                for t in tools]
+            if forced:
+                request["tool_choice"] = {"type": "function", "function": {"name": tool_choice["name"]}}
+            elif tool_choice:
+                request["tool_choice"] = {"any": "required"}.get(tool_choice.get("type"), "auto")
+        try:
+            completion = await self._client.chat.completions.create(**request)
+        except openai.APIStatusError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            error = body.get("error") if isinstance(body.get("error"), dict) else body
+            raise _status_error("Chat Completions API", exc.status_code,
+                                str(error.get("type") or error.get("code") or type(exc).__name__),
+                                str(error.get("message") or exc)) from exc
+        except openai.APIConnectionError as exc:
+            raise ModelAPIError(f"Chat Completions API unreachable at {self.base_url or 'api.openai.com'}: {exc}",
+                                retryable=True) from exc
+        except (RecursionError, ValueError) as exc:
+            raise UnreadableReply(f"the Chat Completions reply could not be read: {_excerpt(exc)}") from None
+        if not completion.choices:
+            raise UnreadableReply("the Chat Completions reply has no choices")
+        choice = completion.choices[0]
+        content: list[TextBlock | ToolUseBlock] = []
+        text = choice.message.content or ""
+        if as_schema:  # the schema-constrained response is the forced call's input, whole
+            content.append(ToolUseBlock(f"call_{completion.id}", tool_choice["name"], _json_or_text(text)))
+            stop_reason = "tool_use"
+        else:
+            if text:
+                content.append(TextBlock(text))
+            for call in choice.message.tool_calls or []:
+                function = getattr(call, "function", None)
+                if function is not None:
+                    content.append(ToolUseBlock(call.id, function.name, _json_or_text(function.arguments)))
+            stop_reason = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
+        return ModelReply(content, stop_reason, chat_usage(completion.usage))
+
+
+def model_client(model: ResolvedModel, **options: Any) -> ModelClient:
+    """The client for ``model``'s protocol (``MissingKey`` when its provider has no key)."""
+    return (AnthropicModel if model.protocol == "anthropic" else ChatCompletionsModel)(model, **options)
+
+
+def chat_messages(system: str | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages-API messages as Chat Completions messages: the system prompt first, a tool_use
+    block as an assistant ``tool_calls`` entry, a tool_result block as a ``tool`` message."""
+    chat: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, str):
+            chat.append({"role": message["role"], "content": content})
+            continue
+        blocks = [b if isinstance(b, dict) else b.model_dump() for b in content]
+        texts = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+        if message["role"] == "assistant":
+            calls = [{"id": b["id"], "type": "function",
+                      "function": {"name": b["name"], "arguments": json.dumps(b.get("input") or {})}}
+                     for b in blocks if b.get("type") == "tool_use"]
+            chat.append({"role": "assistant", "content": texts or None, **({"tool_calls": calls} if calls else {})})
+            continue
+        for block in blocks:
+            if block.get("type") == "tool_result":
+                chat.append({"role": "tool", "tool_call_id": block["tool_use_id"],
+                             "content": _result_text(block.get("content"))})
+        if texts:
+            chat.append({"role": "user", "content": texts})
+    return chat
+
+
+def chat_usage(usage: Any) -> Usage:
+    """Chat Completions usage in the Messages buckets: cached prompt tokens are cache reads."""
+    if usage is None:
+        return Usage()
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = (getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
+    prompt = usage.prompt_tokens or 0
+    return Usage(input_tokens=max(prompt - cached, 0), output_tokens=usage.completion_tokens or 0,
+                 cache_read_input_tokens=cached)
+
+
+def _result_text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return "" if content is None else str(content)
+
+
+def _json_or_text(text: str | None) -> Any:
+    """A tool call's arguments: the JSON they are, else the text as given (which no schema
+    accepts, so the caller reports it)."""
+    try:
+        return json.loads(text or "")
+    except (ValueError, RecursionError):
+        return text
+
+
+def _status_error(api: str, status: int, kind: str, detail: str) -> ModelAPIError:
+    detail = _excerpt(detail, 2000)
+    return ModelAPIError(f"{api} error {status} ({kind}): {detail}", status=status, kind=kind, detail=detail,
+                         retryable=status in RETRYABLE_STATUS or status >= 500)
+
+
+def _excerpt(value: Any, limit: int = 300) -> str:
+    """A short, safe excerpt of anything (a huge integer's str may itself raise)."""
+    try:
+        text = str(value)
+    except (ValueError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} more characters]"
