@@ -124,14 +124,49 @@ def _json_int(digits: str) -> int:
 
 def check_values(data: Any) -> None:
     """Nesting, finite numbers and valid Unicode over parsed data, or :class:`ValueProblem`
-    (iteratively: a deep value cannot exhaust the stack)."""
+    (iteratively: a deep value cannot exhaust the stack). A first pass only looks; where a
+    problem is, a second one that keeps the path says."""
+    if _within_limits(data):
+        return
+    _locate_problem(data)
+
+
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def _within_limits(data: Any) -> bool:
+    """Whether nothing in ``data`` breaks a limit (a non-text key sends it to the locating
+    pass, which judges it)."""
+    stack: list[tuple[Any, int]] = [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _surrogate_problem(value):
+                return False
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                return False
+        elif isinstance(value, _CONTAINERS):
+            if depth >= MAX_NESTING:
+                return False
+            if isinstance(value, dict):
+                if not all(isinstance(key, str) and (key.isascii() or not _surrogate_problem(key)) for key in value):
+                    return False
+                stack.extend((item, depth + 1) for item in value.values())
+            else:
+                stack.extend((item, depth + 1) for item in value)
+    return True
+
+
+def _locate_problem(data: Any) -> None:
+    """The first problem in ``data`` as a :class:`ValueProblem` at its path."""
     stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
     while stack:
         value, path = stack.pop()
         problem = _scalar_problem(value)
         if problem:
             raise ValueProblem(problem, path)
-        if len(path) >= MAX_NESTING and isinstance(value, (dict, list, tuple, set, frozenset)):
+        if len(path) >= MAX_NESTING and isinstance(value, _CONTAINERS):
             raise ValueProblem(f"nested deeper than {MAX_NESTING} levels", path, field=_dotted_start(path))
         if isinstance(value, dict):
             for key, item in value.items():
@@ -139,7 +174,7 @@ def check_values(data: Any) -> None:
                 if problem:
                     raise ValueProblem(f"key {excerpt(key, 60)}: {problem}", path)
                 stack.append((item, (*path, _segment(key))))
-        elif isinstance(value, (list, tuple, set, frozenset)):
+        elif isinstance(value, _CONTAINERS):
             stack.extend((item, (*path, str(index))) for index, item in enumerate(value))
 
 
