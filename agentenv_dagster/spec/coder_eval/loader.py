@@ -137,8 +137,9 @@ def _misspelled_required(errors: list[SpecError], data: dict[str, Any], path: Pa
     lines: dict[str, int] | None = None
     found = []
     for error in errors:
+        top_level = error.field and "." not in error.field
         close = (difflib.get_close_matches(error.field, unknown, n=1)
-                 if error.field and error.message == "required field is missing" else [])
+                 if top_level and error.message == "required field is missing" else [])
         if not close:
             found.append(error)
             continue
