@@ -1,7 +1,8 @@
 """``agentenv-dagster``: validate task documents, run them through Dagster, version them.
 
 Exit codes: 0 success, 1 the run failed (or a document is invalid, for ``validate``),
-2 bad input (unreadable or invalid task for ``run``, bad options).
+2 bad input (a path that does not exist, an unreadable or invalid task for ``run``, bad
+options). Documents are read within the limits of ``docs/input-limits.md``.
 """
 
 from __future__ import annotations
@@ -14,36 +15,56 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from pydantic import ValidationError
 
-from .compiler import compile_paths, discover, load_plan, step_registry
+from .compiler import CompileReport, compile_paths, discover, load_plan, step_registry
 from .config import AgentEnvConfig, ConfigError, load_config
+from .context import TaskStepContext
 from .errors import SpecError, TaskLoadError
 from .plan import TaskPlan
+from .spec.coder_eval.base import describe_errors
 from .spec.coder_eval.loader import YAML_SUFFIXES, coder_eval_kind
+from .spec.documents import check_values, load_json
 from .spec.store import TaskStore
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 @click.group()
+@click.version_option(package_name="agentenv-dagster", prog_name="agentenv-dagster")
 def main() -> None:
     """Compile agent-env task documents into Dagster jobs and run them."""
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-def validate(paths: tuple[Path, ...]) -> None:
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one JSON document (files, errors with file/line/step/field/message, warnings) on stdout")
+def validate(paths: tuple[Path, ...], output_format: str) -> None:
     """Exit 0 when every document under PATHS is valid; else one line per problem."""
     config = _config()
     files = [f for p in paths for f in (discover(p) if p.is_dir() else [p])]
     report = _load_or_exit(lambda: compile_paths(files, config))
+    if output_format == "json":
+        click.echo(json.dumps(_validation_document(files, report), indent=2))
+    else:
+        _echo_validation(report)
+    sys.exit(EXIT_FAILED if report.errors else EXIT_OK)
+
+
+def _echo_validation(report: CompileReport) -> None:
     for warning in report.warnings:
         click.echo(f"warning: {warning}", err=True)
     for error in report.errors:
         click.echo(str(error))
     if not report.errors:
         click.echo(f"{len(report.plans)} task document(s) valid")
-    sys.exit(EXIT_FAILED if report.errors else EXIT_OK)
+
+
+def _validation_document(files: list[Path], report: CompileReport) -> dict[str, Any]:
+    """What ``validate --format json`` prints: for CI annotations and editors."""
+    return {"files": [str(f) for f in files], "valid": len(report.plans),
+            "errors": [error.to_dict() for error in report.errors], "warnings": list(report.warnings)}
 
 
 @main.command()
@@ -55,7 +76,8 @@ def validate(paths: tuple[Path, ...]) -> None:
 @click.option("--grade-only", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Coder Eval: grade this finished workspace; no agent runs")
 @click.option("--split", help="Coder Eval dataset: only the rows of this split")
-@click.option("--sample", type=int, help="Coder Eval dataset: N rows drawn uniformly (seed 0)")
+@click.option("--sample", type=click.IntRange(min=1), help="Coder Eval dataset: N rows drawn uniformly (see --seed)")
+@click.option("--seed", type=int, default=0, show_default=True, help="Coder Eval dataset: the seed of the --sample draw")
 @click.option("--experiment", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Coder Eval: run every variant of this experiment (its folder's default.yaml is the base layer)")
 @click.option("--rows-in-flight", type=click.IntRange(min=1), default=32, show_default=True,
@@ -67,7 +89,7 @@ def validate(paths: tuple[Path, ...]) -> None:
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path),
               help="Coder Eval: also write the results as JUnit XML to this file, for CI")
 def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
-        split: str | None, sample: int | None, experiment: Path | None, rows_in_flight: int,
+        split: str | None, sample: int | None, seed: int, experiment: Path | None, rows_in_flight: int,
         failed_only: bool, include_skipped: bool, junit: Path | None) -> None:
     """Compile each PATH and execute it through Dagster. An agent-env task (one JSON file)
     writes its final redacted context.json; Coder Eval tasks (YAML files, or folders of them:
@@ -81,7 +103,7 @@ def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ..
             _bad_input(f"--grade-only grades one task's workspace; {len(tasks)} tasks were given")
         done = _load_or_exit(lambda: run_coder_eval_tasks(
             tasks, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
-            split=split, sample=sample, experiment=experiment, rows_in_flight=rows_in_flight,
+            split=split, sample=sample, sample_seed=seed, experiment=experiment, rows_in_flight=rows_in_flight,
             failed_only=failed_only, include_skipped=include_skipped,
             on_warning=lambda warning: click.echo(f"warning: {warning}", err=True)))
         click.echo("\n".join(done.lines()))
@@ -130,7 +152,7 @@ def task_run(task_id: str, version: int | None, start_step: int, end_step: int |
     """Run a stored task, or the slice [start-step, end-step) of it, through Dagster."""
     config = _config()
     store = TaskStore(config.state_dir / "tasks")
-    initial = json.loads(context_file.read_text()) if context_file else {}
+    initial = _saved_context(context_file) if context_file else {}
 
     def load() -> TaskPlan:
         plan = TaskPlan(store.get(task_id, version, step_registry(config)))
@@ -206,6 +228,24 @@ def view(out_dir: Path | None, port: int) -> None:
         server.server_close()
 
 
+def _saved_context(path: Path) -> dict[str, Any]:
+    """A saved context.json for ``task run --context``, read within the input limits and
+    checked against the context's shape; a problem ends the command with exit 2."""
+    try:
+        data = load_json(path)
+    except SpecError as exc:
+        _bad_input(str(exc))
+    if not isinstance(data, dict):
+        _bad_input(f"{path}: a saved context is a JSON object, got {type(data).__name__}")
+    try:
+        TaskStepContext.from_dict(data)
+    except ValidationError as exc:
+        for error in describe_errors(exc, TaskStepContext):
+            click.echo(f"error: {error.located(str(path))}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    return data
+
+
 def context_names(data: dict[str, Any]) -> set[tuple[str, str]]:
     """The names a saved context already provides to a sliced run."""
     names = {("env", e.get("env_id")) for e in data.get("deployed_envs") or []}
@@ -235,11 +275,14 @@ def _config() -> AgentEnvConfig:
 
 def _coder_eval_tasks(paths: tuple[Path, ...]) -> list[Path]:
     """The task files PATHS name, once each: a file, a folder (every Coder Eval task under it)
-    or a quoted glob pattern (``'tasks/**/*.yaml'``). A path that names none ends the run with
-    exit 1, as upstream's unmatched task pattern does."""
+    or a quoted glob pattern (``'tasks/**/*.yaml'``). A path that does not exist is bad input
+    (exit 2); a folder or pattern that names no task ends the run with exit 1, as upstream's
+    unmatched task pattern does."""
     files: list[Path] = []
     seen: set[Path] = set()
     for path in paths:
+        if not (path.exists() or glob.has_magic(str(path))):
+            _bad_input(f"{path}: no such file or folder")
         if path.is_dir():
             found = [p for p in sorted(path.rglob("*")) if coder_eval_kind(p) == "task"]
         elif path.is_file():
@@ -278,16 +321,28 @@ def _defines_to_context(defines: tuple[str, ...]) -> dict[str, Any]:
         key, sep, raw = define.partition("=")
         if not sep or not key:
             _bad_input(f"-D expects KEY=VALUE, got {define!r}")
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = raw
+        value = _define_value(key, raw)
         target = context
         *parents, leaf = key.split(".")
         for part in parents:
             target = target.setdefault(part, {})
         target[leaf] = value
     return context
+
+
+def _define_value(key: str, raw: str) -> Any:
+    """A ``-D`` value: JSON when it parses (within the input limits), else the text itself."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    except RecursionError:
+        _bad_input(f"-D {key}: nested too deeply")
+    try:
+        check_values(value)
+    except SpecError as exc:
+        _bad_input(f"-D {key}: {exc}")
+    return value
 
 
 if __name__ == "__main__":  # pragma: no cover

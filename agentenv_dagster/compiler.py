@@ -45,12 +45,8 @@ def load_document(
     path = Path(path)
     if path.suffix.lower() not in (".yaml", ".yml"):
         return load_task_file(path, registry), []
-    from .spec.coder_eval import apply_overrides, is_coder_eval_document, load_coder_eval_task
+    from .spec.coder_eval import apply_overrides, load_coder_eval_task
 
-    if path.is_file() and not is_coder_eval_document(path):
-        raise TaskLoadError([SpecError(
-            "not a Coder Eval task (a mapping with task_id and success_criteria); "
-            "experiment files are run with `agentenv-dagster run`", file=str(path))])
     loaded = load_coder_eval_task(path)
     if loaded.task.skip:
         raise SkippedTask(f"{path}: task '{loaded.task.task_id}' has skip: true; not compiled")

@@ -3,6 +3,8 @@
 agent-env resolves names (env_id, agent_name, prompt_id ...) at run time against one shared,
 racing context. Here each step sees its ancestors' writes only, so a lookup that no ancestor
 can satisfy is known at compile time and reported with the file, the step and the name.
+Ancestry is carried as bit sets in one pass over the steps in list order (a topological
+order), so checking a task costs steps x names, never steps x steps of Python sets.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from functools import cached_property
 from typing import Iterable
 
 from .errors import SpecError
-from .spec.depends import resolve_edges
+from .spec.depends import ancestry_pass, resolve_edges
 from .spec.loader import TaskDocument
 from .steps.base import ARTIFACT, SELF, TaskStep
 
@@ -49,21 +51,27 @@ class TaskPlan:
         return {s.id: s for s in self.steps}
 
     @cached_property
-    def _ancestors(self) -> dict[str, frozenset[str]]:
-        result: dict[str, frozenset[str]] = {}
-        for step in self.steps:  # list order is a topological order
-            deps = self.edges[step.id]
-            result[step.id] = frozenset(deps).union(*(result[d] for d in deps))
-        return result
+    def _ancestors(self) -> dict[str, int]:
+        """Each step's dependency ancestors as a bit set over list positions."""
+        ids = [s.id for s in self.steps]
+        return {ids[position]: union for position, union in ancestry_pass(self._depends_on, lambda i: 1 << i, keep=True)}
+
+    @property
+    def _depends_on(self) -> list[tuple[str, list | None]]:
+        return [(s.id, s.depends_on) for s in self.steps]
 
     def ancestors(self, step_id: str) -> frozenset[str]:
-        return self._ancestors[step_id]
+        mask = self._ancestors[step_id]
+        return frozenset(s.id for i, s in enumerate(self.steps[:self._position(step_id)]) if mask >> i & 1)
 
     def context_sources(self, step_id: str) -> tuple[str, ...]:
         """The dependencies whose contexts a step merges: those no other dependency descends
         from (a descendant's context already holds its ancestors', and what it wrote since)."""
         deps = self.edges[step_id]
-        return tuple(d for d in deps if not any(d in self._ancestors[other] for other in deps))
+        covered = 0
+        for dep in deps:
+            covered |= self._ancestors[dep]
+        return tuple(d for d in deps if not covered >> self._position(d) & 1)
 
     @cached_property
     def sinks(self) -> tuple[str, ...]:
@@ -74,34 +82,49 @@ class TaskPlan:
         return {(n.kind, step.id if n.field == SELF else n.name) for n in step.names_written()}
 
     def join_errors(self) -> list[SpecError]:
-        """Every read that no dependency ancestor writes."""
-        errors = []
+        """Every read that no dependency ancestor writes (nor the given names), found in one
+        ancestry pass whose bit sets range over the names that are read."""
+        bit: dict[tuple[str, str], int] = {}
         for step in self.steps:
-            available = set(self.given_names)
-            for ancestor in self.ancestors(step.id):
-                available |= self.written_by(self.step_by_id[ancestor])
             for name in step.names_read():
-                if name.kind == ARTIFACT or (name.kind, name.name) in available:
+                key = (name.kind, name.name)
+                if name.kind != ARTIFACT and key not in self.given_names:
+                    bit.setdefault(key, len(bit))
+        writes = [self.written_by(step) for step in self.steps]
+        producers: dict[tuple[str, str], list[int]] = {}  # the first two writers of each name read
+        for position, written in enumerate(writes):
+            for key in written:
+                if key in bit and len(found := producers.setdefault(key, [])) < 2:
+                    found.append(position)
+
+        def contribution(position: int) -> int:
+            mask = 0
+            for key in writes[position]:
+                if key in bit:
+                    mask |= 1 << bit[key]
+            return mask
+
+        errors = []
+        for position, available in ancestry_pass(self._depends_on, contribution):
+            step = self.steps[position]
+            for name in step.names_read():
+                key = (name.kind, name.name)
+                if key not in bit or available >> bit[key] & 1:
                     continue
-                verb, noun = _NOUNS.get(name.kind, ("writes", name.kind))
-                message = f"no step it depends on {verb} {noun} '{name.name}'"
-                producers = [
-                    s for s in self.steps
-                    if s.id != step.id and (name.kind, name.name) in self.written_by(s)
-                ]
-                if producers:
-                    producer = producers[0].id
-                    if self._position(producer) < self._position(step.id):
-                        message += (
-                            f" (step '{producer}' does, but is not among its dependencies: "
-                            "add it to depends_on)"
-                        )
-                    else:
-                        message += f" (step '{producer}' does, but comes after it in the list)"
-                errors.append(
-                    SpecError(message, file=self.document.source, step_id=step.id, field=name.field)
-                )
+                errors.append(SpecError(self._join_message(name, position, producers.get(key, [])),
+                                        file=self.document.source, step_id=step.id, field=name.field))
         return errors
+
+    def _join_message(self, name, position: int, producers: list[int]) -> str:
+        verb, noun = _NOUNS.get(name.kind, ("writes", name.kind))
+        message = f"no step it depends on {verb} {noun} '{name.name}'"
+        producer = next((p for p in producers if p != position), None)
+        if producer is None:
+            return message
+        if producer < position:
+            return message + (f" (step '{self.steps[producer].id}' does, but is not among its dependencies: "
+                              "add it to depends_on)")
+        return message + f" (step '{self.steps[producer].id}' does, but comes after it in the list)"
 
     def artifact_lineage(self, step_id: str) -> list[str]:
         """Stored artifacts read by this step or its ancestors: the upstream assets of

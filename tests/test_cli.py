@@ -146,3 +146,92 @@ def test_validate_coder_eval_yaml_warns_on_unknown_top_level_keys_and_fails_on_n
     failed = cli(project, "validate", str(bad))
     assert failed.returncode == 1
     assert failed.stdout.startswith(f"{bad}: field 'agent.modle': unknown field")
+
+
+# -- hostile or mistaken input: one clean line, exit 2 (docs/input-limits.md) -----------------
+
+
+def test_version(project):
+    done = cli(project, "--version")
+    assert (done.returncode, done.stdout.strip()) == (0, "agentenv-dagster, version 0.1.0")
+
+
+def test_validate_names_the_real_cause_of_a_yaml_file_that_is_no_task(project):
+    typo = project / "typo.yaml"
+    typo.write_text("task_id: t\ndescription: d\ninitial_prompt: p\nsucess_criteria:\n"
+                    "- {type: file_exist, path: a.py, description: d}\n")
+    syntax = project / "syntax.yaml"
+    syntax.write_text("task_id: t\ndescription: [d\ninitial_prompt: p\n")
+    criterion = project / "criterion.yaml"
+    criterion.write_text(typo.read_text().replace("sucess_criteria", "success_criteria"))
+    done = cli(project, "validate", str(typo), str(syntax), str(criterion))
+    assert done.returncode == 1
+    lines = done.stdout.strip().splitlines()
+    assert lines[:2] == [
+        f"{typo}:4: field 'sucess_criteria': unknown field (did you mean 'success_criteria'? 'success_criteria' is required)",
+        f"{syntax}: invalid YAML at line 3 column 15: expected ',' or ']', but got ':'",
+    ]
+    assert lines[2].startswith(f"{criterion}: field 'success_criteria.0.type': unknown criterion type 'file_exist' (known: [")
+    assert lines[2].endswith("]); did you mean 'file_exists'?")
+
+
+def test_validate_format_json_is_one_document_with_the_exit_codes_of_text(project):
+    bad = project / "bad.json"
+    bad.write_text(json.dumps([{"id": "a", "type": "deploy_env", "env_id": "nowhere"},
+                               {"id": "b", "type": "prompt_agent", "promt": "hi"}]))
+    done = cli(project, "validate", "--format", "json", str(bad), "tasks/reply_to_dana.json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert json.loads(done.stdout) == {
+        "files": [str(bad), "tasks/reply_to_dana.json"], "valid": 1,
+        "errors": [{"file": str(bad), "line": None, "step": "b", "field": "promt",
+                    "message": "unknown field (did you mean 'prompt'?)"}],
+        "warnings": [],
+    }
+    valid = cli(project, "validate", "--format", "json", "tasks/reply_to_dana.json")
+    assert valid.returncode == 0 and json.loads(valid.stdout)["errors"] == []
+
+
+def test_a_path_that_does_not_exist_is_bad_input(project):
+    validate = cli(project, "validate", "tasks/nope.yaml")
+    assert validate.returncode == 2 and "Path 'tasks/nope.yaml' does not exist" in validate.stderr
+    run = cli(project, "run", "tasks/nope.yaml")
+    assert (run.returncode, run.stderr) == (2, "error: tasks/nope.yaml: no such file or folder\n")
+
+
+@pytest.mark.parametrize(("name", "content", "expected"), [
+    ("deep.json", b"[" * 100_000 + b"]" * 100_000, "invalid JSON: nested deeper than 100 levels"),
+    ("deep.yaml", b"task_id: t\nsuccess_criteria: " + b"[" * 10_000 + b"]" * 10_000,
+     "2: field 'success_criteria.0.0...': nested deeper than 100 levels"),
+    ("binary.json", b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)), "binary data, not a text document (a NUL byte at line 1 column 8)"),
+    ("latin1.yaml", "task_id: t\ndescription: Ça va\n".encode("latin-1"),
+     "not UTF-8 text: byte 0xc7 at line 2 column 14 (save the file as UTF-8)"),
+], ids=["nested-json", "nested-yaml", "binary", "latin-1"])
+def test_run_refuses_a_hostile_document_in_one_line(project, name, content, expected):
+    (project / "tasks" / name).write_bytes(content)
+    done = cli(project, "run", f"tasks/{name}")
+    separator = "" if expected[0].isdigit() else " "
+    assert (done.returncode, done.stderr) == (2, f"tasks/{name}:{separator}{expected}\n")
+
+
+def test_task_run_refuses_a_bad_context_file_in_one_line(project):
+    assert cli(project, "task", "create", "tasks/reply_to_dana.json", "--id", "dana").returncode == 0
+    cases = {
+        "syntax.json": ("{not json", "invalid JSON at line 1 column 2: Expecting property name enclosed in double quotes"),
+        "list.json": ("[1, 2]", "a saved context is a JSON object, got list"),
+        "shape.json": ('{"deployed_envs": [{"mcp_url": "http://x"}]}', "field 'deployed_envs.0.env_id': required field is missing"),
+        "nan.json": ('{"metadata": {"score": NaN}}', "field 'metadata.score': nan is not a finite number (NaN and infinity are refused)"),
+    }
+    for name, (text, expected) in cases.items():
+        (project / name).write_text(text)
+        done = cli(project, "task", "run", "--id", "dana", "--start-step", "6", "--context", name)
+        assert (done.returncode, done.stderr) == (2, f"error: {name}: {expected}\n"), name
+
+
+def test_option_values_are_checked_before_anything_runs(project):
+    sample = cli(project, "run", "tasks", "--sample", "-1")
+    assert sample.returncode == 2 and "Invalid value for '--sample': -1 is not in the range x>=1." in sample.stderr
+    seed = cli(project, "run", "tasks", "--sample", "2", "--seed", "x")
+    assert seed.returncode == 2 and "Invalid value for '--seed': 'x' is not a valid integer." in seed.stderr
+    define = cli(project, "run", "tasks/reply_to_dana.json", "-D", "metadata.limit=NaN")
+    assert (define.returncode, define.stderr) == (
+        2, "error: -D metadata.limit: nan is not a finite number (NaN and infinity are refused)\n")

@@ -280,6 +280,31 @@ def test_every_join_error_is_a_located_spec_error(tmp_path, config):
     ]
 
 
+@pytest.mark.timeout(60)  # a check quadratic in steps would not finish; the time is bench/join_check.py's
+@pytest.mark.parametrize("linked", ["chain", "absent"])
+def test_ten_thousand_steps_are_checked_in_one_pass(tmp_path, config, linked):
+    """Every odd step resets the env its predecessor deployed: in a chain each reads an
+    ancestor's write; with depends_on absent, every earlier step is an ancestor."""
+    steps = []
+    for i in range(10_000):
+        step = ({"id": f"s{i}", "type": "deploy_env", "env_id": f"e{i}"} if i % 2 == 0
+                else {"id": f"s{i}", "type": "reset_env", "env_id": f"e{i - 1}"})
+        if linked == "chain":
+            step["depends_on"] = [f"s{i - 1}"] if i else []
+        steps.append(step)
+    steps.append({"id": "late", "type": "reset_env", "env_id": "e0", "depends_on": [],
+                  "retry_config": {"retry_from_step_id": "s0"}})
+    assert join_problems(tmp_path, config, steps) == [
+        "step 'late': field 'retry_config': Step 'late' at position 10000 declares retry_config.retry_from_step_id 's0' "
+        "which is not in the step's dependency ancestry (ancestor ids: [])"]
+    del steps[-1]["retry_config"]
+    assert join_problems(tmp_path, config, steps) == [
+        "step 'late': field 'env_id': no step it depends on deploys env 'e0' "
+        "(step 's0' does, but is not among its dependencies: add it to depends_on)"]
+    plan = load_plan(write(tmp_path, "ok.json", steps[:-1]), config)
+    assert plan.ancestors("s3") == frozenset({"s0", "s1", "s2"})
+
+
 # -- slicing ---------------------------------------------------------------------------------
 
 
@@ -421,6 +446,22 @@ def test_a_bad_file_does_not_stop_the_others(tmp_path, config):
     assert [str(e) for e in report.errors] == [
         f"{bad}: step 'x': field 'env_id': required field is missing",
         f"{broken_join}: step 'p': field 'agent_name': no step it depends on deploys agent 'default-agent'",
+    ]
+
+
+def test_a_yaml_file_that_fails_to_be_a_task_names_the_real_cause(tmp_path, config):
+    syntax = tmp_path / "syntax.yaml"
+    syntax.write_text("task_id: t\ndescription: d\nsuccess_criteria:\n- {type: file_exists, path: [a.py\n")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("task_id: t\ndescription: d\ninitial_prompt: p\nsucess_criteria:\n"
+                    "- {type: file_exists, path: a.py, description: d}\n")
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("task_id: caf\xe9\n".encode("latin-1"))
+    report = compile_paths([syntax, typo, latin1], config)
+    assert [str(e) for e in report.errors] == [
+        f"{syntax}: invalid YAML at line 5 column 1: expected ',' or ']', but got '<stream end>'",
+        f"{typo}:4: field 'sucess_criteria': unknown field (did you mean 'success_criteria'? 'success_criteria' is required)",
+        f"{latin1}: not UTF-8 text: byte 0xe9 at line 1 column 13 (save the file as UTF-8)",
     ]
 
 

@@ -4,11 +4,17 @@ A criterion type is a pydantic model of its task-file fields plus ``async check(
 ``evaluate`` wraps ``check`` so that any fault in a checker scores 0.0 with the error
 recorded, except a ``CheckerMisuseError`` (the task definition is wrong) or a
 ``JudgeInfrastructureError`` (the judge's API failed): neither may count against the agent.
+A check that overruns the task's time limit (``CriterionContext.time_limit``) is such a
+fault; one that works on the sandbox's files synchronously runs on a worker thread, so the
+limit holds while it works.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +72,12 @@ class CriterionContext:
     # The conversation for ``include_dialog``: ``[{"user": ..., "agent": ...}]`` per turn;
     # None = one turn built from ``final_text`` (the prompt is not known to the checker).
     dialog: list[dict[str, str]] | None = None
+    # Seconds the criteria may take in all, from ``started`` (the task's time limit); None: no limit.
+    time_limit: float | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def time_left(self) -> float | None:
+        return None if self.time_limit is None else max(0.0, self.started + self.time_limit - time.monotonic())
 
 
 @dataclass
@@ -144,10 +156,12 @@ SCORE_METRICS = ("count", "mean", "median", "std", "min", "max", "completion_rat
 class Criterion(BaseModel):
     """Fields every criterion type shares; subclasses add theirs and implement ``check``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type_name: ClassVar[str] = ""
     requires_agent: ClassVar[bool] = False
+    # Reads or walks the sandbox synchronously: ``evaluate`` runs it on a worker thread.
+    blocking: ClassVar[bool] = False
 
     type: str
     description: str
@@ -196,11 +210,18 @@ class Criterion(BaseModel):
         return frozenset()
 
     async def evaluate(self, ctx: CriterionContext) -> CriterionResult:
-        """Run the checker; a fault in it is the agent's 0.0, a misuse of it propagates."""
+        """Run the checker within the time left; a fault in it (an overrun included) is the
+        agent's 0.0, a misuse of it propagates."""
         try:
-            return await self.check(ctx)
+            checking = _on_worker_thread(self.check, ctx) if self.blocking else self.check(ctx)
+            return await asyncio.wait_for(checking, ctx.time_left())
         except (CheckerMisuseError, JudgeInfrastructureError):
             raise
+        except TimeoutError as exc:
+            if ctx.time_left() != 0:  # the checker's own timeout, not the task's deadline
+                return self.result(0.0, details="Check failed", error=f"{type(exc).__name__}: {exc}")
+            return self.result(0.0, details="Check timed out",
+                               error=f"the check did not finish within the task's time limit ({ctx.time_limit:g} s)")
         except Exception as exc:  # noqa: BLE001 - any checker fault is scored, by contract
             return self.result(0.0, details="Check failed", error=f"{type(exc).__name__}: {exc}")
 
@@ -218,6 +239,35 @@ class Criterion(BaseModel):
         """The shared answer of agent criteria when the run left no tool-call telemetry."""
         return self.result(0.0, details="No turn records available",
                            error="turn_records not provided to checker (no agent telemetry for this run)")
+
+
+async def _on_worker_thread(check, ctx: CriterionContext) -> CriterionResult:
+    """``check(ctx)`` on a daemon thread with a loop of its own. Awaiting it can be cancelled
+    at the deadline while the thread finishes on its own (its walks and reads are bounded),
+    and it never holds up the interpreter's exit."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[CriterionResult] = loop.create_future()
+
+    def settle(result: CriterionResult | None, error: BaseException | None) -> None:
+        if done.done():  # abandoned at the deadline
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def work() -> None:
+        try:
+            outcome: tuple = (asyncio.run(check(ctx)), None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting loop as is
+            outcome = (None, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop closed while the check ran: nobody waits for it
+            pass
+
+    threading.Thread(target=work, name="criterion-check", daemon=True).start()
+    return await done
 
 
 def weighted_score(results: list[CriterionResult]) -> float | None:

@@ -68,6 +68,8 @@ class ClassificationCriterion(Criterion):
 class ClassificationMatch(ClassificationCriterion):
     """Binary: the label in ``path`` equals ``expected_label``; stray answers become sentinels."""
 
+    blocking = True
+
     path: SandboxPath
     expected_label: str
     allowed_labels: list[str] = Field(min_length=1)
@@ -89,7 +91,7 @@ class ClassificationMatch(ClassificationCriterion):
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:
         found = paths.resolve_one(ctx.sandbox_dir, self.path)
-        text = found.read_text(errors="replace") if found is not None and found.is_file() else ""
+        text = paths.read_text(found) if found is not None and found.is_file() else ""
         observed = self.canonical(text)
         if not observed:
             observed = NONE_LABEL

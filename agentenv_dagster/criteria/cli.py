@@ -134,6 +134,8 @@ def split_flags(argv: list[str], *, value_flags: frozenset[str], known: frozense
 class CliCalled(Criterion):
     """Binary: the number of logged invocations matching every facet is within ``min..max``."""
 
+    blocking = True
+
     log: SandboxPath = "cli_mocks/calls.jsonl"
     verb: str | None = None
     verb_any_of: list[str] | None = None
@@ -224,7 +226,7 @@ class CliCalled(Criterion):
             return self.result(0.0, error=(
                 f"Recorder could not write to '{self.log}' ({len(dropped)} dropped record(s)); the log is "
                 f"incomplete so the verdict cannot be trusted. First: {dropped[0] if dropped else '?'}"))
-        records, unusable = _parse_log(log.read_text(errors="replace"))
+        records, unusable = _parse_log(paths.read_text(log))
         broken = [r for r in records if r.get("sidecar_error") is not None]
         if broken:
             return self.result(0.0, error=(

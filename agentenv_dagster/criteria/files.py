@@ -18,6 +18,8 @@ MATCH_QUOTE_LIMIT = 100
 class FileCriterion(Criterion):
     """A criterion over the text of one sandbox file (a glob must name exactly one)."""
 
+    blocking = True
+
     path: SandboxPath
 
     def read(self, ctx: CriterionContext) -> tuple[str, str] | None:
@@ -25,7 +27,7 @@ class FileCriterion(Criterion):
         found = paths.resolve_one(ctx.sandbox_dir, self.path)
         if found is None:
             return None
-        return found.read_text(errors="replace"), paths.label(ctx.sandbox_dir, self.path, found)
+        return paths.read_text(found), paths.label(ctx.sandbox_dir, self.path, found)
 
     def missing(self) -> CriterionResult:
         return self.result(0.0, error=f"File '{self.path}' does not exist")
@@ -65,6 +67,8 @@ def mean_of_categories(parts: list[tuple[float, str]], lead: str) -> tuple[float
 @criterion("file_exists")
 class FileExists(Criterion):
     """Binary: a path, or a glob matching at least one path, exists in the sandbox."""
+
+    blocking = True
 
     path: SandboxPath
 

@@ -121,7 +121,7 @@ class JsonCheck(FileCriterion):
         if found is None:
             return 0.0, f"Schema file '{self.json_schema}' not found"
         try:
-            schema = json.loads(found.read_text(errors="replace"))
+            schema = json.loads(paths.read_text(found))
         except ValueError as exc:
             return 0.0, f"Invalid JSON in schema file '{self.json_schema}': {exc}"
         try:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .base import CriterionContext, ToolCall
+from .paths import glob_paths
 
 if TYPE_CHECKING:
     from .judges import JudgeCriterion
@@ -193,7 +194,7 @@ def resolve_files(entry: str, ctx: CriterionContext) -> list[Path] | None:
     else:
         root = ctx.sandbox_dir.resolve()
         if glob.has_magic(entry):
-            candidates = [ctx.sandbox_dir / hit for hit in sorted(glob.glob(entry, root_dir=ctx.sandbox_dir, recursive=True))]
+            candidates = [ctx.sandbox_dir / hit for hit in glob_paths(ctx.sandbox_dir, entry)]
         else:
             candidates = [ctx.sandbox_dir / entry]
         # an agent's symlink out of the sandbox shows nothing of the host

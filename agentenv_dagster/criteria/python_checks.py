@@ -99,6 +99,8 @@ def absolute_imports(source: str) -> list[str]:
 class ImportCheck(FileCriterion):
     """Fractional: the file parses, and this share of its imports resolves in the sandbox."""
 
+    blocking = False  # its resolver is a subprocess of the step's own loop, cancelled with it
+
     timeout: float = Field(default=30, gt=0)
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:
@@ -106,7 +108,7 @@ class ImportCheck(FileCriterion):
         if target is None:
             return self.missing()
         try:
-            modules = absolute_imports(target.read_text(errors="replace"))
+            modules = absolute_imports(paths.read_text(target))
         except SyntaxError as exc:
             return self.result(0.0, details=f"Syntax error in '{self.path}': {exc}", error=f"SyntaxError: {exc}")
         if not modules:

@@ -117,6 +117,7 @@ class ReferenceComparison(Criterion):
     ``similarity_threshold`` is this criterion's ``pass_threshold`` (it overrides it)."""
 
     requires_agent = True
+    blocking = True
 
     agent_file: SandboxPath
     reference_file: SandboxPath
@@ -135,7 +136,7 @@ class ReferenceComparison(Criterion):
         agent_path = paths.resolve_one(ctx.sandbox_dir, self.agent_file)
         if agent_path is None:
             return self.result(0.0, error=f"Agent file not found: {self.agent_file}")
-        agent = agent_path.read_text(errors="replace")
+        agent = paths.read_text(agent_path)
         try:
             if self.comparison_method == "complexity":
                 score, measured = complexity_similarity(agent, reference)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Callable, TypeVar
 
+from ..errors import SpecError, clip, excerpt
 from .base import Criterion
 
 C = TypeVar("C", bound=type[Criterion])
@@ -29,11 +31,15 @@ def criterion(type_name: str) -> Callable[[C], C]:
 
 
 def parse_criterion(data: dict[str, Any]) -> Criterion:
-    """Validate one criterion of a task file (pydantic's ``ValidationError`` on bad fields)."""
+    """Validate one criterion of a task file (pydantic's ``ValidationError`` on bad fields, a
+    :class:`SpecError` on field ``type`` for an unknown type)."""
     if not isinstance(data, dict):
         raise ValueError(f"a criterion must be a mapping, got {type(data).__name__}")
     type_name = data.get("type")
     cls = CRITERION_TYPES.get(type_name) if isinstance(type_name, str) else None
     if cls is None:
-        raise ValueError(f"unknown criterion type '{type_name}' (known: {sorted(CRITERION_TYPES)})")
+        shown = clip(type_name) if isinstance(type_name, str) else excerpt(type_name)
+        close = difflib.get_close_matches(type_name, CRITERION_TYPES, n=1) if isinstance(type_name, str) else []
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise SpecError(f"unknown criterion type '{shown}' (known: {sorted(CRITERION_TYPES)}){hint}", field="type")
     return cls.model_validate(data)

@@ -33,7 +33,7 @@ from ..runtime.collector import fewer_full_sweeps
 from ..spec.coder_eval import (
     LoadedCoderEvalTask, TaskDefinition, load_coder_eval_experiment, load_coder_eval_task, load_dataset_rows,
 )
-from ..spec.coder_eval.dataset import select_rows
+from ..spec.coder_eval.dataset import SAMPLE_SEED, select_rows
 from ..spec.coder_eval.variants import experiment_variants
 from ..spec.loader import variant_key
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
@@ -86,7 +86,7 @@ class CoderEvalRun:
 def run_coder_eval_tasks(
     paths: Sequence[Path], config: AgentEnvConfig, *, overrides: Sequence[str] = (),
     grade_only_from: Path | None = None, output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
-    split: str | None = None, sample: int | None = None, experiment: Path | None = None,
+    split: str | None = None, sample: int | None = None, sample_seed: int = SAMPLE_SEED, experiment: Path | None = None,
     rows_in_flight: int | None = None, failed_only: bool = False, include_skipped: bool = False,
     on_warning: Callable[[str], None] | None = None,
 ) -> CoderEvalRun:
@@ -107,7 +107,7 @@ def run_coder_eval_tasks(
     registry = step_registry(config)
     prepared = [  # every task resolved (variants, -D, rows) before any runs: a problem stops them all
         _prepare(loaded, config, registry, instance, overrides=overrides, grade_only_from=grade_only_from, split=split,
-                 sample=sample, experiment=experiment, failed_only=failed_only)
+                 sample=sample, sample_seed=sample_seed, experiment=experiment, failed_only=failed_only)
         for loaded in tasks if include_skipped or not loaded.task.skip
     ]
     results: list[EvaluationResult] = []
@@ -167,7 +167,7 @@ class _TaskRun:
 def _prepare(
     loaded: LoadedCoderEvalTask, config: AgentEnvConfig, registry, instance: dg.DagsterInstance | None, *,
     overrides: Sequence[str], grade_only_from: Path | None, split: str | None, sample: int | None,
-    experiment: Path | None, failed_only: bool,
+    sample_seed: int, experiment: Path | None, failed_only: bool,
 ) -> _TaskRun:
     """Everything a task's runs need, resolved without running anything."""
     groups = _experiment_plans(loaded, experiment, registry, overrides, grade_only_from)
@@ -175,7 +175,7 @@ def _prepare(
     for variant_id, resolved, repeats in experiment_variants(loaded.task, experiment, overrides):
         plan = groups.get(variant_id) or checked_plan(coder_eval_document(replace(loaded, task=resolved), registry,
                                                                           grade_only_from=grade_only_from))
-        rows = _selected_rows(resolved, loaded.source, split, sample)
+        rows = _selected_rows(resolved, loaded.source, split, sample, sample_seed)
         # under an experiment's job, the partitions are this variant's rows (or the variant alone)
         keys = rows if not groups else [variant_key(r, variant_id) for r in rows] if rows is not None else [variant_id]
         kept: list[str] = []
@@ -335,11 +335,11 @@ def _experiment_plans(
     return {variant: plan for plan in plans for variant in plan.document.variant_steps}
 
 
-def _selected_rows(task, path: Path, split: str | None, sample: int | None) -> list[str] | None:
+def _selected_rows(task, path: Path, split: str | None, sample: int | None, sample_seed: int) -> list[str] | None:
     if task.dataset is None:
         return None
     rows = load_dataset_rows(task.dataset, path.parent.resolve())
-    chosen, _ = select_rows(rows, task.dataset, split=split, sample=sample)
+    chosen, _ = select_rows(rows, task.dataset, split=split, sample=sample, seed=sample_seed)
     return [str(row[task.dataset.id_field]) for row in chosen]
 
 

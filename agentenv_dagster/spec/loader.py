@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import SpecError, TaskLoadError
+from ..errors import SpecError, TaskLoadError, clip, excerpt
 from .depends import check_dag, check_retry_targets, normalize_depends_on
+from .documents import ValueProblem, check_values, parse_json, read_text
 
 if TYPE_CHECKING:
     from ..steps.base import TaskStep
@@ -109,16 +110,26 @@ def load_task_file(path: str | Path, registry: "StepRegistry") -> TaskDocument:
     path = Path(path)
     source = str(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TaskLoadError([SpecError(f"cannot read file: {exc.strerror}", file=source)]) from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TaskLoadError(
-            [SpecError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", file=source)]
-        ) from exc
+        data = parse_json(read_text(path), check=False)
+        check_values(data)
+    except ValueProblem as exc:
+        raise TaskLoadError([_at_step(exc, data).located(source)]) from None
+    except SpecError as exc:
+        raise TaskLoadError([exc.located(source)]) from None
     return parse_task_document(data, source=source, default_id=path.stem, registry=registry)
+
+
+def _at_step(problem: ValueProblem, data: Any) -> SpecError:
+    """A value problem inside a step, located at the step's id and its field there."""
+    path = problem.path
+    if isinstance(data, dict) and path[:1] == ("steps",):
+        data, path = data["steps"], path[1:]
+    if not (isinstance(data, list) and path and path[0].isdigit() and len(path) > 1):
+        return problem
+    step = data[int(path[0])]
+    if not (isinstance(step, dict) and isinstance(step.get("id"), str)):
+        return problem
+    return SpecError(problem.message, step_id=step["id"], field=".".join(path[1:]))
 
 
 def parse_task_document(
@@ -137,7 +148,7 @@ def parse_task_document(
         if seed is not None and not (isinstance(seed, dict) and all(
                 isinstance(v, (str, int, float, bool)) for v in seed.values())):
             raise TaskLoadError([SpecError(
-                f"'seed' must map token names to strings or numbers, got {seed!r}"[:300], file=source, field="seed")])
+                f"'seed' must map token names to strings or numbers, got {excerpt(seed)}", file=source, field="seed")])
     if not isinstance(raw_steps, list):
         raise TaskLoadError([SpecError(NOT_A_STEP_LIST, file=source)])
 
@@ -176,7 +187,7 @@ def _depends_on_or_none(raw: dict[str, Any]) -> list[Any] | None:
 
 def _parse_step(raw: Any, position: int, registry: "StepRegistry") -> "TaskStep":
     if not isinstance(raw, dict):
-        raise SpecError(f"step at position {position} is not an object: {raw!r}")
+        raise SpecError(f"step at position {position} is not an object: {excerpt(raw)}")
     step_id = raw.get("id")
     if not isinstance(step_id, str) or not step_id:
         raise SpecError(f"step at position {position} needs a non-empty string 'id'", field="id")
@@ -185,7 +196,8 @@ def _parse_step(raw: Any, position: int, registry: "StepRegistry") -> "TaskStep"
         raise SpecError("required field is missing", step_id=step_id, field="type")
     cls = registry.get(step_type) if isinstance(step_type, str) else None
     if cls is None:
-        raise SpecError(f"Unknown task step type: {step_type}", step_id=step_id, field="type")
+        shown = clip(step_type) if isinstance(step_type, str) else excerpt(step_type)
+        raise SpecError(f"Unknown task step type: {shown}", step_id=step_id, field="type")
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:
@@ -212,7 +224,7 @@ def _describe(err: dict[str, Any], cls: type) -> tuple[str | None, str]:
         if isinstance(error, SpecError):
             return error.field or field, error.message
         return field, str(error) if error is not None else err["msg"]
-    return field, f"{err['msg']} (got {err.get('input')!r})"
+    return field, f"{err['msg']} (got {excerpt(err.get('input'))})"
 
 
 def _model_at(cls: type, path: list[str]) -> type[BaseModel] | None:

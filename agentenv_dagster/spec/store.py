@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from filelock import FileLock
 
+from ..errors import SpecError, TaskLoadError
+from .documents import load_json
 from .loader import TaskDocument, parse_task_document
 
 if TYPE_CHECKING:
@@ -58,7 +60,8 @@ class TaskStore:
         if chosen not in versions:
             raise LookupError(f"Task '{task_id}' has no version {version} (versions: {versions})")
         path = self.root / task_id / f"{chosen}.json"
-        return parse_task_document(
-            json.loads(path.read_text()), source=str(path), default_id=task_id,
-            registry=registry,
-        )
+        try:
+            data = load_json(path)
+        except SpecError as exc:
+            raise TaskLoadError([exc]) from None
+        return parse_task_document(data, source=str(path), default_id=task_id, registry=registry)

@@ -57,7 +57,7 @@ class RetryConfig(BaseModel):
 class TaskStep(BaseModel):
     """Base of every step type. Unknown fields are refused, so a typo fails at compile time."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
     type_name: ClassVar[str] = "task_step"
     reads: ClassVar[dict[str, str]] = {}

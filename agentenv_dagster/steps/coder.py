@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
+from pydantic import Field
+
 from ..context import TaskStepContext
 from ..runtime.artifacts import ObjectStore
 from ..runtime.base import StepRuntime
@@ -27,6 +29,7 @@ from ..runtime.cli_shim import write_shims
 from ..runtime.sandbox import LocalSandbox
 from ..runtime.shell import HostShell, SandboxShell, sandbox_shell
 from ..spec.coder_eval.ignore import effective_ignore_patterns
+from ..spec.coder_eval.limits import DEFAULT_TASK_TIMEOUT
 from .base import PROMPT, SANDBOX, VERIFICATION, TaskStep
 from .registry import step
 from .sandbox import deployed_sandbox
@@ -163,6 +166,8 @@ class SuccessCriteriaStep(TaskStep):
     prompt_id: str | None = None
     verifier_id: str | None = None
     expected_commands: int | None = None
+    # The task's time limit: every criterion's check ends by then (an overrun scores 0.0).
+    timeout_seconds: float = Field(default=DEFAULT_TASK_TIMEOUT, gt=0)
 
     @property
     def verifier_key(self) -> str:
@@ -183,7 +188,7 @@ class SuccessCriteriaStep(TaskStep):
         response = ctx.find_prompt_response(self.prompt_id) if self.prompt_id else None
         criterion_ctx = criterion_context(
             ctx, rt, self.sandbox_name, _trajectory(response), final_text=response.response if response else "",
-            dialog=_dialog(response), expected_commands=self.expected_commands,
+            dialog=_dialog(response), expected_commands=self.expected_commands, time_limit=self.timeout_seconds,
         )
         models = [parse_criterion(c) for c in self.criteria]
         results = await evaluate_all(models, criterion_ctx)
@@ -249,7 +254,7 @@ async def _run(shell: SandboxShell, command: str, timeout: float) -> dict[str, A
 
 def criterion_context(
     ctx: TaskStepContext, rt: StepRuntime, sandbox_name: str, events: list[dict[str, Any]], *,
-    final_text: str, dialog: list[dict[str, str]], expected_commands: Any = None,
+    final_text: str, dialog: list[dict[str, str]], expected_commands: Any = None, time_limit: float | None = None,
 ):
     """What the criteria see: the workspace, the reference, the agent's tool calls and replies,
     the sandbox's shell (its container's under the docker driver) and the run's settings (a
@@ -269,7 +274,7 @@ def criterion_context(
                      skill=(e.get("arguments") or {}).get("skill") if e["name"] == "Skill" else None)
             for e in events if e.get("type") == "tool_call"
         ],
-        final_text=final_text, dialog=dialog, expected_commands=expected_commands,
+        final_text=final_text, dialog=dialog, expected_commands=expected_commands, time_limit=time_limit,
         shell=sandbox_shell("", container) if container else None, config=rt.config,
     )
 

@@ -264,7 +264,7 @@ class PromptAgentStep(TaskStep):
             return None
         dialog = [{"user": t["user_message"], "agent": t["response"]} for t in turns]
         verdict = await grade_turn(ctx, rt, self.turn_criteria["sandbox_name"], self.turn_criteria["criteria"],
-                                   events, dialog)
+                                   events, dialog, time_limit=self.timeout_seconds)
         turns[-1]["criteria"] = verdict
         return CRITERIA_PASSED if verdict["passed"] and self.turn_criteria.get("stop_on_pass") else None
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
 from ..context import PromptResponse, TaskStepContext
+from ..errors import clip, excerpt
 from ..runtime.base import StepRuntime
 from ..runtime.judge import JudgeNoVerdict, JudgeUnavailable
 from .base import AGENT, PROMPT, VERIFICATION, TaskStep
@@ -84,6 +86,10 @@ class RubricsVerifierStep(TaskStep):
         ids = [c.get("id") for c in criteria]
         if any(not isinstance(i, str) or not i for i in ids) or len(set(ids)) != len(ids):
             raise ValueError("rubric criteria must have unique, non-empty string ids")
+        for criterion in criteria:
+            if "weight" in criterion and not _finite_number(criterion["weight"]):
+                raise ValueError(f"rubric criterion '{clip(criterion['id'])}': weight must be a finite number, "
+                                 f"got {excerpt(criterion['weight'])}")
         return criteria
 
     @model_validator(mode="after")
@@ -345,3 +351,16 @@ class _Graded:
     judge: dict[str, Any]
     discrepancies: list[str] = field(default_factory=list)
     error: str | None = None
+
+
+def _finite_number(value: Any) -> bool:
+    """A weight the aggregate can use: a number (or numeric text, as agent-env's ``float()``
+    takes it) that is neither NaN nor infinite; null leaves the default."""
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except (ValueError, OverflowError):
+        return False

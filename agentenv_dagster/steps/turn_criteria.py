@@ -15,11 +15,14 @@ from .coder import criterion_context
 
 
 async def grade_turn(ctx: TaskStepContext, rt: StepRuntime, sandbox_name: str, criteria: list[dict[str, Any]],
-                     events: list[dict[str, Any]], dialog: list[dict[str, str]]) -> dict[str, Any]:
-    """``{"passed", "score"}`` of the criteria now; ``passed`` is None when not gradable."""
+                     events: list[dict[str, Any]], dialog: list[dict[str, str]], *,
+                     time_limit: float | None = None) -> dict[str, Any]:
+    """``{"passed", "score"}`` of the criteria now (their checks within ``time_limit``
+    seconds); ``passed`` is None when not gradable."""
     from ..criteria import evaluate_all, parse_criterion, task_passed, weighted_score
 
     criterion_ctx = criterion_context(ctx, rt, sandbox_name, events,
-                                      final_text=dialog[-1]["agent"] if dialog else "", dialog=dialog)
+                                      final_text=dialog[-1]["agent"] if dialog else "", dialog=dialog,
+                                      time_limit=time_limit)
     results = await evaluate_all([parse_criterion(c) for c in criteria], criterion_ctx)
     return {"passed": task_passed(results), "score": weighted_score(results)}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import threading
 
 import pytest
 import yaml
@@ -39,6 +41,13 @@ def test_unknown_type_names_the_known_ones():
         parse_criterion({"type": "nope", "description": "d"})
     with pytest.raises(ValueError, match="unknown criterion type 'None'"):
         parse_criterion({"description": "d"})
+
+
+def test_a_misspelled_type_suggests_the_close_one():
+    with pytest.raises(ValueError) as info:
+        parse_criterion({"type": "file_exist", "description": "d", "path": "a.py"})
+    assert str(info.value) == (
+        f"field 'type': unknown criterion type 'file_exist' (known: {ALL_TYPES}); did you mean 'file_exists'?")
 
 
 def test_requires_agent_marks_trajectory_criteria():
@@ -108,6 +117,58 @@ def test_a_real_checker_fault_is_scored(tmp_path):
     (tmp_path / "adir").mkdir()
     result = grade({"type": "file_contains", "path": "adir", "includes": ["x"]}, context(tmp_path, []))
     assert result.score == 0.0 and result.error.startswith("IsADirectoryError: ")
+
+
+class _StuckOnTheLoop(Criterion):
+    """A check that never ends: it awaits what never comes."""
+
+    type_name = "stuck_on_the_loop"
+
+    async def check(self, ctx):
+        await asyncio.Event().wait()
+
+
+class _StuckOnItsThread(Criterion):
+    """A blocking check that cannot end until the test lets it, as a stuck file read."""
+
+    type_name = "stuck_on_its_thread"
+    blocking = True
+
+    async def check(self, ctx):
+        RELEASE.wait()
+        return self.result(1.0)
+
+
+RELEASE = threading.Event()
+
+
+@pytest.mark.parametrize("stuck", [_StuckOnTheLoop, _StuckOnItsThread])
+def test_a_check_that_overruns_the_time_limit_scores_zero(tmp_path, stuck):
+    RELEASE.clear()
+    try:
+        result = grade(stuck(description="d"), context(tmp_path, [], time_limit=0.2))
+    finally:
+        RELEASE.set()
+    assert (result.score, result.details, result.error) == (
+        0.0, "Check timed out", "the check did not finish within the task's time limit (0.2 s)")
+
+
+def test_the_later_criteria_share_what_is_left_of_the_limit(tmp_path):
+    write(tmp_path, {"a.txt": "x"})
+    ctx = context(tmp_path, [], time_limit=30, started=0.0)  # started long ago: no time is left
+    result = grade({"type": "file_exists", "path": "a.txt"}, ctx)
+    assert (result.score, result.error) == (0.0, "the check did not finish within the task's time limit (30 s)")
+
+
+def test_a_checker_s_own_timeout_is_a_fault_not_the_deadline(tmp_path):
+    class _TimesOut(Criterion):
+        type_name = "times_out"
+
+        async def check(self, ctx):
+            raise TimeoutError("the judge took too long")
+
+    result = grade(_TimesOut(description="d"), context(tmp_path, [], time_limit=60))
+    assert (result.details, result.error) == ("Check failed", "TimeoutError: the judge took too long")
 
 
 def test_checker_misuse_propagates(tmp_path):

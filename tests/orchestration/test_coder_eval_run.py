@@ -154,6 +154,20 @@ def test_agent_errors_pre_run_and_datasets(project, tmp_path):
     assert "pre_run command 'exit 4' failed: exit code 4" in result["error_message"]
 
 
+def test_the_sample_seed_picks_the_rows_a_run_takes(project, tmp_path):
+    from agentenv_dagster.spec.coder_eval import load_coder_eval_task
+    from agentenv_dagster.spec.coder_eval.dataset import select_rows
+
+    task = load_coder_eval_task(project / "tasks" / "triage_tickets.yaml").task
+    rows = task.dataset.rows
+    picked = {seed: select_rows(rows, task.dataset, sample=1, seed=seed)[0][0]["id"] for seed in range(20)}
+    seed = next(s for s, row in picked.items() if row != picked[0])  # a seed whose draw is not seed 0's
+    out = tmp_path / "out"
+    done = cli(project, "run", "tasks/triage_tickets.yaml", "--sample", "1", "--seed", str(seed), "--output-dir", str(out))
+    summary = json.loads((out / "run.json").read_text())
+    assert [t["task_id"] for t in summary["task_results"]] == [f"triage-tickets/{picked[seed]}"], done.stdout + done.stderr
+
+
 def test_a_prompt_step_that_fails_before_the_agent_answers_is_the_row_s_error(project, tmp_path, monkeypatch):
     """The prompt step is tolerated (the criteria still run, as post-failure evidence), but an
     agent never heard is no success: the row is an ERROR naming the step's failure, in its

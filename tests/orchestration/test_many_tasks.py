@@ -51,13 +51,15 @@ def test_a_folder_of_tasks_runs_every_task_x_variant_into_one_report(tmp_path):
     assert leaked_servers(root / ".agentenv" / "state") == []
 
 
-def test_a_path_without_tasks_exits_1_and_one_id_twice_or_two_agent_env_files_exit_2(tmp_path):
+def test_a_path_without_tasks_exits_1_and_a_missing_path_one_id_twice_or_two_agent_env_files_exit_2(tmp_path):
     root = make_project(tmp_path / "p", tasks={"hello.yaml": HELLO, "again.yaml": HELLO})
     (root / "empty").mkdir()
     nothing = cli(root, "run", "tasks/hello.yaml", "empty")
     assert nothing.returncode == 1 and "error: empty: no Coder Eval task under it" in nothing.stderr
     missing = cli(root, "run", "tasks/nope.yaml")
-    assert missing.returncode == 1 and "error: tasks/nope.yaml: no Coder Eval task there" in missing.stderr
+    assert missing.returncode == 2 and "error: tasks/nope.yaml: no such file or folder" in missing.stderr
+    unmatched = cli(root, "run", "tasks/nope*.yaml")
+    assert unmatched.returncode == 1 and "error: tasks/nope*.yaml: no Coder Eval task there" in unmatched.stderr
     twice = cli(root, "run", "tasks")
     assert twice.returncode == 2
     assert "tasks/hello.yaml: field 'task_id': task id 'hello-python' is also the id of tasks/again.yaml" in twice.stderr

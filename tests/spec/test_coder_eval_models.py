@@ -596,6 +596,49 @@ def test_the_file_must_be_a_yaml_mapping(tmp_path, text, expected):
     assert problems(tmp_path, text) == [expected]
 
 
+def test_a_misspelled_required_key_is_named_at_its_line_with_the_right_spelling(tmp_path):
+    path = write(tmp_path, task(success_criteria=..., sucess_criteria=[exists()]))
+    with pytest.raises(TaskLoadError) as info:
+        load_coder_eval_task(path)
+    assert [str(e) for e in info.value.errors] == [
+        f"{path}:4: field 'sucess_criteria': unknown field (did you mean 'success_criteria'? 'success_criteria' is required)"]
+
+
+@pytest.mark.parametrize(("document", "expected"), [
+    ({"experiment_id": "e", "variants": []}, "a Coder Eval experiment, not a task: run a task under it with "
+     "`agentenv-dagster run TASK --experiment FILE` (or list it under [experiments])"),
+    ({"task_id": "t", "steps": []}, "not a Coder Eval task (a mapping with task_id and success_criteria)"),
+])
+def test_a_document_that_is_no_task_says_what_it_is(tmp_path, document, expected):
+    assert problems(tmp_path, document) == [expected]
+
+
+def test_a_billion_laughs_task_is_refused_in_one_short_line(tmp_path):
+    anchors = ["a0: &a0 [lol]", *(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 7))]
+    text = "task_id: t\ninitial_prompt: p\n" + "\n".join(anchors) + "\ndescription: *a6\nsuccess_criteria: []\n"
+    assert problems(tmp_path, text) == [
+        "YAML aliases would add more than 100,000 nodes to this document (an alias expanding into aliases, "
+        "as in a 'billion laughs'); refused"]
+
+
+def test_a_lone_surrogate_in_the_prompt_is_refused_at_its_line(tmp_path):
+    path = write(tmp_path, 'task_id: t\ndescription: d\ninitial_prompt: "Fix \\udc00 it"\nsuccess_criteria: []\n')
+    with pytest.raises(TaskLoadError) as info:
+        load_coder_eval_task(path)
+    assert str(info.value) == (f"{path}:3: field 'initial_prompt': text holds a lone surrogate ('\\udc00' at "
+                               "character 5): not valid Unicode")
+
+
+@pytest.mark.parametrize("weight", [".nan", ".inf", "-.inf"])
+def test_a_non_finite_weight_is_refused_at_its_line(tmp_path, weight):
+    path = write(tmp_path, f"task_id: t\ndescription: d\ninitial_prompt: p\nsuccess_criteria:\n"
+                           f"- {{type: file_exists, path: a.py, description: d, weight: {weight}}}\n")
+    with pytest.raises(TaskLoadError) as info:
+        load_coder_eval_task(path)
+    assert str(info.value) == (f"{path}:5: field 'success_criteria.0.weight': {weight} is not a finite number "
+                               "(NaN and infinity are refused)")
+
+
 def test_an_unreadable_file(tmp_path):
     with pytest.raises(TaskLoadError) as info:
         load_coder_eval_task(tmp_path / "gone.yaml")

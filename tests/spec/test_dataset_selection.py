@@ -34,6 +34,12 @@ def test_sample_is_uniform_with_seed_0_and_keeps_dataset_order():
     assert ids(first) == sorted(ids(first), key=lambda i: int(i[1:]))
 
 
+def test_the_sample_seed_picks_the_draw():
+    draws = {tuple(ids(select_rows(ROWS, Dataset(rows=ROWS), sample=3, seed=seed)[0])) for seed in range(10)}
+    assert len(draws) > 1  # another seed, another draw
+    assert select_rows(ROWS, Dataset(rows=ROWS), sample=3, seed=0) == select_rows(ROWS, Dataset(rows=ROWS), sample=3)
+
+
 def test_stratified_sampling_draws_per_stratum_and_keeps_small_strata_whole():
     dataset = Dataset(rows=ROWS, sample_per_stratum=2, sample_seed=7)
     rows, _ = select_rows(ROWS, dataset)

@@ -578,6 +578,68 @@ def test_validation_errors_escape_through_pytest_raises(tmp_path):
         load_task_file(path, BUILTIN_STEPS)
 
 
+# -- hostile documents (docs/input-limits.md) ------------------------------------------------
+
+
+def test_a_lone_surrogate_in_a_prompt_is_refused_at_its_step(tmp_path):
+    text = '[{"id": "ask", "type": "prompt_agent", "prompt": "Sort \\ud800 the inbox", "depends_on": []}]'
+    assert only_problem(tmp_path, text) == (
+        "step 'ask': field 'prompt': text holds a lone surrogate ('\\ud800' at character 6): not valid Unicode")
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_a_non_finite_rubric_weight_is_refused_at_load(tmp_path, literal):
+    text = ('[{"id": "judge", "type": "rubrics_verifier", "prompt_id": "p", "depends_on": [], '
+            f'"criteria": [{{"id": "c", "weight": {literal}}}]}}]')
+    shown = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf", "1e400": "inf"}[literal]
+    assert only_problem(tmp_path, text) == (
+        f"step 'judge': field 'criteria.0.weight': {shown} is not a finite number (NaN and infinity are refused)")
+
+
+@pytest.mark.parametrize("weight", ["nan", "-inf", "heavy", True])
+def test_a_rubric_weight_must_be_a_finite_number(tmp_path, weight):
+    step = {"id": "x", "type": "rubrics_verifier", "prompt_id": "p", "criteria": [{"id": "c", "weight": weight}]}
+    assert step_problem(tmp_path, step) == (
+        f"step 'x': field 'criteria': rubric criterion 'c': weight must be a finite number, got {weight!r}")
+
+
+def test_non_finite_text_is_refused_by_a_float_field(tmp_path):
+    step = {"id": "ask", "type": "prompt_agent", "prompt": "hi", "timeout_seconds": "nan"}
+    assert step_problem(tmp_path, step) == "step 'ask': field 'timeout_seconds': Input should be a finite number (got 'nan')"
+
+
+def test_a_non_finite_seed_value_is_refused(tmp_path):
+    assert only_problem(tmp_path, '{"id": "t", "type": "task", "steps": [], "seed": {"limit": NaN}}') == (
+        "field 'seed.limit': nan is not a finite number (NaN and infinity are refused)")
+
+
+def test_a_huge_wrong_typed_value_is_quoted_as_a_short_excerpt(tmp_path):
+    huge = "x" * 5_000_000
+    message = step_problem(tmp_path, {"id": "env2", "type": "deploy_env", "env_id": [huge]})
+    assert message.startswith("step 'env2': field 'env_id': Input should be a valid string (got ['xxx")
+    assert len(message) < 400
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b'[{"id": "a", "type": "deploy_env"}]\n\x00\x00\xff\xfe', "binary data, not a text document (a NUL byte at line 2 column 1)"),
+    ('[{"id": "caf\u00e9", "type": "deploy_env"}]'.encode("latin-1"),
+     "not UTF-8 text: byte 0xe9 at line 1 column 13 (save the file as UTF-8)"),
+    (b"[" * 100_000 + b"]" * 100_000, "invalid JSON: nested deeper than 100 levels"),
+], ids=["binary", "latin-1", "nested"])
+def test_unreadable_text_is_one_clean_problem(tmp_path, data, expected):
+    path = tmp_path / "task.json"
+    path.write_bytes(data)
+    with pytest.raises(TaskLoadError) as info:
+        load_task_file(path, BUILTIN_STEPS)
+    assert [str(e) for e in info.value.errors] == [f"{path}: {expected}"]
+
+
+def test_a_file_reports_at_most_a_hundred_problems(tmp_path):
+    path, found = problems(tmp_path, [{"id": f"s{i}", "type": "nope"} for i in range(5_000)])
+    assert len(found) == 101
+    assert found[-1] == f"{path}: ... and 4900 more problems"
+
+
 # -- the versioned store ---------------------------------------------------------------------
 
 

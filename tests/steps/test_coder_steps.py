@@ -67,6 +67,30 @@ def test_templates_ignore_patterns_mount_points_and_the_reference(project):
     assert context.metadata["verifications"]["success_criteria"]["passed"] is True
 
 
+@pytest.mark.timeout(120)  # unbounded, the glob walks the loop and the read waits on the pipe for ever
+def test_criteria_grade_a_workspace_with_a_symlink_loop_and_a_pipe_within_the_task_timeout(project):
+    task = """
+        task_id: t
+        description: d
+        agent: {type: none}
+        sandbox: {python: null}
+        run_limits: {task_timeout: 45}
+        pre_run:
+          - command: mkdir src && echo hi > src/a.md && ln -s . src/l1 && ln -s . src/l2 && ln -s . src/l3 && mkfifo answer.txt
+        success_criteria:
+          - {type: file_exists, path: "src/**/*.md", description: found once through the loop}
+          - {type: file_contains, path: answer.txt, includes: ["42"], description: a pipe is not read}
+    """
+    context = run_yaml(project, task)
+    rows = context.metadata["verifications"]["success_criteria"]["results"]
+    assert [(r["score"], r["details"], r["error"]) for r in rows] == [
+        (1.0, "File 'src/**/*.md' exists (src/a.md)", None),
+        (0.0, "Check failed", "UnreadableFileError: 'answer.txt' is not a regular file (a pipe, device or socket)"),
+    ]
+    plan = load_plan(project / "tasks" / "t.yaml", load_config(project))
+    assert plan.step_by_id["criteria"].timeout_seconds == 45  # the checks' deadline is the task's
+
+
 def test_pre_run_failures_tolerated_on_request_and_post_run_never_gates(project):
     context = run_yaml(project, """
         task_id: t

@@ -21,9 +21,10 @@ WARNINGS_KEY = "warnings"
 
 
 class Strict(BaseModel):
-    """Every nested block of a task is strict: a typo one level down is an error."""
+    """Every nested block of a task is strict: a typo one level down is an error, and a
+    number is finite (``"nan"`` given as text is refused too)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class CoderEvalWarning(UserWarning):

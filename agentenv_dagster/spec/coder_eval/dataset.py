@@ -16,9 +16,11 @@ from typing import Any, Callable, TypeVar
 
 from pydantic import Field, model_validator
 
-from ...errors import SpecError
+from ...errors import SpecError, excerpt
+from ..documents import MAX_NESTING, check_values, read_text
 from .base import Strict
 
+SAMPLE_SEED = 0  # the --sample draw's seed unless --seed names one (upstream fixes it at 0)
 ROW_ID_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
@@ -44,20 +46,30 @@ class Dataset(Strict):
 
 
 def read_jsonl_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of one JSONL file; blank lines are skipped, a bad line is named."""
+    """The rows of one JSONL file (read within the input limits); blank lines are skipped,
+    a bad line is named."""
     if not path.is_file():
         raise FileNotFoundError(f"Dataset file not found: {path}")
+    try:
+        text = read_text(path)
+    except SpecError as exc:
+        raise ValueError(f"Dataset {path}: {exc.message}") from None
     rows: list[dict[str, Any]] = []
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
             continue
         try:
             row = json.loads(line)
+            check_values(row)
         except json.JSONDecodeError as exc:
             raise ValueError(f"Dataset {path}: invalid JSON on line {number}: {exc}") from None
+        except RecursionError:
+            raise ValueError(f"Dataset {path}: line {number}: nested deeper than {MAX_NESTING} levels") from None
+        except ValueError as exc:  # a value outside the input limits
+            raise ValueError(f"Dataset {path}: line {number}: {exc}") from None
         if not isinstance(row, dict):
-            raise ValueError(f"Dataset {path}: row on line {number} is not a JSON object: {row!r}")
+            raise ValueError(f"Dataset {path}: row on line {number} is not a JSON object: {excerpt(row)}")
         rows.append(row)
     return rows
 
@@ -74,14 +86,14 @@ def check_row_ids(rows: list[dict[str, Any]], dataset: Dataset, task_id: str) ->
     seen: set[str] = set()
     for index, row in enumerate(rows):
         if dataset.id_field not in row:
-            raise ValueError(f"Dataset row {index} for task '{task_id}' missing id_field '{dataset.id_field}': {row}")
+            raise ValueError(f"Dataset row {index} for task '{task_id}' missing id_field '{dataset.id_field}': {excerpt(row)}")
         row_id = str(row[dataset.id_field])
         if not ROW_ID_PATTERN.match(row_id):
             raise ValueError(
-                f"Dataset row id {row_id!r} must match {ROW_ID_PATTERN.pattern} (letters, digits, underscore, hyphen, dot)"
+                f"Dataset row id {excerpt(row_id)} must match {ROW_ID_PATTERN.pattern} (letters, digits, underscore, hyphen, dot)"
             )
         if row_id in seen:
-            raise ValueError(f"Duplicate dataset row id for task '{task_id}': {row_id!r}")
+            raise ValueError(f"Duplicate dataset row id for task '{task_id}': {excerpt(row_id)}")
         seen.add(row_id)
 
 
@@ -91,9 +103,11 @@ class SplitSelectorError(ValueError):
 
 def select_rows(
     rows: list[dict[str, Any]], dataset: Dataset, *, split: str | None = None, sample: int | None = None,
+    seed: int = SAMPLE_SEED,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows a run takes, and warnings: ``split`` first, then ``sample`` (uniform, seed 0)
-    else ``sample_per_stratum`` (seeded by ``sample_seed`` only; strata this small stay whole)."""
+    """The rows a run takes, and warnings: ``split`` first, then ``sample`` (uniform, drawn with
+    ``seed``, upstream's fixed 0 by default) else ``sample_per_stratum`` (seeded by
+    ``sample_seed`` only; strata this small stay whole)."""
     warnings: list[str] = []
     if split is not None:
         labelled = [row for row in rows if row.get(dataset.split_field) not in (None, "")]
@@ -105,7 +119,7 @@ def select_rows(
                 warnings.append(f"{len(rows) - len(labelled)} unlabelled row(s) dropped by --split {split}")
             rows = chosen
     if sample is not None:
-        keep = {id(row) for row in random.Random(0).sample(rows, min(sample, len(rows)))}
+        keep = {id(row) for row in random.Random(seed).sample(rows, min(sample, len(rows)))}
         return [row for row in rows if id(row) in keep], warnings
     if dataset.sample_per_stratum is not None:
         rows = stratified_sample(rows, lambda row: str(row.get(dataset.stratify_field, "")),

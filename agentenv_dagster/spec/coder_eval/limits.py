@@ -12,6 +12,8 @@ from pydantic import Field
 from .base import Strict
 
 DEFAULT_STOP_EARLY_GATE_THRESHOLD = 1.0
+# The wall clock a turn (and the criteria's checks) may take when run_limits sets none.
+DEFAULT_TASK_TIMEOUT = 600
 
 
 class RunLimits(Strict):

@@ -7,14 +7,15 @@ and all of a file's problems are raised together as one :class:`TaskLoadError`; 
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from ...errors import SpecError, TaskLoadError
+from ..documents import load_yaml, mapping_key_lines, read_text
 from .base import WARNINGS_KEY, describe_errors
 from .experiment import ExperimentDefinition
 from .resolve import resolve_experiment, resolve_task
@@ -22,6 +23,9 @@ from .task import TaskDefinition
 
 YAML_SUFFIXES = (".yaml", ".yml")
 M = TypeVar("M", bound=BaseModel)
+NOT_A_TASK = "not a Coder Eval task (a mapping with task_id and success_criteria)"
+AN_EXPERIMENT = ("a Coder Eval experiment, not a task: run a task under it with "
+                 "`agentenv-dagster run TASK --experiment FILE` (or list it under [experiments])")
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,11 @@ class LoadedExperiment:
 def load_coder_eval_task(path: str | Path) -> LoadedCoderEvalTask:
     """Read one task YAML; raise :class:`TaskLoadError` with every problem in it."""
     path = Path(path)
-    task, warnings = _validate(TaskDefinition, read_yaml_mapping(path, "task"), path)
+    data = read_yaml_mapping(path, "task")
+    if not _looks_like_a_task(data):
+        kind = _kind_of(data)
+        raise TaskLoadError([SpecError(AN_EXPERIMENT if kind == "experiment" else NOT_A_TASK, file=str(path))])
+    task, warnings = _validate(TaskDefinition, data, path)
     task, problems = resolve_task(task, path.parent.resolve())
     _raise_if_any(problems, path)
     return LoadedCoderEvalTask(task=task, source=path, warnings=warnings)
@@ -65,14 +73,19 @@ def is_coder_eval_document(path: str | Path) -> bool:
 
 def coder_eval_kind(path: str | Path) -> str | None:
     """``"task"`` for a Coder Eval task (a YAML mapping with ``task_id`` and
-    ``success_criteria``), ``"experiment"`` (``experiment_id`` and ``variants``), else None."""
+    ``success_criteria``), ``"experiment"`` (``experiment_id`` and ``variants``), else None
+    (also for a file that cannot be read or parsed within the input limits)."""
     path = Path(path)
     if path.suffix.lower() not in YAML_SUFFIXES or not path.is_file():
         return None
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = load_yaml(path)
+    except SpecError:
         return None
+    return _kind_of(data)
+
+
+def _kind_of(data: Any) -> str | None:
     if not isinstance(data, dict):
         return None
     if {"task_id", "success_criteria"} <= data.keys():
@@ -80,22 +93,25 @@ def coder_eval_kind(path: str | Path) -> str | None:
     return "experiment" if {"experiment_id", "variants"} <= data.keys() else None
 
 
+def _looks_like_a_task(data: dict[str, Any]) -> bool:
+    """A task, or an attempt at one whose problems are worth naming: it has task fields
+    besides ``task_id``, or a key that is (close to) ``success_criteria``."""
+    if _kind_of(data) == "task":
+        return True
+    keys = [key for key in data if isinstance(key, str)]
+    fields = set(TaskDefinition.model_fields) - {"task_id"}
+    return bool(fields & set(keys)) or any(difflib.get_close_matches("success_criteria", keys, n=1))
+
+
 def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
-    """The file's YAML mapping; an unreadable file, bad YAML (with line and column) or another
-    shape is a :class:`TaskLoadError`."""
+    """The file's YAML mapping, read within the input limits; an unreadable file, bad YAML
+    (with line and column), a document over a limit or another shape is a
+    :class:`TaskLoadError`."""
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TaskLoadError([SpecError(f"cannot read file: {exc.strerror}", file=source)]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        raise TaskLoadError([SpecError(f"invalid YAML{where}: {exc.problem or exc.context}", file=source)]) from None
-    except yaml.YAMLError as exc:
-        raise TaskLoadError([SpecError(f"invalid YAML: {exc}", file=source)]) from None
+        data = load_yaml(path)
+    except SpecError as exc:
+        raise TaskLoadError([exc]) from None
     if not isinstance(data, dict):
         got = "an empty document" if data is None else type(data).__name__
         raise TaskLoadError([SpecError(f"a Coder Eval {what} must be a YAML mapping, got {got}", file=source)])
@@ -107,8 +123,34 @@ def _validate(model: type[M], data: dict[str, Any], path: Path) -> tuple[M, list
     try:
         value = model.model_validate(data, context={WARNINGS_KEY: warnings})
     except ValidationError as exc:
-        raise TaskLoadError([error.located(str(path)) for error in describe_errors(exc, model)]) from None
+        errors = describe_errors(exc, model)
+        raise TaskLoadError([error.located(str(path)) for error in _misspelled_required(errors, data, path)]) from None
     return value, [f"{path}: {warning}" for warning in warnings]
+
+
+def _misspelled_required(errors: list[SpecError], data: dict[str, Any], path: Path) -> list[SpecError]:
+    """A required top-level field reported missing while the document has an unknown key
+    close to it (``sucess_criteria``) is that key's problem: named at its line, with the
+    right spelling."""
+    unknown = [key for key in data if isinstance(key, str) and key not in TaskDefinition.model_fields
+               and key not in ExperimentDefinition.model_fields]
+    lines: dict[str, int] | None = None
+    found = []
+    for error in errors:
+        top_level = error.field and "." not in error.field
+        close = (difflib.get_close_matches(error.field, unknown, n=1)
+                 if top_level and error.message == "required field is missing" else [])
+        if not close:
+            found.append(error)
+            continue
+        if lines is None:
+            try:
+                lines = mapping_key_lines(read_text(path))
+            except SpecError:  # gone since it was read: the problem stands without a line
+                lines = {}
+        found.append(SpecError(f"unknown field (did you mean '{error.field}'? '{error.field}' is required)",
+                               field=close[0], line=lines.get(close[0])))
+    return found
 
 
 def _raise_if_any(problems: list[SpecError], path: Path) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from ...errors import TaskLoadError
 from .dataset import RowSampling, check_row_ids, load_dataset_rows, row_sampling
 from .early_stop import early_stop_problem, watcher_config
+from .limits import DEFAULT_TASK_TIMEOUT
 from .loader import LoadedCoderEvalTask
 from .task import TaskDefinition
 
@@ -33,7 +34,6 @@ AGENT_NAME = "agent"
 SIMULATOR_NAME = "simulator"
 PROMPT_ID = "task"
 VERIFIER_ID = "success_criteria"
-DEFAULT_TASK_TIMEOUT = 600
 AUTO_WORKING_DIR = "/workspace"  # upstream reserves /work for its own mounts
 # agent: fields the registry entry takes over (the coding agents' permissions, tools and SDK
 # options, the replay script); the system prompt and run_limits go by agent-config instead
@@ -69,6 +69,7 @@ def lower_task(loaded: LoadedCoderEvalTask, *, grade_only_from: Path | None = No
         "id": "criteria", "type": "success_criteria", "sandbox_name": WORKSPACE, "verifier_id": VERIFIER_ID,
         "criteria": _row_tokens(criteria_documents(task)),
         "prompt_id": PROMPT_ID if runs_agent else None, "expected_commands": task.expected_commands,
+        **({"timeout_seconds": task.run_limits.task_timeout} if task.run_limits and task.run_limits.task_timeout else {}),
     })
     if task.post_run:
         steps.append({**_commands("post_run", task.post_run), "fail_task_on_error": False})

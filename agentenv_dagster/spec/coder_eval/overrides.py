@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import yaml
 from pydantic import BaseModel
 
+from ...errors import SpecError
+from ..documents import parse_yaml
 from .agents import ALL_AGENT_MODELS, parse_agent_config
 from .base import errors_of, validate_model
 from .limits import RunLimits
@@ -30,9 +31,10 @@ class OverrideError(ValueError):
 
 
 def parse_scalar(value: str) -> Any:
+    """The value as YAML, within the input limits (no NaN, no alias bombs)."""
     try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError as exc:
+        parsed = parse_yaml(value)
+    except SpecError as exc:
         raise OverrideError(f"value is not valid YAML: {exc}") from None
     if isinstance(parsed, bool) and value.strip().lower() in YAML_TRUTHY_WORDS:
         return value

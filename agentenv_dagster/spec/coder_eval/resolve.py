@@ -8,13 +8,13 @@ Each resolver returns the updated model and the problems it found, located by fi
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from ...errors import SpecError
+from ..documents import load_json
 from .agents import AgentConfig, ReplayAgentConfig, ReplayEpisode
 from .base import FieldErrors, validate_each, validate_model
 from .dataset import check_row_ids, load_dataset_rows
@@ -108,11 +108,13 @@ def _check_replay_script(path: Path) -> Problems:
     if not path.is_file():
         return [SpecError(f"replay script not found: {path}", field="script")]
     try:
-        episodes = json.loads(path.read_text(encoding="utf-8"))["episodes"]
+        episodes = load_json(path)["episodes"]
         validate_each(episodes, lambda _, episode: validate_model(ReplayEpisode, episode))
     except FieldErrors as exc:
         return [SpecError(f"replay script {path}: episodes.{e.field}: {e.message}", field="script") for e in exc.errors]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+    except SpecError as exc:
+        return [SpecError(f"replay script {exc}", field="script")]
+    except (KeyError, TypeError) as exc:
         return [SpecError(f"replay script {path} must be a JSON object with an 'episodes' list ({exc})", field="script")]
     return []
 

@@ -11,7 +11,7 @@ import difflib
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from ...errors import SpecError
 from .agents import AgentField, AnthropicAgentConfig, ReplayAgentConfig
@@ -111,6 +111,8 @@ class PreRunCommand(PostRunCommand):
 
 class TaskDefinition(BaseModel):
     """One evaluation task: prompt, agent, sandbox, caps and the criteria that grade it."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     task_id: str
     description: str
