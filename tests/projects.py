@@ -65,12 +65,18 @@ def leaked_servers(state_dir: Path) -> list[str]:
     return leaked
 
 
+def node_of(step_key: str | None) -> str | None:
+    """A step key's node: a task's steps are nodes of its graph (``<task>.<step>``)."""
+    return step_key.rsplit(".", 1)[-1] if step_key else step_key
+
+
 def stream_rows(run_dir: Path, step_key: str) -> dict[str, dict]:
-    """A run's stream of one step (``<state>/runs/<run_id>``): each row's context as the step
-    passed it on (or as the row stopped)."""
+    """A run's stream of one step (``<state>/runs/<run_id>``, the step's node name): each
+    row's context as the step passed it on (or as the row stopped)."""
     from agentenv_dagster.orchestration.io_manager import TaskContextIOManager
 
-    rows = TaskContextIOManager(base_dir=str(run_dir.parent)).rows(run_dir.name, step_key)
+    io = TaskContextIOManager(base_dir=str(run_dir.parent))
+    rows = io.rows(run_dir.name, io.step_stream(run_dir.name, step_key))
     return {key: record["context"] for key, record in rows.items()}
 
 

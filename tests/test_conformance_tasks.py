@@ -108,7 +108,7 @@ def test_env_conformance_aimed_at_another_env_and_at_a_broken_one(project):
 
 
 def test_the_launchpad_retargets_a_run_through_its_seed_tag(project):
-    job = build_definitions(project / "tasks").get_job_def("env_conformance")
+    job = build_definitions(project / "tasks").resolve_job_def("env_conformance")
     assert json.loads(job.tags[TAG_SEED]) == {"env_id": "email"}
     with dg.instance_for_test() as instance:
         result = job.execute_in_process(instance=instance, tags={TAG_SEED: json.dumps({"env_id": "item-store"})})

@@ -36,9 +36,12 @@ def build_job(
     plan: TaskPlan, translator: TaskTranslator | None = None, executor_def: dg.ExecutorDefinition | None = None,
     config: AgentEnvConfig | None = None, resources: dict | None = None,
 ) -> dg.JobDefinition:
-    """The task's job on its own (with ``resources`` bound, when given): its op graph backing
-    its assets (``task_job.build_task``), the stored artifacts it loads as their upstream."""
+    """The task's job on its own, bound to ``resources`` (default: the location's, from
+    ``config``): its op graph backing its assets (``task_job.build_task``), the stored
+    artifacts it loads as their upstream."""
     translator = translator or TaskTranslator()
+    config = config or load_config()
+    resources = resources if resources is not None else location_resources(config)
     task = build_task(plan, translator, executor_def, config)
     defs = dg.Definitions(assets=[task.assets, *translator.get_artifact_specs([plan])], jobs=[task.job],
                           resources=resources)

@@ -75,11 +75,18 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
                     stopped.setdefault(key, record)
         return stopped
 
+    def step_stream(self, run_id: str, node: str) -> str | None:
+        """The name of the stream of step ``node`` of the run (its step key: the node's name,
+        under its graph's)."""
+        return next((name for name in self.stream_names(run_id)
+                     if name == node or name.endswith(f".{node}")), None)
+
     def final_contexts(self, run_id: str) -> dict[str, TaskStepContext]:
         """Each row's final context: the teardown op's record of it (every sink merged, or
         what a stopped row had when it stopped); for a run that ended before its teardown op
         did, each row's last record of every stream, merged."""
-        records, _, ended = self.read_records(run_id, FINAL_STEP)
+        final = self.step_stream(run_id, FINAL_STEP)
+        records, _, ended = self.read_records(run_id, final) if final else ([], None, False)
         rows = final_rows(records)
         if not ended:
             by_row: dict[str, list[dict[str, Any]]] = {}

@@ -33,6 +33,7 @@ from ..steps.base import AGENT, ENV, SANDBOX, TaskStep
 from ..steps.containers import CONTAINER
 from ..steps.execution import record_retries, rolled_back_sandboxes
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
+from .rows import node_step_key, task_graph_of
 from .translator import TAG_CONTENT_HASH, TaskTranslator
 
 TAG_RETRY_SPAN = "agentenv/retry_span"  # node tag: the span a step's retry_config re-executes
@@ -93,8 +94,9 @@ def plan_retry(
     span failed)."""
     failed = sorted({e.step_key for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
                      if e.step_key and e.step_key != FINAL_STEP})  # (the teardown fails because a row stopped)
-    spans = {key: json.loads(tag) for key in failed
-             if job_def.graph.has_node_named(key) and (tag := job_def.graph.node_named(key).tags.get(TAG_RETRY_SPAN))}
+    graph = task_graph_of(job_def)
+    nodes = {node_step_key(job_def, node.name): node for node in graph.nodes}
+    spans = {key: json.loads(tag) for key in failed if key in nodes and (tag := nodes[key].tags.get(TAG_RETRY_SPAN))}
     if not spans:
         return None
     if len(failed) > 1:
@@ -111,12 +113,12 @@ def plan_retry(
     used = sum(1 for r in retries if r.tags.get(TAG_RETRY_STEP) == step_id)
     if used >= span["max_retries"]:
         return f"step '{step_id}' failed after {used} retr{'y' if used == 1 else 'ies'} (max_retries={span['max_retries']})"
-    nodes = [node for node, _ in span["replay"]]
+    replayed = [node for node, _ in span["replay"]]
     attempt = len(retries) + 2
     reset = {
         "attempt": attempt, "step_id": step_id, "retry_from_step_id": span["retry_from_step_id"],
         "replayed": [s for _, s in span["replay"]], "at_utc": datetime.now(timezone.utc).isoformat(),
-        "rolled_back_sandboxes": _rolled_back(io, chain, job_def, set(nodes)),
+        "rolled_back_sandboxes": _rolled_back(io, chain, job_def, set(replayed)),
         "parent_run_id": run.run_id,
     }
     inherited = {k: v for k, v in run.tags.items() if k not in TAGS_TO_MAYBE_OMIT_ON_RETRY and not k.startswith("agentenv/")}
@@ -126,7 +128,8 @@ def plan_retry(
         TAG_RETRY_ATTEMPT: str(attempt),
         TAG_RETRY_RESETS: json.dumps([*json.loads(run.tags.get(TAG_RETRY_RESETS) or "[]"), reset]),
     }
-    return Retry(parent=run, step_keys=[*nodes, FINAL_STEP], tags=tags, reset=reset)
+    return Retry(parent=run, step_keys=[node_step_key(job_def, n) for n in (*replayed, FINAL_STEP)], tags=tags,
+                 reset=reset)
 
 
 def create_retry_run(instance: dg.DagsterInstance, job_def: dg.JobDefinition, retry: Retry) -> dg.DagsterRun:
@@ -208,7 +211,8 @@ def _rolled_back(io: ContextIOManagerBase, chain: list[dg.DagsterRun], job_def: 
     """Deployments the failed attempt held that the outputs the child reuses do not."""
     failed = [TaskStepContext.from_dict(record["context"]) for name in io.stream_names(chain[0].run_id)
               for record in io.rows(chain[0].run_id, name).values()]
-    reused = {n.name for n in job_def.nodes} - replayed - {FINAL_STEP}
+    reused = {node_step_key(job_def, n.name) for n in task_graph_of(job_def).nodes
+              if n.name not in replayed and n.name != FINAL_STEP}
     stored: dict[str, list[TaskStepContext]] = {}
     for run in chain:  # each reused output from the nearest run that stored it
         for name in io.stream_names(run.run_id):

@@ -101,6 +101,21 @@ def range_tags(plan, keys: list[str]) -> dict[str, str]:
     return {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
 
 
+def task_graph_of(job: dg.JobDefinition) -> dg.GraphDefinition:
+    """The op graph of a task job: the graph backing its assets (its one node), or the job's
+    own graph (a job built from the graph alone)."""
+    nodes = job.graph.nodes
+    if len(nodes) == 1 and isinstance(nodes[0].definition, dg.GraphDefinition):
+        return nodes[0].definition
+    return job.graph
+
+
+def node_step_key(job: dg.JobDefinition, node: str) -> str:
+    """The step key of a node of a task job's graph."""
+    graph = task_graph_of(job)
+    return node if graph is job.graph else f"{graph.name}.{node}"
+
+
 def node_assets(tags: dict[str, str]) -> dict[str, Any]:
     """A node's asset keys from its tag: ``produced`` [kind, name, path], ``loaded``, and the
     ``checks`` of its verifications."""
@@ -111,7 +126,7 @@ def node_assets(tags: dict[str, str]) -> dict[str, Any]:
 def rows_not_passed(instance: dg.DagsterInstance, job: dg.JobDefinition, keys: list[str]) -> list[str]:
     """Of ``keys``, the rows to run again: a verification of theirs is a failed partition (the
     row stopped), was never reached, or its latest materialization did not pass."""
-    verifications = [dg.AssetKey(path) for node in job.graph.nodes
+    verifications = [dg.AssetKey(path) for node in task_graph_of(job).nodes
                      for kind, _, path in node_assets(node.tags)["produced"] if kind == VERIFICATION]
     again: set[str] = set()
     for key in verifications:

@@ -25,6 +25,7 @@ from ..config import AgentEnvConfig
 from ..plan import TaskPlan
 from .io_manager import context_io_manager
 from .resources import RESOURCE_KEY, AgentEnvResource
+from .rows import task_graph_of
 from .retries import launch_retry
 from .schedules import task_run_requests
 from .translator import TAG_CONTENT_HASH, TAG_TASK_ID, TAG_TASK_VERSION, TaskTranslator
@@ -196,7 +197,7 @@ def job_shape(job: dg.JobDefinition, plan: TaskPlan) -> tuple:
     retry policy), their edges, and the partitions (the rows of the plan the job was built
     from; the job's own would need its resources bound)."""
     nodes = []
-    for invocation, inputs in job.graph.dependencies.items():
+    for invocation, inputs in task_graph_of(job).dependencies.items():
         retry = invocation.retry_policy
         nodes.append((
             invocation.alias or invocation.name, invocation.name, tuple(sorted((invocation.tags or {}).items())),

@@ -19,7 +19,7 @@ from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, 
 from ..context import TaskStepContext
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.scoring import verification_passed
-from .rows import UNPARTITIONED, node_assets
+from .rows import UNPARTITIONED, node_assets, task_graph_of
 from .translator import TAG_CODE_VERSION
 from .usage import usage_metadata
 
@@ -51,7 +51,8 @@ def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
 def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
     """The task-scoped assets (verifications, collections) of ``node`` and every node after it,
     each with its checks."""
-    structure = job.graph.dependency_structure
+    graph = task_graph_of(job)
+    structure = graph.dependency_structure
     seen, todo = set(), [node]
     while todo:
         name = todo.pop()
@@ -61,7 +62,7 @@ def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey
                      for i in inputs]
     unreached = []
     for name in sorted(seen):
-        assets = node_assets(job.graph.node_named(name).tags)
+        assets = node_assets(graph.node_named(name).tags)
         unreached += [(dg.AssetKey(path), assets["checks"] if kind == VERIFICATION else [])
                       for kind, _, path in assets["produced"] if kind != ARTIFACT]
     return unreached

@@ -22,7 +22,7 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..naming import dagster_name
 from ..plan import TaskPlan
-from ..steps.base import ARTIFACT
+from ..steps.base import ARTIFACT, VERIFICATION
 from .executors import job_executor
 from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, teardown_op
 from .retries import span_tags
@@ -52,6 +52,7 @@ def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
         graph,
         keys_by_output_name={name: key for name, (key, _) in outputs.items()},
         keys_by_input_name=inputs,
+        internal_asset_deps=lineage(plan, translator, outputs),
         descriptions_by_output_name={name: description for name, (_, description) in outputs.items()},
         code_versions_by_output_name={name: code_version for name in outputs},
         partitions_def=translator.get_partitions_def(plan),
@@ -112,11 +113,26 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_version: str) ->
     output_mappings.append(dg.OutputMapping(graph_output_name=TEARDOWN_OP, mapped_node_name=TEARDOWN_OP,
                                             mapped_node_output_name=ASSET_OUTPUT))
     graph = dg.GraphDefinition(
-        name=translator.get_job_name(plan), node_defs=list(node_defs.values()), dependencies=deps,
+        name=translator.get_graph_name(plan), node_defs=list(node_defs.values()), dependencies=deps,
         description=translator.get_job_description(plan), input_mappings=input_mappings,
         output_mappings=output_mappings,
     )
     return graph, outputs, inputs
+
+
+def lineage(plan: TaskPlan, translator: TaskTranslator,
+            outputs: dict[str, tuple[dg.AssetKey, str]]) -> dict[str, set[dg.AssetKey]]:
+    """What each of the task's assets is made from: the stored artifacts its step's ancestry
+    loaded and the verifications it reads (an aggregate's); the results, from every other."""
+    deps: dict[str, set[dg.AssetKey]] = {}
+    for step in plan.steps:
+        node = translator.get_node_name(step)
+        if node in outputs:
+            deps[node] = {translator.get_loaded_artifact_asset_key(a) for a in plan.artifact_lineage(step.id)}
+            deps[node] |= {translator.get_verification_asset_key(plan.task_id, n.name) for n in step.names_read()
+                           if n.kind == VERIFICATION}
+    deps[TEARDOWN_OP] = {key for name, (key, _) in outputs.items() if name != TEARDOWN_OP}
+    return deps
 
 
 def job_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping | dict:
@@ -151,7 +167,7 @@ def run_config(plan: TaskPlan, translator: TaskTranslator, rows: list[str] | Non
     experiment) and, when given, the rows the root ops start. The steps keep their
     ``<row.field>`` tokens: every row is filled from its own values as it runs."""
     roots = {s.id for s in plan.steps if not plan.edges[s.id]}
-    return {"ops": {translator.get_job_name(plan): {"ops": {
+    return {"ops": {translator.get_graph_name(plan): {"ops": {
         translator.get_node_name(step): {"config": {
             "step": step_config(step),
             **({ROWS: list(rows)} if rows and step.id in roots else {}),

@@ -36,6 +36,10 @@ class TaskTranslator:
     def get_job_name(self, plan: TaskPlan) -> str:
         return job_name(plan.task_id)
 
+    def get_graph_name(self, plan: TaskPlan) -> str:
+        """The task's op graph, the one node of its job (its steps are the graph's nodes)."""
+        return f"{self.get_job_name(plan)}_steps"
+
     def get_node_name(self, step: TaskStep) -> str:
         return node_name(step.id)
 

@@ -284,7 +284,7 @@ def test_a_coder_eval_run_is_graded_by_the_llm_judge(tmp_path, fake_messages_api
     with dg.instance_for_test() as instance:
         run = run_coder_eval_task(root / "tasks" / "judged.yaml", load_config(root), output_dir=tmp_path / "out",
                                   instance=instance)
-        key = dg.AssetKey(["verifications", "judged-greeting", "success_criteria"])
+        key = dg.AssetKey(["verifications", "judged_greeting", "success_criteria"])
         metadata = instance.get_latest_materialization_event(key).asset_materialization.metadata
     # the judge's tokens and cost on the verification asset (the replay agent spends none)
     assert (metadata["judge_input_tokens"].value, metadata["judge_output_tokens"].value) == (1000, 100)

@@ -20,7 +20,7 @@ from agentenv_dagster.orchestration.execute import dagster_yaml, execute_plan
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG, ROWS_TAG
 from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
 from agentenv_dagster.runtime.local import Ledger
-from projects import leaked_servers, make_project
+from projects import leaked_servers, make_project, node_of
 
 VERIFICATION = dg.AssetKey(["verifications", "words", "success_criteria"])
 
@@ -168,7 +168,7 @@ def test_a_row_that_fails_stops_there_and_the_others_go_on(project):
         run = execute_plan(plan, config, instance=instance, partition_keys=["c", "a", "b"])
         assert not run.success  # the run fails (after every row ran) so Dagster marks the stopped row
         teardown = [e for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)]
-        assert [e.step_key for e in teardown] == ["teardown_run"]
+        assert [node_of(e.step_key) for e in teardown] == ["teardown_run"]
         assert "1 of 3 rows stopped" in teardown[0].dagster_event.event_specific_data.error.message
         assert set(run.contexts) == {"a", "b", "c"}
         assert run.contexts["a"].metadata["seen"] == {"check": "pass", "after": "ran"}
@@ -224,7 +224,7 @@ def test_a_launch_over_a_partition_range_without_row_config_reads_the_rows_from_
     from agentenv_dagster import build_definitions
 
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
-    job = build_definitions(project / "tasks").get_job_def("words")
+    job = build_definitions(project / "tasks").resolve_job_def("words")
     config = job.partitioned_config.get_run_config_for_partition_key("r1")
     for node in config["ops"].values():
         node["config"].pop("rows", None)
@@ -239,7 +239,7 @@ def test_a_run_tagged_rows_failed_runs_only_the_rows_that_did_not_pass(project):
     from agentenv_dagster import build_definitions
 
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
-    job = build_definitions(project / "tasks").get_job_def("words")
+    job = build_definitions(project / "tasks").resolve_job_def("words")
     config = job.partitioned_config.get_run_config_for_partition_key("r1")
     for node in config["ops"].values():  # the step fields only, as the launchpad sends them
         node["config"].pop("rows", None)
@@ -271,7 +271,7 @@ def test_a_run_that_names_no_rows_takes_the_dataset_s_stratified_sample(project)
         f"rows: [{rows}]\n  sample_per_stratum: 1\n  sample_seed: 3")
     path = project / "tasks" / "words.yaml"
     path.write_text(task)
-    job = build_definitions(project / "tasks").get_job_def("words")
+    job = build_definitions(project / "tasks").resolve_job_def("words")
     assert len(job.partitions_def.get_partition_keys()) == 6  # every row is a partition
     plan = checked_plan(load_document(path, step_registry(load_config(project)))[0])
     drawn = plan.document.selected_rows()

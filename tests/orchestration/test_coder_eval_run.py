@@ -104,7 +104,7 @@ def test_a_coder_eval_task_is_a_job_with_a_check_per_gating_criterion(project):
     key = dg.AssetKey(["verifications", "hello-python", "success_criteria"])
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys if k.asset_key == key}
     assert checks == {"passed", "criterion_1_file_exists", "criterion_2_run_command", "criterion_3_command_executed"}
-    job = defs.get_job_def("hello_python")
+    job = defs.resolve_job_def("hello_python")
     assert job.tags["agentenv/format"] == "coder-eval"
     with dg.instance_for_test() as instance:
         result = job.execute_in_process(instance=instance)
@@ -259,7 +259,7 @@ def test_skipped_tasks_are_listed_not_run_and_command_stats_are_reported(project
     text = (project / "tasks" / "hello_python.yaml").read_text()
     (project / "tasks" / "skipped.yaml").write_text(text.replace("task_id: hello-python", "task_id: skipped\nskip: true"))
     defs = build_definitions(project / "tasks")
-    assert defs.get_job_def("hello_python") and "skipped" not in {j.name for j in defs.resolve_all_job_defs()}
+    assert defs.resolve_job_def("hello_python") and "skipped" not in {j.name for j in defs.resolve_all_job_defs()}
     out = tmp_path / "out"
     done = cli(project, "run", "tasks/skipped.yaml", "--output-dir", str(out))
     assert done.returncode == 0 and "skipped" in done.stdout
@@ -406,7 +406,7 @@ WORDS_TASK = textwrap.dedent("""
 def test_a_dataset_task_is_a_job_partitioned_by_row(project):
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
     defs = build_definitions(project / "tasks")
-    job = defs.get_job_def("words")
+    job = defs.resolve_job_def("words")
     assert job.partitions_def.get_partition_keys() == ["r1", "r2", "r3"]
     config = job.partitioned_config.get_run_config_for_partition_key("r2")
     assert config["ops"]["prompt"]["config"]["step"]["prompt"] == "Say <row.word>"
@@ -430,7 +430,7 @@ def test_a_run_with_nothing_but_a_partition_tag_runs_that_row_with_its_partition
     """What `dg launch --job words --partition r2` or `dagster job execute --tags` send: no run
     config, so the steps come from the partition, as the launchpad would have filled them."""
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
-    job = build_definitions(project / "tasks").get_job_def("words")
+    job = build_definitions(project / "tasks").resolve_job_def("words")
     with dg.instance_for_test() as instance:
         assert job.execute_in_process(instance=instance, tags={"dagster/partition": "r2"}).success
         assert instance.get_materialized_partitions(dg.AssetKey(["verifications", "words", "success_criteria"])) == {"r2"}
@@ -518,8 +518,8 @@ def test_a_task_whose_definitions_dagster_refuses_is_a_broken_job_not_a_broken_l
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
     (project / "tasks" / "labels.yaml").write_text(LABELS_TASK)
     defs = build_definitions(project / "tasks", translator=OddGroups())
-    assert defs.get_job_def("labels").partitions_def.get_partition_keys() == ["a", "b", "c"]
-    broken = defs.get_job_def("words__invalid")
+    assert defs.resolve_job_def("labels").partitions_def.get_partition_keys() == ["a", "b", "c"]
+    broken = defs.resolve_job_def("words__invalid")
     assert "words.yaml" in broken.description and "Dagster refuses its definitions" in broken.description
     assert "words and more" in broken.description
     with pytest.raises(TaskLoadError, match="Dagster refuses its definitions"):
@@ -532,7 +532,7 @@ def test_the_suite_asset_rolls_up_the_row_partitions_with_blocking_threshold_che
     suite_key = dg.AssetKey(["suites", "words"])
     with dg.instance_for_test() as instance:
         for row in ("r1", "r2", "r3"):
-            defs.get_job_def("words").execute_in_process(instance=instance, partition_key=row)
+            defs.resolve_job_def("words").execute_in_process(instance=instance, partition_key=row)
         result = dg.materialize([defs.get_assets_def(suite_key)], instance=instance, resources={})
         assert result.success
         metadata = {k: v.value for k, v in instance.get_latest_materialization_event(suite_key)

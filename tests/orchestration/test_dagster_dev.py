@@ -107,7 +107,7 @@ def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -
     task's suite up by itself."""
     from agentenv_dagster import build_definitions
 
-    job = build_definitions(project / "tasks").get_job_def("triage_tickets")
+    job = build_definitions(project / "tasks").resolve_job_def("triage_tickets")
     config = job.partitioned_config.get_run_config_for_partition_key("t2")
     # the automation sensor's first tick only takes stock: rows updated before it do not count
     wait_until(lambda: client._execute(SUITES_SENSOR_TICKS)["sensorOrError"]["sensorState"]["ticks"], 180,

@@ -12,6 +12,17 @@ from dagster_graphql.schema.run_config import default_values_yaml_from_type_snap
 from agentenv_dagster import build_definitions
 from agentenv_dagster.errors import TaskLoadError
 
+def task_graph(job: dg.JobDefinition) -> dg.GraphDefinition:
+    """The task's op graph: the one node of its job (the graph backing the task's assets)."""
+    (node,) = job.graph.nodes
+    return node.definition
+
+
+def step_ops(job_name: str, ops: dict) -> dict:
+    """Run config for the ops of a task's graph."""
+    return {"ops": {job_name: {"ops": ops}}}
+
+
 VERIFICATION = dg.AssetKey(["verifications", "reply_to_dana", "sent"])
 TONE = dg.AssetKey(["verifications", "reply_to_dana", "tone"])
 COLLECTED = dg.AssetKey(["artifacts", "reply_to_dana", "collect"])
@@ -20,12 +31,14 @@ INBOX = dg.AssetKey(["artifacts", "inbox"])
 
 def test_one_job_per_task_with_ops_named_after_steps_and_depends_on_edges(project):
     defs = build_definitions(project / "tasks")
-    job = defs.get_job_def("reply_to_dana")
-    nodes = {node.name for node in job.graph.nodes}
+    job = defs.resolve_job_def("reply_to_dana")
+    graph = task_graph(job)
+    assert graph.name == "reply_to_dana_steps"
+    nodes = {node.name for node in graph.nodes}
     assert nodes == {"email", "inbox", "assistant", "reply", "tone", "sent", "collect", "teardown_run"}
     upstream = {
         invocation.alias: sorted(d.node for edges in inputs.values() for d in edges.get_node_dependencies())
-        for invocation, inputs in job.graph.dependencies.items()
+        for invocation, inputs in graph.dependencies.items()
     }
     assert upstream["email"] == []
     assert upstream["inbox"] == ["email"] and upstream["assistant"] == ["email"]
@@ -34,12 +47,12 @@ def test_one_job_per_task_with_ops_named_after_steps_and_depends_on_edges(projec
     # a node loads the contexts of the dependencies nothing else descends from; the others order it
     loaded = {
         invocation.alias: sorted(d.node for d in inputs["upstream"].get_node_dependencies())
-        for invocation, inputs in job.graph.dependencies.items() if "upstream" in inputs
+        for invocation, inputs in graph.dependencies.items() if "upstream" in inputs
     }
     plan_sources = {"reply": ["assistant", "inbox"], "teardown_run": ["collect", "sent", "tone"]}
     assert {k: loaded[k] for k in plan_sources} == plan_sources
     # one op definition per step type, shared through aliases
-    assert job.graph.node_named("reply").definition.name == "prompt_agent"
+    assert graph.node_named("reply").definition.name == "prompt_agent"
     assert job.tags["agentenv/task_id"] == "reply_to_dana"
     assert len(job.tags["agentenv/content_hash"]) == 16
 
@@ -50,44 +63,46 @@ def test_a_chain_node_loads_one_context_and_is_ordered_after_the_rest(project):
         {"id": "assistant", "type": "deploy_agent", "env_ids": ["email"], "agent_name": "assistant"},
         {"id": "ask", "type": "prompt_agent", "agent_name": "assistant", "prompt_id": "p", "prompt": "hi"},
     ]))
-    job = build_definitions(project / "tasks").get_job_def("chain")
+    graph = task_graph(build_definitions(project / "tasks").resolve_job_def("chain"))
     inputs = {invocation.alias: {name: sorted(d.node for d in edges.get_node_dependencies())
                                  for name, edges in deps.items()}
-              for invocation, deps in job.graph.dependencies.items()}
+              for invocation, deps in graph.dependencies.items()}
     assert inputs["ask"] == {"upstream": ["assistant"], "after": ["email"]}
     assert inputs["assistant"] == {"upstream": ["email"]}
     # "after" streams are waited for row by row, their contexts not merged (another input has them)
-    assert job.graph.node_named("ask").definition.input_def_named("after").description.startswith("streams whose rows it only waits for")
+    after = graph.node_named("ask").definition.input_def_named("after")
+    assert after.description.startswith("streams whose rows it only waits for")
 
 
 def test_step_fields_are_launchpad_config(project):
-    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
     # what the launchpad opens with: the webserver's rootDefaultYaml, from the job snapshot
     snap = job.get_job_snapshot()
     root = snap.config_schema_snapshot.get_config_snap(snap.mode_def_snaps[0].root_config_key)
     prefilled = yaml.safe_load(default_values_yaml_from_type_snap(snap.config_schema_snapshot, root))
-    step = prefilled["ops"]["reply"]["config"]["step"]
+    step = prefilled["ops"]["reply_to_dana_steps"]["ops"]["reply"]["config"]["step"]
     assert step["prompt"] == "Reply to Dana." and step["agent_name"] == "assistant"
 
 
 def test_a_step_edited_in_the_launchpad_replaces_that_step_and_keeps_the_others(project):
-    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
     edited = {"id": "reply", "type": "prompt_agent", "agent_name": "assistant", "prompt": "Reply to Sam."}
-    resolved = dg.validate_run_config(job, {"ops": {"reply": {"config": {"step": edited}}},
+    resolved = dg.validate_run_config(job, {**step_ops("reply_to_dana_steps", {"reply": {"config": {"step": edited}}}),
                                             "resources": {"agentenv": {"config": {"project_dir": str(project),
                                                                                    "rows_in_flight": 3}}}})
-    assert resolved["ops"]["reply"]["config"]["step"] == edited
-    assert resolved["ops"]["tone"]["config"]["step"]["id"] == "tone"
+    ops = resolved["ops"]  # (Dagster's resolved form names a graph's nodes by their handle)
+    assert ops["reply_to_dana_steps.reply"]["config"]["step"] == edited
+    assert ops["reply_to_dana_steps.tone"]["config"]["step"]["id"] == "tone"
     assert resolved["resources"]["agentenv"]["config"]["rows_in_flight"] == 3
 
 
 def test_run_config_outside_the_steps_is_checked_against_the_job(project):
-    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
     with pytest.raises(dg.DagsterInvalidConfigError, match="rows_in_flght"):
         dg.validate_run_config(job, {"resources": {"agentenv": {"config": {"project_dir": str(project),
                                                                            "rows_in_flght": 3}}}})
     with pytest.raises(dg.DagsterInvalidConfigError, match="confg"):
-        dg.validate_run_config(job, {"ops": {"reply": {"confg": {}}}})
+        dg.validate_run_config(job, step_ops("reply_to_dana_steps", {"reply": {"confg": {}}}))
 
 
 def test_assets_and_checks_are_declared_with_lineage_from_the_loaded_artifact(project):
@@ -98,6 +113,12 @@ def test_assets_and_checks_are_declared_with_lineage_from_the_loaded_artifact(pr
     assert graph.get(VERIFICATION).parent_keys == {INBOX, dg.AssetKey(["artifacts", "dana_reply_check"])}
     assert graph.get(TONE).parent_keys == {INBOX}
     assert graph.get(COLLECTED).parent_keys == {INBOX}
+    # each row's outcome, made from every asset of the task
+    results = dg.AssetKey(["results", "reply_to_dana"])
+    assert graph.get(results).parent_keys == {VERIFICATION, TONE, COLLECTED}
+    # one multi-asset backed by the task's graph: Materialize runs the task
+    assert graph.get(VERIFICATION).assets_def is graph.get(results).assets_def
+    assert graph.get(VERIFICATION).is_executable
     checks = {key for key in graph.asset_check_keys}
     assert dg.AssetCheckKey(VERIFICATION, "passed") in checks
     assert dg.AssetCheckKey(TONE, "passed") in checks
@@ -108,8 +129,8 @@ def test_a_bad_task_file_is_skipped_and_reported_not_fatal(project):
         {"id": "a", "type": "deploy_env", "env_id": "email", "ttl_secnds": 5}
     ]))
     defs = build_definitions(project / "tasks")
-    assert defs.get_job_def("reply_to_dana") is not None
-    placeholder = defs.get_job_def("broken__invalid")
+    assert defs.resolve_job_def("reply_to_dana") is not None
+    placeholder = defs.resolve_job_def("broken__invalid")
     assert "step 'a': field 'ttl_secnds': unknown field (did you mean 'ttl_seconds'?)" in placeholder.description
     result = placeholder.execute_in_process(raise_on_error=False)
     assert not result.success
@@ -132,6 +153,6 @@ def test_a_custom_translator_names_the_assets_the_runs_report(project):
     key = dg.AssetKey(["evals", "reply_to_dana", "sent"])
     assert key in defs.resolve_asset_graph().get_all_asset_keys()
     with dg.instance_for_test() as instance:
-        assert defs.get_job_def("reply_to_dana").execute_in_process(instance=instance).success
+        assert defs.resolve_job_def("reply_to_dana").execute_in_process(instance=instance).success
         assert instance.get_latest_materialization_event(key) is not None
         assert instance.get_latest_materialization_event(VERIFICATION) is None

@@ -46,13 +46,13 @@ def passed_by_partition(instance: dg.DagsterInstance) -> dict[str, bool]:
 
 def test_an_experiment_s_job_is_partitioned_by_variant_and_row(project):
     defs = build_definitions(project / "tasks", strict=True)
-    job = defs.get_job_def("words__compare")
+    job = defs.resolve_job_def("words__compare")
     partitions = job.partitions_def
     assert isinstance(partitions, dg.MultiPartitionsDefinition)
     assert sorted(partitions.get_partition_keys()) == sorted(
         f"{row}|{variant}" for row in ("r1", "r2", "r3") for variant in ("base", "strict"))
     assert defs.resolve_asset_graph().get(VERIFICATION).partitions_def == partitions
-    assert defs.get_job_def("words").partitions_def.get_partition_keys() == ["r1", "r2", "r3"]  # the task's own job stays
+    assert defs.resolve_job_def("words").partitions_def.get_partition_keys() == ["r1", "r2", "r3"]  # the task's own job stays
     config = job.partitioned_config.get_run_config_for_partition_key("r2|strict")
     assert config["ops"]["prompt"]["config"]["step"]["prompt"] == "Do <row.word>"  # the variant's steps
     assert config["ops"]["sandbox"]["config"]["rows"] == {"r2|strict": {"row.word": "yo"}}
@@ -69,7 +69,7 @@ def test_an_experiment_s_job_is_partitioned_by_variant_and_row(project):
 
 
 def test_a_run_that_names_no_partition_runs_the_variant_its_tag_names(project):
-    job = build_definitions(project / "tasks").get_job_def("words__compare")
+    job = build_definitions(project / "tasks").resolve_job_def("words__compare")
     config = job.partitioned_config.get_run_config_for_partition_key("r1|strict")
     for node in config["ops"].values():
         node["config"].pop("rows", None)
@@ -121,7 +121,7 @@ def test_variants_that_lower_to_other_steps_are_a_job_of_their_own(project, capl
         (project / ".agentenv" / "config.toml").read_text().replace('["words"]', '["words", "nope"]'))
     defs = build_definitions(project / "tasks")
     assert "[experiments] no Coder Eval task 'nope' in the code location" in caplog.text
-    shared, talk = defs.get_job_def("words__compare"), defs.get_job_def("words__compare__talk")
+    shared, talk = defs.resolve_job_def("words__compare"), defs.resolve_job_def("words__compare__talk")
     assert sorted(shared.partitions_def.get_partition_keys()) == sorted(
         f"{row}|{variant}" for row in ("r1", "r2", "r3") for variant in ("base", "strict"))
     assert talk.partitions_def.get_partition_keys() == ["r1|talk", "r2|talk", "r3|talk"]
@@ -159,7 +159,7 @@ def test_each_variant_s_rows_are_a_suite_a_partition_of_the_experiment_s_suite_a
     upstream = graph.get_partition_mapping(SUITE, VERIFICATION).get_upstream_mapped_partitions_result_for_partitions(
         variants.subset_with_partition_keys(["strict"]), variants, rows)
     assert sorted(upstream.partitions_subset.get_partition_keys()) == ["r1|strict", "r2|strict", "r3|strict"]  # lineage
-    job = defs.get_job_def("words__compare")
+    job = defs.resolve_job_def("words__compare")
     with dg.instance_for_test() as instance:
         for key in ("r1|base", "r2|base", "r3|base", "r1|strict"):
             assert job.execute_in_process(instance=instance, partition_key=key).success
@@ -210,7 +210,7 @@ def test_a_schedule_or_the_task_file_sensor_launches_a_run_per_variant(project):
         (project / "experiments" / "compare.yaml").write_text(COMPARE.replace("Do ${row.word}", "Say ${row.word}!"))
         changed = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=again.cursor))
         strict = next(r for r in changed.run_requests if r.tags["agentenv/variant"] == "strict")
-        run = defs.get_job_def("words__compare").execute_in_process(
+        run = defs.resolve_job_def("words__compare").execute_in_process(
             instance=instance, run_config=strict.run_config, tags=strict.tags)
         passed = passed_by_partition(instance)
     assert {r.tags["agentenv/variant"]: sorted(r.run_config["ops"]["sandbox"]["config"]["rows"]) for r in ticked} == {
@@ -258,7 +258,7 @@ def test_the_example_dataset_task_and_its_experiment_run_as_the_readme_says(tmp_
         assert (gate["metrics"]["accuracy"], gate["metrics"]["macro_f1"], gate["passed"]) == (1.0, 1.0, True)
         assert [label["label"] for label in gate["details"]["per_label"]] == ["billing", "bug", "question"]
     defs = build_definitions(root / "tasks", strict=True)
-    job = defs.get_job_def("triage_tickets__triage_prompts")
+    job = defs.resolve_job_def("triage_tickets__triage_prompts")
     assert len(job.partitions_def.get_partition_keys()) == 12  # 6 tickets x 2 prompts
     suite = dg.AssetKey(["suites", "triage-tickets__triage-prompts"])
     with dg.DagsterInstance.from_config(str(root / ".dagster_home")) as instance:
@@ -277,7 +277,7 @@ def test_the_daemon_rolls_a_suite_up_again_after_its_rows_ran(project):
     suites = dg.AssetSelection.keys(SUITE, dg.AssetKey(["suites", "words"]))
     with dg.instance_for_test() as instance:
         first = dg.evaluate_automation_conditions(defs, instance, asset_selection=suites)
-        job = defs.get_job_def("words__compare")
+        job = defs.resolve_job_def("words__compare")
         for key in ("r1|strict", "r2|strict"):
             assert job.execute_in_process(instance=instance, partition_key=key).success
         after_rows = dg.evaluate_automation_conditions(defs, instance, asset_selection=suites, cursor=first.cursor)

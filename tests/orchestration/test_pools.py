@@ -12,7 +12,7 @@ import pytest
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.orchestration.execute import dagster_yaml
-from projects import REPO, leaked_servers, make_project
+from projects import REPO, leaked_servers, make_project, node_of
 
 SLOW_AGENT = """
 [agents.registry.slow]
@@ -30,7 +30,7 @@ def task(name: str) -> list[dict]:
 
 
 def step_window(instance, run_id: str, step_key: str) -> tuple[float, float]:
-    events = [e for e in instance.all_logs(run_id) if e.step_key == step_key and e.is_dagster_event]
+    events = [e for e in instance.all_logs(run_id) if node_of(e.step_key) == step_key and e.is_dagster_event]
     start = next(e.timestamp for e in events if e.dagster_event_type == dg.DagsterEventType.STEP_START)
     end = next(e.timestamp for e in events if e.dagster_event_type == dg.DagsterEventType.STEP_SUCCESS)
     return start, end
@@ -41,7 +41,7 @@ def test_a_pool_limit_on_an_agent_serializes_its_prompts_across_runs(tmp_path):
     root = make_project(tmp_path / "p", extra_config=SLOW_AGENT, tasks={"one.json": task("one"), "two.json": task("two")})
     shutil.copy(REPO / "definitions.py", root / "definitions.py")
     defs = build_definitions(root / "tasks")
-    assert defs.get_job_def("one").graph.node_named("ask").tags["dagster/concurrency_key"] == "agentenv_agent_slow"
+    assert defs.resolve_job_def("one").graph.node_named("ask").tags["dagster/concurrency_key"] == "agentenv_agent_slow"
     home = root / ".dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(dagster_yaml(home) + "concurrency:\n  pools:\n    default_limit: 1\n")  # the project's instance

@@ -10,7 +10,7 @@ import dagster as dg
 from dagster._core.definitions.reconstruct import ReconstructableJob
 import pytest
 
-from projects import leaked_servers, make_project, stream_rows
+from projects import leaked_servers, make_project, node_of, stream_rows
 
 GATE_STEP = textwrap.dedent('''
     from pathlib import Path
@@ -45,7 +45,7 @@ def test_reexecution_from_failure_resumes_and_refuses_a_changed_task(tmp_path):
         task file is only seen through a new one."""
         (project / f"{name}.py").write_text(
             "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
-            "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).get_job_def('t')\n"
+            "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def('t')\n"
         )
         return ReconstructableJob.for_file(str(project / f"{name}.py"), "job")
 
@@ -88,7 +88,7 @@ def test_regrading_reruns_only_the_rubric_of_a_finished_run(tmp_path, fake_messa
     project = make_project(tmp_path / "p")
     (project / "jobs.py").write_text(
         "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
-        "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).get_job_def('reply_to_dana')\n"
+        "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def('reply_to_dana')\n"
     )
     recon = ReconstructableJob.for_file(str(project / "jobs.py"), "job")
     tone = dg.AssetKey(["verifications", "reply_to_dana", "tone"])
@@ -107,7 +107,7 @@ def test_regrading_reruns_only_the_rubric_of_a_finished_run(tmp_path, fake_messa
         with dg.execute_job(recon, instance=instance, reexecution_options=options,
                             run_config={"resources": {"agentenv_judge": judge}}) as regraded:
             assert regraded.success
-            ran = {e.step_key for e in regraded.all_events if e.event_type_value == "STEP_SUCCESS"}
+            ran = {node_of(e.step_key) for e in regraded.all_events if e.event_type_value == "STEP_SUCCESS"}
         assert ran == {"tone", "teardown_run"}
         after = instance.get_latest_materialization_event(tone)
         assert after.run_id == regraded.run_id

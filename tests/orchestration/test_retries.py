@@ -20,6 +20,7 @@ from agentenv_dagster import build_definitions
 from agentenv_dagster.compiler import load_plan
 from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.definitions import build_job
+from agentenv_dagster.orchestration.rows import task_graph_of
 from agentenv_dagster.orchestration.execute import execute_plan
 from agentenv_dagster.orchestration.io_manager import final_context
 from agentenv_dagster.orchestration.resources import RESOURCE_KEY, AgentEnvResource
@@ -28,7 +29,7 @@ from agentenv_dagster.orchestration.retries import (
 )
 from agentenv_dagster.orchestration.sensors import RETRY_SENSOR, retry_sensor
 from agentenv_dagster.runtime.local import Ledger
-from projects import leaked_servers, make_project
+from projects import leaked_servers, make_project, node_of
 
 STEPS = textwrap.dedent('''
     from pathlib import Path
@@ -88,7 +89,7 @@ def make(tmp_path: Path, steps: list[dict]) -> Path:
 
 
 def steps_started(instance: dg.DagsterInstance, run_id: str) -> list[str]:
-    return [e.step_key for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)]
+    return [node_of(e.step_key) for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)]
 
 
 def run_cli_plan(project: Path, instance: dg.DagsterInstance):
@@ -113,7 +114,7 @@ def test_the_span_adds_the_deployers_of_what_it_uses_and_everything_downstream(t
     assert retry_span(plan, "c") == ["b", "c"]
     # Dagster's `a*` (d, and b and c downstream of a), and the env d uses: the failed run ended it
     assert retry_span(plan, "d") == ["env", "a", "b", "c", "d"]
-    tags = {n.name: n.tags for n in build_job(plan).nodes}
+    tags = {n.name: n.tags for n in task_graph_of(build_job(plan, config=load_config(project))).nodes}
     assert json.loads(tags["d"]["agentenv/retry_span"]) == {
         "step_id": "d", "retry_from_step_id": "a", "max_retries": 1,
         "replay": [["env", "env"], ["a", "a"], ["b", "b"], ["c", "c"], ["d", "d"]],
@@ -291,7 +292,7 @@ def test_the_failure_sensor_queues_one_child_run_that_re_executes_the_span(tmp_p
             in_process_test_workspace(instance, origin) as workspace:
         location = workspace.get_code_location(workspace.code_location_names[0])
         remote = next(iter(location.get_repositories().values())).get_full_job("t")
-        job = defs.get_job_def("t")
+        job = defs.resolve_job_def("t")
         parent = instance.create_run_for_job(job, tags=job.tags, remote_job_origin=remote.get_remote_origin(),
                                              job_code_origin=remote.get_python_origin())
         instance.submit_run(parent.run_id, workspace)
@@ -314,7 +315,7 @@ def test_the_failure_sensor_queues_one_child_run_that_re_executes_the_span(tmp_p
         child = instance.get_run_by_id(child_id)
         assert child.status == dg.DagsterRunStatus.QUEUED
         assert child.parent_run_id == parent.run_id and child.root_run_id == parent.run_id
-        assert set(child.step_keys_to_execute) == {"b", "c", "teardown_run"}
+        assert set(child.step_keys_to_execute) == {"t_steps.b", "t_steps.c", "t_steps.teardown_run"}
         assert child.remote_job_origin == failed.remote_job_origin
         assert (child.tags["dagster/sensor_name"], child.tags["dagster/run_key"]) == (RETRY_SENSOR, parent.run_id)
 

@@ -8,7 +8,7 @@ import dagster as dg
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.orchestration.io_manager import final_context
-from projects import leaked_servers, make_project
+from projects import leaked_servers, make_project, node_of
 
 SENT = dg.AssetKey(["verifications", "reply_to_dana", "sent"])
 TONE = dg.AssetKey(["verifications", "reply_to_dana", "tone"])
@@ -32,7 +32,7 @@ def test_reply_to_dana_runs_end_to_end_offline(project):
     defs = build_definitions(project / "tasks")
     state = project / ".agentenv" / "state"
     with dg.instance_for_test() as instance:
-        result = defs.get_job_def("reply_to_dana").execute_in_process(instance=instance)
+        result = defs.resolve_job_def("reply_to_dana").execute_in_process(instance=instance)
         assert result.success
 
         sent = _metadata(instance, SENT)
@@ -61,8 +61,8 @@ def test_reply_to_dana_runs_end_to_end_offline(project):
     assert context.metadata["loaded_environment_artifacts"][0]["id"] == "inbox"
     assert leaked_servers(state) == []
     # the teardown op's stream: a record for the row (its final context), then the stream's end
-    records = [json.loads(line) for line in (state / "runs" / result.run_id / "context" / "teardown_run.jsonl")
-               .read_text().splitlines()]
+    records = [json.loads(line) for line in (state / "runs" / result.run_id / "context" /
+                                             "reply_to_dana_steps.teardown_run.jsonl").read_text().splitlines()]
     assert [r.get("row") for r in records] == ["", None] and records[-1] == {"end": True}
     assert records[0]["context"]["metadata"]["verifications"]["sent"]["score"] == 1.0
 
@@ -82,7 +82,7 @@ def _run(tmp_path, steps):
     root = make_project(tmp_path / "p", tasks={"t.json": steps})
     defs = build_definitions(root / "tasks")
     with dg.instance_for_test() as instance:
-        result = defs.get_job_def("t").execute_in_process(instance=instance, raise_on_error=False)
+        result = defs.resolve_job_def("t").execute_in_process(instance=instance, raise_on_error=False)
     state = root / ".agentenv" / "state"
     return result, final_context(state / "runs", result.run_id), state
 
@@ -90,7 +90,7 @@ def _run(tmp_path, steps):
 def test_a_fatal_failure_fails_the_run_skips_dependents_and_tears_down(tmp_path):
     result, context, state = _run(tmp_path, FAILING_TASK)
     assert not result.success
-    statuses = {e.step_key: e.event_type_value for e in result.all_events
+    statuses = {node_of(e.step_key): e.event_type_value for e in result.all_events
                 if e.event_type_value in ("STEP_SUCCESS", "STEP_FAILURE", "STEP_SKIPPED")}
     assert statuses["ask"] == "STEP_FAILURE"
     assert "check" not in statuses or statuses["check"] == "STEP_SKIPPED"
@@ -128,7 +128,7 @@ def test_the_judge_resource_is_configurable_from_the_launchpad(tmp_path, monkeyp
     }}}}
     defs = build_definitions(root / "tasks")
     with dg.instance_for_test() as instance:
-        result = defs.get_job_def("reply_to_dana").execute_in_process(instance=instance, run_config=run_config)
+        result = defs.resolve_job_def("reply_to_dana").execute_in_process(instance=instance, run_config=run_config)
         assert result.success
         tone = _metadata(instance, TONE)
     assert "score" in tone, tone.get("reason")

@@ -45,7 +45,7 @@ def test_a_config_cron_schedules_an_agent_env_task(tmp_path, caplog):
     assert schedule.job_name == "reply_to_dana" and schedule.job.name == "reply_to_dana"
     assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     request = tick(schedule)
-    job = defs.get_job_def("reply_to_dana")
+    job = defs.resolve_job_def("reply_to_dana")
     assert request.job_name == "reply_to_dana"
     assert request.tags[TAG_TASK_ID] == "reply_to_dana" and request.tags[TAG_CONTENT_HASH] == job.tags[TAG_CONTENT_HASH]
     assert request.run_config["ops"]["reply"]["config"]["step"]["prompt"] == "Reply to Dana."

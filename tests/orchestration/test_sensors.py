@@ -69,7 +69,7 @@ def test_the_teardown_sensors_run_by_default_and_the_file_sensor_does_not(projec
 
 
 def test_a_failed_run_s_servers_are_ended_by_the_failure_sensor_tick(project):
-    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
     with dg.instance_for_test() as instance:
         run = instance.create_run_for_job(job, tags=job.tags)
         try:
@@ -93,7 +93,7 @@ def test_a_failed_run_s_servers_are_ended_by_the_failure_sensor_tick(project):
 
 
 def test_a_cancelled_run_s_servers_are_ended_by_the_cancel_sensor(project):
-    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
     with dg.instance_for_test() as instance:
         run = instance.create_run_for_job(job, tags=job.tags)
         try:
@@ -117,7 +117,7 @@ def test_a_cancelled_run_s_servers_are_ended_by_the_cancel_sensor(project):
 
 
 def test_a_run_that_never_ran_in_this_project_is_left_alone(project, tmp_path):
-    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
     with dg.instance_for_test() as instance:
         run = instance.create_run_for_job(job, tags=job.tags)
         instance.report_run_failed(run)
@@ -129,7 +129,7 @@ def test_a_run_that_never_ran_in_this_project_is_left_alone(project, tmp_path):
 
 def test_the_run_s_own_project_dir_from_its_run_config_is_honoured(project, tmp_path):
     other = make_project(tmp_path / "other")
-    job = build_definitions(project / "tasks").get_job_def("reply_to_dana")
+    job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
     with dg.instance_for_test() as instance:
         run = instance.create_run_for_job(
             job, tags=job.tags, run_config={"resources": {RESOURCE_KEY: {"config": {"project_dir": str(other)}}}},

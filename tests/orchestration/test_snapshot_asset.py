@@ -51,14 +51,14 @@ def test_a_run_materializes_the_universe_version_and_the_reload_observes_it(tmp_
     defs = build_definitions(project / "tasks")
     with dg.instance_for_test() as instance:
         for _ in range(2):  # every snapshot is a new version of the one universe
-            assert defs.get_job_def("snapshot").execute_in_process(instance=instance).success
+            assert defs.resolve_job_def("snapshot").execute_in_process(instance=instance).success
         events = instance.fetch_materializations(artifact("inbox_after"), limit=10, ascending=True).records
         assert [{k: v.value for k, v in e.asset_materialization.metadata.items()} for e in events] == [
             {"version": 1, "written_by_step": "snap"}, {"version": 2, "written_by_step": "snap"},
         ]
         assert instance.fetch_materializations(artifact("snapshot", "snap"), limit=1).records == []
 
-        reload = defs.get_job_def("reload").execute_in_process(instance=instance)
+        reload = defs.resolve_job_def("reload").execute_in_process(instance=instance)
         assert reload.success
         [seen] = instance.fetch_observations(artifact("inbox_after"), limit=10).records
         assert seen.run_id == reload.run_id

@@ -51,7 +51,7 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None)
 
 
 def run_key(defs: dg.Definitions, job: str) -> str:
-    tags = defs.get_job_def(job).tags
+    tags = defs.resolve_job_def(job).tags
     return f"{tags[TAG_TASK_ID]}:unversioned:{tags[TAG_CONTENT_HASH]}"
 
 
@@ -81,7 +81,7 @@ def test_new_tasks_launch_once_and_a_changed_file_launches_again(project):
         assert tick(build_definitions(project / "tasks"), instance, third.cursor).run_requests == []
 
         # the request runs the file as it is now, though the job was loaded before the edit
-        result = defs.get_job_def("alpha").execute_in_process(
+        result = defs.resolve_job_def("alpha").execute_in_process(
             instance=instance, run_config=request.run_config, tags=request.tags,
         )
         assert result.success
@@ -152,11 +152,11 @@ def test_a_stored_task_is_a_job_and_each_new_version_launches_once(project):
 
     assert store(project, "stored", "v1") == 1
     defs = build_definitions(project / "tasks")
-    assert defs.get_job_def("stored").tags[TAG_TASK_VERSION] == "1"
+    assert defs.resolve_job_def("stored").tags[TAG_TASK_VERSION] == "1"
     with dg.instance_for_test() as instance:
         first = tick(defs, instance, None)
         keys = {r.job_name: r.run_key for r in first.run_requests}
-        assert keys["stored"] == f"stored:1:{defs.get_job_def('stored').tags[TAG_CONTENT_HASH]}"
+        assert keys["stored"] == f"stored:1:{defs.resolve_job_def('stored').tags[TAG_CONTENT_HASH]}"
         assert tick(defs, instance, first.cursor).run_requests == []
 
         assert store(project, "stored", "v2") == 2  # same shape: it runs through the loaded job
@@ -164,20 +164,20 @@ def test_a_stored_task_is_a_job_and_each_new_version_launches_once(project):
         (request,) = second.run_requests
         assert request.job_name == "stored" and request.run_key.startswith("stored:2:")
         assert request.tags[TAG_TASK_VERSION] == "2"
-        result = defs.get_job_def("stored").execute_in_process(instance=instance, run_config=request.run_config,
+        result = defs.resolve_job_def("stored").execute_in_process(instance=instance, run_config=request.run_config,
                                                                tags=request.tags)
         final = stream_rows(project / ".agentenv" / "state" / "runs" / result.run_id, "teardown_run")
         assert final[""]["metadata"]["notes"] == {"n0": "v2"}
         # a restart with the cursor launches nothing again; a reload runs the new version as its job
         reloaded = build_definitions(project / "tasks")
         assert tick(reloaded, instance, second.cursor).run_requests == []
-        assert reloaded.get_job_def("stored").tags[TAG_TASK_VERSION] == "2"
+        assert reloaded.resolve_job_def("stored").tags[TAG_TASK_VERSION] == "2"
 
 
 def test_a_file_shadows_the_stored_versions_of_its_task(project, caplog):
     store(project, "alpha", "stored alpha")
     defs = build_definitions(project / "tasks")
-    assert defs.get_job_def("alpha").tags.get("agentenv/task_version") == "unversioned"  # the file's
+    assert defs.resolve_job_def("alpha").tags.get("agentenv/task_version") == "unversioned"  # the file's
     assert "stored task 'alpha' is shadowed by" in caplog.text and "alpha.json" in caplog.text
     assert not [j.name for j in defs.resolve_all_job_defs() if j.name.endswith("__invalid")]
 
