@@ -65,6 +65,18 @@ def leaked_servers(state_dir: Path) -> list[str]:
     return leaked
 
 
+def graph_config(run_config: dict) -> dict:
+    """The task graph's config in a task job's run config (``steps`` by node, ``rows``)."""
+    (graph,) = run_config["ops"].values()
+    return graph["config"]
+
+
+def default_steps(job) -> dict:
+    """A task job's default step fields, by node (what the launchpad opens with)."""
+    (graph,) = job.run_config_schema.config_type.fields["ops"].config_type.fields.values()
+    return graph.config_type.fields["config"].config_type.fields["steps"].default_value
+
+
 def node_of(step_key: str | None) -> str | None:
     """A step key's node: a task's steps are nodes of its graph (``<task>.<step>``)."""
     return step_key.rsplit(".", 1)[-1] if step_key else step_key

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 UNPARTITIONED = ""
 ROWS = "rows"
+STEPS = "steps"
 # the tags of a run over a range of partitions (what a single-run backfill sets)
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 # "failed": of the rows a run names (all of them, unpartitioned), only those that did not pass
@@ -198,15 +199,6 @@ def _value(metadata_value: Any) -> Any:
     return getattr(metadata_value, "value", metadata_value)
 
 
-def node_config(run_config: dict[str, Any], node: str) -> dict[str, Any]:
-    """One node's config in a task job's run config (its nodes are under the task's graph)."""
-    for graph in (run_config.get("ops") or {}).values():
-        found = ((graph or {}).get("ops") or {}).get(node)
-        if found is not None:
-            return found.get("config") or {}
-    return {}
-
-
 def step_config(step: "TaskStep") -> dict[str, Any]:
     """The fields a step sets (a default is filled again when the op parses them): what the
     task document says, and what every job snapshot and run carries."""
@@ -214,16 +206,11 @@ def step_config(step: "TaskStep") -> dict[str, Any]:
             **step.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)}
 
 
-def step_fields(context: dg.OpExecutionContext, node: str | None = None) -> dict[str, Any]:
-    """The op's step fields (or those of ``node``, another op of the run): its config, which
-    the launchpad can edit. Under an experiment, a run of another variant than the job's
-    defaults describe runs that variant's fields where the config is those defaults."""
-    if node is None:
-        fields = context.op_config["step"]
-    else:  # the run's config as the op sees it: through the job's step defaults
-        mapping = context.job_def.config_mapping
-        config = mapping.resolve_from_unvalidated_config(context.run_config) if mapping else context.run_config
-        fields = node_config(config, node).get("step") or {}
+def step_fields(context: dg.OpExecutionContext) -> dict[str, Any]:
+    """The op's step fields: its config, which the launchpad can edit. Under an experiment, a
+    run of another variant than the one the job's defaults describe runs that variant's
+    fields where the config is those defaults."""
+    fields = context.op_config["step"]
     plan = plan_of(context)
     variant = run_variant(context, plan.document) if plan is not None else None
     if variant is None or not fields:

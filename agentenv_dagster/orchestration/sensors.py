@@ -25,10 +25,9 @@ from ..config import AgentEnvConfig
 from ..plan import TaskPlan
 from .io_manager import context_io_manager
 from .resources import RESOURCE_KEY, AgentEnvResource
-from .rows import task_graph_of
 from .retries import launch_retry
 from .schedules import task_run_requests
-from .translator import TAG_CONTENT_HASH, TAG_TASK_ID, TAG_TASK_VERSION, TaskTranslator
+from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_TASK_ID, TAG_TASK_VERSION, TaskTranslator
 
 FAILED_RUNS_SENSOR = "agentenv_teardown_failed_runs"
 CANCELED_RUNS_SENSOR = "agentenv_teardown_canceled_runs"
@@ -148,9 +147,9 @@ def task_file_sensor(
     task_jobs = [job for job in jobs if job.name in loaded]
     shapes: dict[str, object] = {}
 
-    def loaded_shape(name: str, job: dg.JobDefinition) -> object:
+    def loaded_shape(name: str) -> object:
         if name not in shapes:
-            shapes[name] = job_shape(job, loaded[name])
+            shapes[name] = job_shape(loaded[name], translator)
         return shapes[name]
 
     @dg.sensor(
@@ -160,8 +159,6 @@ def task_file_sensor(
                     "and per new version in the task store.",
     )
     def _sensor(context: dg.SensorEvaluationContext):
-        from .definitions import build_job  # definitions imports this module
-
         launched: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
         report = compile_location(tasks_dir, config)
         by_job = {job.name: job for job in task_jobs}
@@ -174,7 +171,7 @@ def task_file_sensor(
             if job is None or origin(loaded[name]) != origin(plan):
                 waiting.append(f"{plan.document.source}: task '{plan.task_id}' has no job here yet: "
                                "reload the code location to launch it")
-            elif job_shape(build_job(plan, translator), plan) != loaded_shape(name, job):
+            elif job_shape(plan, translator) != loaded_shape(name):
                 waiting.append(f"{plan.document.source}: task '{plan.task_id}' changed its steps, edges, "
                                "assets or rows: reload the code location to launch it")
             else:
@@ -192,15 +189,19 @@ def task_file_sensor(
     return _sensor
 
 
-def job_shape(job: dg.JobDefinition, plan: TaskPlan) -> tuple:
-    """What a run cannot change through run config: the nodes (op, tags — assets and pool —,
-    retry policy), their edges, and the partitions (the rows of the plan the job was built
-    from; the job's own would need its resources bound)."""
+def job_shape(plan: TaskPlan, translator: TaskTranslator) -> tuple:
+    """What a run cannot change through run config: the nodes of the task's graph (op, tags —
+    assets and pool —, retry policy), their edges, and the rows. (The code version, which
+    follows the content, is left out: a task whose steps only changed their fields runs.)"""
+    from .task_job import task_graph  # task_job imports this module (through definitions)
+
+    graph, _, _ = task_graph(plan, translator, code_version="")
     nodes = []
-    for invocation, inputs in task_graph_of(job).dependencies.items():
+    for invocation, inputs in graph.dependencies.items():
         retry = invocation.retry_policy
+        tags = {k: v for k, v in (invocation.tags or {}).items() if k != TAG_CODE_VERSION}
         nodes.append((
-            invocation.alias or invocation.name, invocation.name, tuple(sorted((invocation.tags or {}).items())),
+            invocation.alias or invocation.name, invocation.name, tuple(sorted(tags.items())),
             (retry.max_retries, retry.delay, str(retry.backoff), str(retry.jitter)) if retry else None,
             tuple(sorted((i, tuple(sorted(d.node for d in dep.get_node_dependencies()))) for i, dep in inputs.items())),
         ))

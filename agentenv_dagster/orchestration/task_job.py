@@ -26,7 +26,7 @@ from ..steps.base import ARTIFACT, VERIFICATION
 from .executors import job_executor
 from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, teardown_op
 from .retries import span_tags
-from .rows import ROWS, register_plan, step_config
+from .rows import ROWS, STEPS, register_plan, step_config
 from .translator import TAG_CODE_VERSION, TAG_STEP_ASSETS, TaskTranslator
 
 POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
@@ -62,7 +62,7 @@ def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
     )
     job = dg.define_asset_job(
         translator.get_job_name(plan), selection=dg.AssetSelection.assets(assets).without_checks(),
-        config=job_config(plan, translator), tags=translator.get_job_tags(plan),
+        tags=translator.get_job_tags(plan),
         executor_def=executor_def or job_executor(config, plan), description=translator.get_job_description(plan),
     )
     return TaskDefinitions(assets, job)
@@ -115,7 +115,7 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_version: str) ->
     graph = dg.GraphDefinition(
         name=translator.get_graph_name(plan), node_defs=list(node_defs.values()), dependencies=deps,
         description=translator.get_job_description(plan), input_mappings=input_mappings,
-        output_mappings=output_mappings,
+        output_mappings=output_mappings, config=graph_config(plan, translator),
     )
     return graph, outputs, inputs
 
@@ -135,45 +135,35 @@ def lineage(plan: TaskPlan, translator: TaskTranslator,
     return deps
 
 
-def job_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping | dict:
-    """The job's config: each step's fields as the defaults the launchpad shows (of a
-    partitioned job, as a plain dict: Dagster takes no config mapping there). A dataset's rows
-    are not config: a run's rows are its partitions, or the keys a root op's ``rows`` selects,
-    and each row's values are the plan's (``rows.row_seed``)."""
-    defaults = run_config(plan, translator)
-    return defaults if plan.document.partitions else step_defaults(defaults)
+def graph_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping:
+    """The task graph's config: ``steps``, each step's fields by node (the launchpad opens with
+    them; a step given there replaces that step), and ``rows``, the rows the root ops start
+    when not the run's partitions. A dataset's row values are not config: each row is filled
+    from the task's own (``rows.row_seed``)."""
+    defaults = {translator.get_node_name(step): step_config(step) for step in plan.steps}
+    roots = {translator.get_node_name(step) for step in plan.steps if not plan.edges[step.id]}
+    schema = {
+        STEPS: dg.Field(dg.Permissive(), default_value=defaults,
+                        description="each step's fields, by node; a step given here replaces that step"),
+        ROWS: dg.Field(dg.Array(str), is_required=False,
+                       description="the rows (partition keys) to run, when not the run's partitions"),
+    }
+    return dg.ConfigMapping(config_fn=partial(_node_configs, defaults, roots), config_schema=schema)
 
 
-def step_defaults(defaults: dict) -> dg.ConfigMapping:
-    """A job's step fields as defaults the launchpad shows, the config of a node given in a
-    run's config replacing that node's default. Only ``ops`` carries defaults; ``execution``,
-    ``resources`` and ``loggers`` pass through and are checked against the job's own schema
-    when a run is validated."""
-    untyped = dg.Field(dg.Permissive(), is_required=False)
-    schema = {"ops": dg.Field(dg.Permissive(), default_value=defaults["ops"]),
-              "execution": untyped, "resources": untyped, "loggers": untyped}
-    return dg.ConfigMapping(config_fn=partial(_over_defaults, defaults["ops"]), config_schema=schema)
-
-
-def _over_defaults(ops: dict, config: dict) -> dict:
-    given = config.get("ops", {})
-    merged = {graph: {"ops": {**nodes.get("ops", {}), **(given.get(graph) or {}).get("ops", {})}}
-              for graph, nodes in ops.items()}
-    return {**config, "ops": {**given, **merged}}
+def _node_configs(defaults: dict[str, dict], roots: set[str], config: dict) -> dict:
+    steps = {**defaults, **(config.get(STEPS) or {})}
+    rows = config.get(ROWS)
+    return {node: {"config": {"step": fields, **({ROWS: rows} if rows and node in roots else {})}}
+            for node, fields in steps.items()}
 
 
 def run_config(plan: TaskPlan, translator: TaskTranslator, rows: list[str] | None = None) -> dict:
-    """Op config, under the task's graph: each step's fields (of the rows' variant, under an
-    experiment) and, when given, the rows the root ops start. The steps keep their
-    ``<row.field>`` tokens: every row is filled from its own values as it runs."""
-    roots = {s.id for s in plan.steps if not plan.edges[s.id]}
-    return {"ops": {translator.get_graph_name(plan): {"ops": {
-        translator.get_node_name(step): {"config": {
-            "step": step_config(step),
-            **({ROWS: list(rows)} if rows and step.id in roots else {}),
-        }}
-        for step in plan.document.steps_for(rows[0] if rows else None)
-    }}}}
+    """The run config of a launch of the task as ``plan`` has it now: its steps (of the rows'
+    variant, under an experiment) and, when given, the rows the root ops start."""
+    steps = {translator.get_node_name(step): step_config(step)
+             for step in plan.document.steps_for(rows[0] if rows else None)}
+    return {"ops": {translator.get_graph_name(plan): {"config": {STEPS: steps, **({ROWS: list(rows)} if rows else {})}}}}
 
 
 def _fan_in(upstream: list[str], after: list[str] = ()) -> dict:

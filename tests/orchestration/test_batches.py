@@ -20,7 +20,7 @@ from agentenv_dagster.orchestration.execute import dagster_yaml, execute_plan
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG, ROWS_TAG
 from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
 from agentenv_dagster.runtime.local import Ledger
-from projects import leaked_servers, make_project, node_of
+from projects import graph_config, leaked_servers, make_project, node_of
 
 VERIFICATION = dg.AssetKey(["verifications", "words", "success_criteria"])
 
@@ -220,17 +220,13 @@ def test_rows_that_stop_are_the_failed_partitions_of_the_assets_they_never_reach
 
 def test_a_launch_over_a_partition_range_without_row_config_reads_the_rows_from_the_job(project):
     """What a single-run backfill (or ``dagster job execute`` with range tags) sends: only the
-    range. The root ops take each row's values from the job's partitioned config."""
+    range. The root ops take each row's values from the task's dataset."""
     from agentenv_dagster import build_definitions
 
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
     job = build_definitions(project / "tasks").resolve_job_def("words")
-    config = job.partitioned_config.get_run_config_for_partition_key("r1")
-    for node in config["ops"].values():
-        node["config"].pop("rows", None)
     with dg.instance_for_test() as instance:
-        result = job.execute_in_process(instance=instance, run_config=config,
-                                        tags={RANGE_START_TAG: "r1", RANGE_END_TAG: "r2"})
+        result = job.execute_in_process(instance=instance, tags={RANGE_START_TAG: "r1", RANGE_END_TAG: "r2"})
         assert result.success
         assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2"}
 
@@ -240,20 +236,15 @@ def test_a_run_tagged_rows_failed_runs_only_the_rows_that_did_not_pass(project):
 
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
     job = build_definitions(project / "tasks").resolve_job_def("words")
-    config = job.partitioned_config.get_run_config_for_partition_key("r1")
-    for node in config["ops"].values():  # the step fields only, as the launchpad sends them
-        node["config"].pop("rows", None)
-    with dg.instance_for_test() as instance:
-        assert job.execute_in_process(instance=instance, run_config=config,
-                                      tags={RANGE_START_TAG: "r1", RANGE_END_TAG: "r3"}).success
-        again = job.execute_in_process(instance=instance, run_config=config, tags={ROWS_TAG: "failed"})  # every row
+    with dg.instance_for_test() as instance:  # the step fields as the launchpad sends them: the defaults
+        assert job.execute_in_process(instance=instance, tags={RANGE_START_TAG: "r1", RANGE_END_TAG: "r3"}).success
+        again = job.execute_in_process(instance=instance, tags={ROWS_TAG: "failed"})  # every row
         records = instance.fetch_materializations(VERIFICATION, limit=10).records
         assert again.success
         assert sorted(r.asset_materialization.partition for r in records if r.run_id == again.run_id) == ["r3"]
         # r3 has no scripted reply: it fails again; of r1..r2 none is left to re-run
-        with_none = job.execute_in_process(instance=instance, run_config=config, tags={
-            ROWS_TAG: "failed", RANGE_START_TAG: "r1",
-                                                                    RANGE_END_TAG: "r2"})
+        with_none = job.execute_in_process(instance=instance, tags={
+            ROWS_TAG: "failed", RANGE_START_TAG: "r1", RANGE_END_TAG: "r2"})
         assert with_none.success
         assert not [r for r in instance.fetch_materializations(VERIFICATION, limit=10).records
                     if r.run_id == with_none.run_id]
@@ -276,15 +267,12 @@ def test_a_run_that_names_no_rows_takes_the_dataset_s_stratified_sample(project)
     plan = checked_plan(load_document(path, step_registry(load_config(project)))[0])
     drawn = plan.document.selected_rows()
     assert len(drawn) == 2 and {int(k[1:]) < 4 for k in drawn} == {True, False}  # one row a stratum
-    config = job.partitioned_config.get_run_config_for_partition_key("r1")
-    for node in config["ops"].values():  # the step fields only, as the launchpad sends them
-        node["config"].pop("rows", None)
     with dg.instance_for_test() as instance:
-        assert job.execute_in_process(instance=instance, run_config=config).success
+        assert job.execute_in_process(instance=instance).success
         assert instance.get_materialized_partitions(VERIFICATION) == set(drawn)
     # a schedule tick or a sensor's launch takes the same draw, as the CLI's `run` does
     (request,) = task_run_requests(plan, TaskTranslator())
-    assert set(request.run_config["ops"]["sandbox"]["config"]["rows"]) == set(drawn)
+    assert set(graph_config(request.run_config)["rows"]) == set(drawn)
     done = run_coder_eval_task(path, load_config(project), output_dir=project / "out")
     assert sorted(r.task_id for r in done.results) == sorted(f"words/{k}" for k in drawn)
 

@@ -14,7 +14,7 @@ import pytest
 
 from agentenv_dagster import build_definitions
 from projects import FIXTURES as ALL_FIXTURES
-from projects import leaked_servers, make_project
+from projects import default_steps, leaked_servers, make_project
 
 FIXTURES = ALL_FIXTURES / "coder_eval"
 
@@ -101,7 +101,7 @@ def test_hello_python_runs_the_replay_agent_in_the_sandbox_and_grades_its_teleme
 
 def test_a_coder_eval_task_is_a_job_with_a_check_per_gating_criterion(project):
     defs = build_definitions(project / "tasks")
-    key = dg.AssetKey(["verifications", "hello-python", "success_criteria"])
+    key = dg.AssetKey(["verifications", "hello_python", "success_criteria"])
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys if k.asset_key == key}
     assert checks == {"passed", "criterion_1_file_exists", "criterion_2_run_command", "criterion_3_command_executed"}
     job = defs.resolve_job_def("hello_python")
@@ -408,9 +408,8 @@ def test_a_dataset_task_is_a_job_partitioned_by_row(project):
     defs = build_definitions(project / "tasks")
     job = defs.resolve_job_def("words")
     assert job.partitions_def.get_partition_keys() == ["r1", "r2", "r3"]
-    config = job.partitioned_config.get_run_config_for_partition_key("r2")
-    assert config["ops"]["prompt"]["config"]["step"]["prompt"] == "Say <row.word>"
-    assert config["ops"]["sandbox"]["config"]["rows"] == {"r2": {"row.word": "yo"}}  # the root op's row
+    # the steps keep their row tokens (each row fills them as it runs); rows are not config
+    assert default_steps(job)["prompt"]["prompt"] == "Say <row.word>"
     key = dg.AssetKey(["verifications", "words", "success_criteria"])
     assert defs.resolve_asset_graph().get(key).partitions_def.get_partition_keys() == ["r1", "r2", "r3"]
     with dg.instance_for_test() as instance:

@@ -37,7 +37,7 @@ JOBS_QUERY = """{ repositoriesOrError { ... on RepositoryConnection { nodes { jo
 SUITES_SENSOR_TICKS = """{ sensorOrError(sensorSelector: {repositoryLocationName: "agentenv_tasks",
   repositoryName: "__repository__", sensorName: "agentenv_suites"}) {
   ... on Sensor { sensorState { ticks(limit: 1) { status } } } } }"""
-SUITE_QUERY = """{ assetNodeOrError(assetKey: {path: ["suites", "triage-tickets"]}) { ... on AssetNode {
+SUITE_QUERY = """{ assetNodeOrError(assetKey: {path: ["suites", "triage_tickets"]}) { ... on AssetNode {
   assetMaterializations(limit: 1) { runId metadataEntries { label ... on IntMetadataEntry { intValue } } }
 } } }"""
 PARTITIONS_QUERY = """query ($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
@@ -81,7 +81,7 @@ def look_at_the_ui(tmp_path, base: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pages = {"verification": "/assets/verifications/reply_to_dana/sent",
              "lineage": "/assets/verifications/reply_to_dana/sent?view=lineage",
-             "suite": "/assets/suites/triage-tickets"}
+             "suite": "/assets/suites/triage_tickets"}
     for name, path in pages.items():
         dom = chromium(tmp_path / f"profile-{name}", base + path, "--virtual-time-budget=20000", "--dump-dom",
                        timeout=120)
@@ -117,12 +117,12 @@ def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -
     def node(*path: str) -> dict:
         return client._execute(PARTITIONS_QUERY, {"path": list(path)})["assetNodeOrError"]
 
-    rows = node("verifications", "triage-tickets", "success_criteria")
+    rows = node("verifications", "triage_tickets", "success_criteria")
     assert rows["partitionKeysByDimension"][0]["partitionKeys"] == ["t1", "t2", "t3", "t4", "t5", "t6"]
     assert rows["assetPartitionStatuses"] == {"materializedPartitions": ["t2"], "failedPartitions": []}
     checks = {c["name"]: c["partitionStatuses"] for c in rows["assetChecksOrError"]["checks"]}
     assert checks["passed"] == {"succeededPartitions": ["t2"], "failedPartitions": []}  # the row's check passed
-    suite = node("suites", "triage-tickets__triage-prompts")
+    suite = node("suites", "triage_tickets__triage_prompts")
     assert [d["partitionKeys"] for d in suite["partitionKeysByDimension"]] == [["full", "terse"]]
 
     def rolled_up() -> dict | None:  # by the daemon's automation sensor, on its own
@@ -161,7 +161,7 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
 
         # the launchpad opens with the steps' fields, and launches what its editor holds
         prefilled = yaml.safe_load(client._execute(LAUNCHPAD_QUERY)["runConfigSchemaOrError"]["rootDefaultYaml"])
-        assert prefilled["ops"]["reply"]["config"]["step"]["prompt"] == "Reply to Dana."
+        assert prefilled["ops"]["reply_to_dana_steps"]["config"]["steps"]["reply"]["prompt"] == "Reply to Dana."
         launch_and_wait(client, "reply_to_dana", prefilled)
 
         nodes = {tuple(n["assetKey"]["path"]): n for n in client._execute(ASSETS_QUERY)["assetNodes"]}

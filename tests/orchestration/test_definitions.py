@@ -18,9 +18,9 @@ def task_graph(job: dg.JobDefinition) -> dg.GraphDefinition:
     return node.definition
 
 
-def step_ops(job_name: str, ops: dict) -> dict:
-    """Run config for the ops of a task's graph."""
-    return {"ops": {job_name: {"ops": ops}}}
+def step_ops(graph: str, config: dict) -> dict:
+    """Run config for a task's graph."""
+    return {"ops": {graph: {"config": config}}}
 
 
 VERIFICATION = dg.AssetKey(["verifications", "reply_to_dana", "sent"])
@@ -80,14 +80,14 @@ def test_step_fields_are_launchpad_config(project):
     snap = job.get_job_snapshot()
     root = snap.config_schema_snapshot.get_config_snap(snap.mode_def_snaps[0].root_config_key)
     prefilled = yaml.safe_load(default_values_yaml_from_type_snap(snap.config_schema_snapshot, root))
-    step = prefilled["ops"]["reply_to_dana_steps"]["ops"]["reply"]["config"]["step"]
+    step = prefilled["ops"]["reply_to_dana_steps"]["config"]["steps"]["reply"]
     assert step["prompt"] == "Reply to Dana." and step["agent_name"] == "assistant"
 
 
 def test_a_step_edited_in_the_launchpad_replaces_that_step_and_keeps_the_others(project):
     job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
     edited = {"id": "reply", "type": "prompt_agent", "agent_name": "assistant", "prompt": "Reply to Sam."}
-    resolved = dg.validate_run_config(job, {**step_ops("reply_to_dana_steps", {"reply": {"config": {"step": edited}}}),
+    resolved = dg.validate_run_config(job, {**step_ops("reply_to_dana_steps", {"steps": {"reply": edited}}),
                                             "resources": {"agentenv": {"config": {"project_dir": str(project),
                                                                                    "rows_in_flight": 3}}}})
     ops = resolved["ops"]  # (Dagster's resolved form names a graph's nodes by their handle)
@@ -101,8 +101,8 @@ def test_run_config_outside_the_steps_is_checked_against_the_job(project):
     with pytest.raises(dg.DagsterInvalidConfigError, match="rows_in_flght"):
         dg.validate_run_config(job, {"resources": {"agentenv": {"config": {"project_dir": str(project),
                                                                            "rows_in_flght": 3}}}})
-    with pytest.raises(dg.DagsterInvalidConfigError, match="confg"):
-        dg.validate_run_config(job, step_ops("reply_to_dana_steps", {"reply": {"confg": {}}}))
+    with pytest.raises(dg.DagsterInvalidConfigError, match="stepz"):
+        dg.validate_run_config(job, step_ops("reply_to_dana_steps", {"stepz": {}}))
 
 
 def test_assets_and_checks_are_declared_with_lineage_from_the_loaded_artifact(project):

@@ -16,7 +16,7 @@ from test_coder_eval_run import WORDS_TASK, cli
 from agentenv_dagster import build_definitions
 from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
-from projects import REPO, leaked_servers, make_project
+from projects import REPO, default_steps, graph_config, leaked_servers, make_project
 
 VERIFICATION = dg.AssetKey(["verifications", "words__compare", "success_criteria"])
 COMPARE = textwrap.dedent("""
@@ -53,12 +53,8 @@ def test_an_experiment_s_job_is_partitioned_by_variant_and_row(project):
         f"{row}|{variant}" for row in ("r1", "r2", "r3") for variant in ("base", "strict"))
     assert defs.resolve_asset_graph().get(VERIFICATION).partitions_def == partitions
     assert defs.resolve_job_def("words").partitions_def.get_partition_keys() == ["r1", "r2", "r3"]  # the task's own job stays
-    config = job.partitioned_config.get_run_config_for_partition_key("r2|strict")
-    assert config["ops"]["prompt"]["config"]["step"]["prompt"] == "Do <row.word>"  # the variant's steps
-    assert config["ops"]["sandbox"]["config"]["rows"] == {"r2|strict": {"row.word": "yo"}}
-    assert job.partitioned_config.get_tags_for_partition_key("r2|strict")["agentenv/variant"] == "strict"
-    base = job.partitioned_config.get_run_config_for_partition_key("r2|base")
-    assert base["ops"]["prompt"]["config"]["step"]["prompt"] == "Say <row.word>"
+    # the job's defaults are the first variant's steps; a partition of another variant runs its own
+    assert default_steps(job)["prompt"]["prompt"] == "Say <row.word>"
     with dg.instance_for_test() as instance:
         for key in ("r1|base", "r1|strict"):
             assert job.execute_in_process(instance=instance, partition_key=key).success
@@ -70,13 +66,10 @@ def test_an_experiment_s_job_is_partitioned_by_variant_and_row(project):
 
 def test_a_run_that_names_no_partition_runs_the_variant_its_tag_names(project):
     job = build_definitions(project / "tasks").resolve_job_def("words__compare")
-    config = job.partitioned_config.get_run_config_for_partition_key("r1|strict")
-    for node in config["ops"].values():
-        node["config"].pop("rows", None)
     with dg.instance_for_test() as instance:
-        done = job.execute_in_process(instance=instance, run_config=config, tags={"agentenv/variant": "strict"})
+        done = job.execute_in_process(instance=instance, tags={"agentenv/variant": "strict"})
         assert sorted(passed_by_partition(instance)) == ["r1|strict", "r2|strict", "r3|strict"]
-        untagged = job.execute_in_process(instance=instance, run_config=config, raise_on_error=False)
+        untagged = job.execute_in_process(instance=instance, raise_on_error=False)
     assert done.success
     assert not untagged.success
     failure = next(e for e in untagged.all_events if e.event_type_value == "STEP_FAILURE")
@@ -213,7 +206,7 @@ def test_a_schedule_or_the_task_file_sensor_launches_a_run_per_variant(project):
         run = defs.resolve_job_def("words__compare").execute_in_process(
             instance=instance, run_config=strict.run_config, tags=strict.tags)
         passed = passed_by_partition(instance)
-    assert {r.tags["agentenv/variant"]: sorted(r.run_config["ops"]["sandbox"]["config"]["rows"]) for r in ticked} == {
+    assert {r.tags["agentenv/variant"]: sorted(graph_config(r.run_config)["rows"]) for r in ticked} == {
         "base": ["r1|base", "r2|base", "r3|base"], "strict": ["r1|strict", "r2|strict", "r3|strict"]}
     launched = {(r.job_name, r.tags.get("agentenv/variant")): r.run_key for r in first.run_requests}
     assert sorted(launched) == [("words", None), ("words__compare", "base"), ("words__compare", "strict")]
@@ -260,7 +253,7 @@ def test_the_example_dataset_task_and_its_experiment_run_as_the_readme_says(tmp_
     defs = build_definitions(root / "tasks", strict=True)
     job = defs.resolve_job_def("triage_tickets__triage_prompts")
     assert len(job.partitions_def.get_partition_keys()) == 12  # 6 tickets x 2 prompts
-    suite = dg.AssetKey(["suites", "triage-tickets__triage-prompts"])
+    suite = dg.AssetKey(["suites", "triage_tickets__triage_prompts"])
     with dg.DagsterInstance.from_config(str(root / ".dagster_home")) as instance:
         records = instance.fetch_materializations(suite, limit=10).records
     assert {r.asset_materialization.partition: r.asset_materialization.metadata["rows_run"].value for r in records} == {

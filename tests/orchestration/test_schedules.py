@@ -13,7 +13,7 @@ from agentenv_dagster import build_definitions
 from agentenv_dagster.config import ConfigError, load_config
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG
 from agentenv_dagster.orchestration.translator import TAG_CONTENT_HASH, TAG_TASK_ID
-from projects import REPO, dagster_daemon, dagster_project, make_project
+from projects import REPO, dagster_daemon, dagster_project, graph_config, make_project
 
 SCHEDULES = textwrap.dedent("""
     [schedules]
@@ -48,7 +48,7 @@ def test_a_config_cron_schedules_an_agent_env_task(tmp_path, caplog):
     job = defs.resolve_job_def("reply_to_dana")
     assert request.job_name == "reply_to_dana"
     assert request.tags[TAG_TASK_ID] == "reply_to_dana" and request.tags[TAG_CONTENT_HASH] == job.tags[TAG_CONTENT_HASH]
-    assert request.run_config["ops"]["reply"]["config"]["step"]["prompt"] == "Reply to Dana."
+    assert graph_config(request.run_config)["steps"]["reply"]["prompt"] == "Reply to Dana."
 
 
 def test_a_coder_eval_tag_or_a_config_table_schedules_a_coder_eval_task(tmp_path, caplog):
@@ -78,7 +78,7 @@ def test_a_dataset_task_s_tick_runs_all_its_rows(tmp_path):
                            extra_config='[schedules]\nwords = "@hourly"\n')
     request = tick(schedules(build_definitions(project / "tasks"))["words_schedule"])
     assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == ("r1", "r3")
-    assert set(request.run_config["ops"]["sandbox"]["config"]["rows"]) == {"r1", "r2", "r3"}
+    assert set(graph_config(request.run_config)["rows"]) == {"r1", "r2", "r3"}
 
 
 def test_a_malformed_cron_is_a_config_error_and_a_bad_value_is_skipped(tmp_path, caplog):

@@ -12,7 +12,7 @@ import pytest
 from agentenv_dagster import build_definitions
 from agentenv_dagster.orchestration.sensors import TASK_FILES_SENSOR
 from agentenv_dagster.orchestration.translator import TAG_CONTENT_HASH, TAG_TASK_ID
-from projects import dagster_daemon, dagster_project, leaked_servers, make_project, stream_rows
+from projects import dagster_daemon, dagster_project, graph_config, leaked_servers, make_project, stream_rows
 
 NOTE_STEP = '''
 from agentenv_dagster.steps.base import TaskStep
@@ -131,7 +131,7 @@ def test_a_dataset_task_launches_all_its_rows_in_one_run(tmp_path):
         (request,) = tick(defs, instance, None).run_requests
     assert request.job_name == "words"
     assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == ("r1", "r3")
-    assert set(request.run_config["ops"]["sandbox"]["config"]["rows"]) == {"r1", "r2", "r3"}
+    assert set(graph_config(request.run_config)["rows"]) == {"r1", "r2", "r3"}
 
 
 def store(project, task_id: str, *texts: str) -> int:
