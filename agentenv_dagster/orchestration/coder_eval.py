@@ -29,7 +29,6 @@ from ..reports.models import EvaluationResult, RunSummary, exit_code
 from ..reports.render import WrittenReports, write_reports, write_suite, write_task_json
 from ..reports.suite import suite_rollup
 from ..runtime.artifacts import ObjectStore
-from ..runtime.collector import fewer_full_sweeps
 from ..spec.coder_eval import (
     LoadedCoderEvalTask, TaskDefinition, load_coder_eval_experiment, load_coder_eval_task, load_dataset_rows,
 )
@@ -82,7 +81,6 @@ class CoderEvalRun:
         return lines
 
 
-@fewer_full_sweeps()
 def run_coder_eval_tasks(
     paths: Sequence[Path], config: AgentEnvConfig, *, overrides: Sequence[str] = (),
     grade_only_from: Path | None = None, output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,

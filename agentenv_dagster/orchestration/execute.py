@@ -19,7 +19,6 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
 from ..plan import TaskPlan
-from .compute_logs import compute_logs_yaml
 from .dagster_internals import run_here
 from .definitions import build_job
 from .task_job import run_config
@@ -29,7 +28,6 @@ from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
 from .retries import retry_in_process
 from .rows import VARIANT_TAG, range_tags
-from .sqlite_storage import local_storage_yaml
 from .translator import TaskTranslator
 
 PARTITION_TAG = "dagster/partition"  # Dagster's tag of a run of one partition
@@ -66,23 +64,23 @@ class RunResult:
         return "\n".join(lines)
 
 
-# Offline by default: no telemetry, no newsletter prompt in the UI; a code location of
-# thousands of tasks needs more than the code server's default 180 s to start.
-DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\ncode_servers:\n  local_startup_timeout: 900\n"
+# Offline by default: no telemetry, no newsletter prompt in the UI; Dagster's own storage and
+# compute logs (SQLite in the folder; `deploy/dagster.yaml` for PostgreSQL).
+DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
 
 
 def dagster_yaml(home: Path) -> str:
-    """The project instance's settings: no telemetry or UI prompts, the local storage and
-    compute logs."""
-    return DAGSTER_YAML + local_storage_yaml(home) + compute_logs_yaml(home)
+    """The project instance's settings (``home`` is where it lives: Dagster's default storage)."""
+    return DAGSTER_YAML
 
 
 def project_dagster_home(config: AgentEnvConfig) -> Path:
-    """``DAGSTER_HOME`` if set, else the project's ``.dagster_home`` (created on first use)."""
+    """``DAGSTER_HOME`` if set, else the project's ``.dagster_home`` (its ``dagster.yaml``
+    written on first use; one of the user's own is left as it is)."""
     home = Path(os.environ.get("DAGSTER_HOME") or config.root / ".dagster_home")
     home.mkdir(parents=True, exist_ok=True)
     settings = home / "dagster.yaml"
-    if not settings.exists() or _moved(settings, home):
+    if not settings.exists():
         settings.write_text(dagster_yaml(home))
     os.environ["DAGSTER_HOME"] = str(home)
     return home
@@ -94,13 +92,6 @@ def opened_instance(config: AgentEnvConfig, instance: dg.DagsterInstance | None 
         return nullcontext(instance)
     project_dagster_home(config)
     return dg.DagsterInstance.get()
-
-
-def _moved(settings: Path, home: Path) -> bool:
-    """A dagster.yaml this project wrote for an instance folder that has moved since (a
-    settings file of the user's own is left alone)."""
-    text = settings.read_text()
-    return local_storage_yaml(home) not in text and "class: LocalSqliteStorage" in text
 
 
 def execute_plan(

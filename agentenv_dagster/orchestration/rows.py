@@ -140,18 +140,13 @@ def latest_metadata(
     instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], labels: Collection[str],
 ) -> dict[str, dict[str, Any]]:
     """Each row's latest materialization metadata of ``key``, the entries named in ``labels``
-    (rows never materialized left out): two queries for the whole dataset, not one a row. The
-    project's local storage unpacks only those entries; others read the events."""
+    (rows never materialized left out): two queries for the whole dataset, not one a row."""
     latest = instance.event_log_storage.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     wanted = set(rows)
-    lean = getattr(instance.event_log_storage, "materialization_metadata", None)
     by_row: dict[str, dict[str, Any]] = {}
     ids = sorted(storage_id for row, storage_id in latest.items() if row in wanted)
     for start in range(0, len(ids), 500):  # SQLite caps a query's bound parameters
         chunk = ids[start:start + 500]
-        if lean is not None:
-            by_row.update(lean(chunk, labels))
-            continue
         records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=chunk),
                                                   limit=len(chunk)).records
         for record in records:

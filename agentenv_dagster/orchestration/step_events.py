@@ -229,21 +229,15 @@ def _latest_materializations(
 ) -> dict[str | None, AssetCheckEvaluationTargetMaterializationData]:
     """The latest materialization of each of ``rows`` (of the asset, when none), a query per
     ``ROWS_A_QUERY``: the op has just written one a row, so they are the newest of those
-    partitions (and SQLite takes a bounded number of parameters). The project's local storage
-    answers from the event log's columns; others read the events."""
-    lean = getattr(instance.event_log_storage, "latest_materializations", None)
+    partitions (and SQLite takes a bounded number of parameters)."""
     latest: dict[str | None, AssetCheckEvaluationTargetMaterializationData] = {}
     for start in range(0, max(len(rows), 1), ROWS_A_QUERY):
         chunk = rows[start:start + ROWS_A_QUERY]
-        if lean is not None and chunk:
-            found = lean(key, chunk)
-        else:
-            records = instance.fetch_materializations(
-                dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1)).records
-            found = {r.partition_key: (r.storage_id, r.run_id, r.timestamp) for r in reversed(records)}  # newest wins
-        latest.update({row: AssetCheckEvaluationTargetMaterializationData(storage_id=storage_id, run_id=run_id,
-                                                                          timestamp=timestamp)
-                       for row, (storage_id, run_id, timestamp) in found.items()})
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1)).records
+        for record in reversed(records):  # newest wins
+            latest[record.partition_key] = AssetCheckEvaluationTargetMaterializationData(
+                storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
     return latest
 
 

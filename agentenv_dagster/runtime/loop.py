@@ -13,7 +13,6 @@ import threading
 from types import FrameType
 from typing import Any, Coroutine, TypeVar
 
-from .collector import fewer_full_sweeps
 
 T = TypeVar("T")
 
@@ -37,7 +36,7 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     step would sleep on. Instead SIGINT cancels the coroutine, which unwinds (its ``finally``
     blocks run), and then the process's handler runs outside the loop and raises as it means to.
     """
-    with fewer_full_sweeps(), asyncio.Runner(loop_factory=new_event_loop) as runner:
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
         handler = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is not threading.main_thread() or not callable(handler):
             return runner.run(coroutine)

@@ -16,9 +16,8 @@ from agentenv_dagster import build_definitions
 from agentenv_dagster.compiler import checked_plan, load_document, step_registry
 from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
-from agentenv_dagster.orchestration.execute import dagster_yaml, execute_plan
+from agentenv_dagster.orchestration.execute import execute_plan
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG, ROWS_TAG
-from agentenv_dagster.orchestration.sqlite_storage import LocalSqliteEventLogStorage
 from agentenv_dagster.runtime.local import Ledger
 from projects import graph_config, leaked_servers, make_project, node_of
 
@@ -120,38 +119,6 @@ def test_a_row_s_check_run_on_its_own_judges_that_row(project):
         assert judged == {"r2": ("r2", True), "r3": ("r3", False)}
         assert check_statuses(instance, key, ["r1", "r2", "r3"]) == {"r1": "SUCCEEDED", "r2": "SUCCEEDED",
                                                                      "r3": "FAILED"}
-
-
-def test_a_dataset_op_writes_its_rows_materializations_together(project, tmp_path, monkeypatch):
-    """On the project's local instance, the verification op's materialization a row are held
-    and written in one go (``batched_writes``), and read back as usual; each row's check judges
-    that row's latest materialization (found from the event log's columns, two queries here)."""
-    from agentenv_dagster.orchestration import step_events
-
-    monkeypatch.setattr(step_events, "ROWS_A_QUERY", 2)
-    written: list[list[str]] = []
-    write_held = LocalSqliteEventLogStorage._write_held
-
-    def recording(self):
-        held = getattr(self._held, "events", None)
-        if held:
-            written.append([e.dagster_event.partition for e in held])
-        write_held(self)
-
-    monkeypatch.setattr(LocalSqliteEventLogStorage, "_write_held", recording)
-    path = project / "tasks" / "words.yaml"
-    path.write_text(WORDS_TASK.format(extra=""))
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(dagster_yaml(home))
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        run_coder_eval_task(path, load_config(project), output_dir=project / "out", instance=instance, rows_in_flight=2)
-        assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2", "r3"}
-        latest = instance.get_latest_materialization_event(VERIFICATION)
-        checks = check_statuses(instance, dg.AssetCheckKey(VERIFICATION, "passed"), ["r1", "r2", "r3"])
-    assert ["r1", "r2", "r3"] in written
-    assert latest.dagster_event.partition == "r3"
-    assert checks == {"r1": "SUCCEEDED", "r2": "SUCCEEDED", "r3": "FAILED"}
 
 
 def test_a_row_that_fails_stops_there_and_the_others_go_on(project):
