@@ -232,7 +232,6 @@ def test_rows_are_written_as_to_safe_dict_has_them_from_their_dicts_or_the_conte
     context.json holds (the contexts, serialized by pydantic from their fields): each row as
     ``to_safe_dict`` has it, unset fields left out, text kept as it was."""
     from agentenv_dagster.orchestration.io_manager import TaskContextIOManager
-    from agentenv_dagster.orchestration.rows import batch
 
     secretive = ctx(
         deployed_agents=[{"agent_name": "a", "api_url": "http://a", "cf_access_client_secret": "s1"}],
@@ -242,17 +241,18 @@ def test_rows_are_written_as_to_safe_dict_has_them_from_their_dicts_or_the_conte
     )
     plain = ctx(metadata={"seed": {"row.text": "ünïcode"}}, agent_model="replay")
     rows = {"r1": secretive, "r2": plain}
-    expected = {"rows": {"r1": secretive.to_safe_dict(), "r2": plain.to_dict()}}
-    assert b"s1" not in redacted_json(batch(rows)) and b"k1" not in redacted_json(batch(rows))
-    assert json.loads(redacted_json(batch(rows))) == expected
-    assert json.loads(redacted_json(batch({k: c.to_dict() for k, c in rows.items()}))) == expected  # dicts alike
-    assert expected["rows"]["r1"]["metadata"]["score"] is None  # a None in free-form metadata stays
-    assert "model" not in expected["rows"]["r1"]["prompt_responses"][0]  # an unset field does not
+    expected = {"r1": secretive.to_safe_dict(), "r2": plain.to_dict()}
+    assert b"s1" not in redacted_json(rows) and b"k1" not in redacted_json(rows)
+    assert json.loads(redacted_json(rows)) == expected
+    assert json.loads(redacted_json({k: c.to_dict() for k, c in rows.items()})) == expected  # dicts alike
+    assert expected["r1"]["metadata"]["score"] is None  # a None in free-form metadata stays
+    assert "model" not in expected["r1"]["prompt_responses"][0]  # an unset field does not
 
-    manager = TaskContextIOManager(base_dir=str(tmp_path))
-    manager.write("run-1", "prompt", batch({k: c.to_dict() for k, c in rows.items()}))  # an op's output
-    assert manager.read("run-1", "prompt") == expected
-    assert manager.read_all("run-1") == [("prompt", expected)]
+    manager = TaskContextIOManager(base_dir=str(tmp_path))  # an op's stream: a record a row
+    manager.start_stream("run-1", "prompt")
+    manager.append_records("run-1", "prompt", [{"row": k, "context": c.to_dict()} for k, c in rows.items()])
+    assert b"s1" not in (tmp_path / "run-1" / "context" / "prompt.jsonl").read_bytes()
+    assert {k: r["context"] for k, r in manager.rows("run-1", "prompt").items()} == expected
 
 
 @pytest.mark.parametrize("key", UPSTREAM_SECRETS)

@@ -40,9 +40,16 @@ ASSET_OUTPUT = "asset"  # what a node's task asset maps from (never yielded: eac
 ARTIFACTS_INPUT = "artifacts"  # what the stored artifacts a node loads map into (lineage only)
 
 
+# An op's row stream (a ``StreamRef``): a type of its own, which run config cannot supply
+# (Dagster's ``Any`` would add an ``inputs`` config schema to every node of every job).
+STREAM = dg.DagsterType(type_check_fn=lambda _, value: isinstance(value, StreamRef), name="RowStream",
+                        description="where an op's rows land (streams.StreamRef)")
+STREAMS = dg.List[STREAM]
+
+
 def _ins() -> dict[str, dg.In]:
-    return {"upstream": dg.In(list[Any], default_value=[], description="the streams whose rows' contexts it merges"),
-            AFTER: dg.In(list[Any], default_value=[], description="streams whose rows it only waits for"),
+    return {"upstream": dg.In(STREAMS, default_value=[], description="the streams whose rows' contexts it merges"),
+            AFTER: dg.In(STREAMS, default_value=[], description="streams whose rows it only waits for"),
             ARTIFACTS_INPUT: dg.In(dg.Nothing, description="the stored artifacts the step loads")}
 
 
