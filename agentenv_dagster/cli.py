@@ -81,7 +81,10 @@ def _validation_document(files: list[Path], report: CompileReport) -> dict[str, 
 @click.option("--experiment", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Coder Eval: run every variant of this experiment (its folder's default.yaml is the base layer)")
 @click.option("--rows-in-flight", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Coder Eval dataset: rows whose step runs at the same time")
+              help="Coder Eval dataset: rows whose step runs at the same time, in each step")
+@click.option("--max-sandboxes", type=click.IntRange(min=1), default=None,
+              help="Coder Eval dataset: rows holding their sandbox, container and agent at once (a row "
+              "releases them as it leaves the run) [default: the task's dataset.max_sandboxes, else --rows-in-flight]")
 @click.option("--failed-only", is_flag=True,
               help="Coder Eval dataset: only the rows that did not pass last time (failed partitions, "
               "unreached or failing verifications); Dagster's run tag agentenv/rows=failed does the same")
@@ -90,7 +93,7 @@ def _validation_document(files: list[Path], report: CompileReport) -> dict[str, 
               help="Coder Eval: also write the results as JUnit XML to this file, for CI")
 def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
         split: str | None, sample: int | None, seed: int, experiment: Path | None, rows_in_flight: int,
-        failed_only: bool, include_skipped: bool, junit: Path | None) -> None:
+        max_sandboxes: int | None, failed_only: bool, include_skipped: bool, junit: Path | None) -> None:
     """Compile each PATH and execute it through Dagster. An agent-env task (one JSON file)
     writes its final redacted context.json; Coder Eval tasks (YAML files, or folders of them:
     every task under each) write one run.json, run.md, task.html for all of them."""
@@ -104,6 +107,7 @@ def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ..
         done = _load_or_exit(lambda: run_coder_eval_tasks(
             tasks, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
             split=split, sample=sample, sample_seed=seed, experiment=experiment, rows_in_flight=rows_in_flight,
+            max_sandboxes=max_sandboxes,
             failed_only=failed_only, include_skipped=include_skipped,
             on_warning=lambda warning: click.echo(f"warning: {warning}", err=True)))
         click.echo("\n".join(done.lines()))

@@ -73,7 +73,9 @@ def coder_eval_document(loaded, registry: StepRegistry, *, grade_only_from: Path
     except (ValueError, OSError) as exc:
         raise TaskLoadError([SpecError(str(exc), file=str(path), field="dataset")]) from None
     count = trials(loaded.task)
-    return replace(document, partitions=partitions, sampling=sampling, replicates={"": count} if count > 1 else None)
+    dataset = loaded.task.dataset
+    return replace(document, partitions=partitions, sampling=sampling, replicates={"": count} if count > 1 else None,
+                   max_sandboxes=dataset.max_sandboxes if dataset else None)
 
 
 def experiment_documents(

@@ -85,7 +85,8 @@ def run_coder_eval_tasks(
     paths: Sequence[Path], config: AgentEnvConfig, *, overrides: Sequence[str] = (),
     grade_only_from: Path | None = None, output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
     split: str | None = None, sample: int | None = None, sample_seed: int = SAMPLE_SEED, experiment: Path | None = None,
-    rows_in_flight: int | None = None, failed_only: bool = False, include_skipped: bool = False,
+    rows_in_flight: int | None = None, max_sandboxes: int | None = None, failed_only: bool = False,
+    include_skipped: bool = False,
     on_warning: Callable[[str], None] | None = None,
 ) -> CoderEvalRun:
     """Every task x variant (or the task as it is) x replicate: one Dagster run over the
@@ -111,7 +112,8 @@ def run_coder_eval_tasks(
     results: list[EvaluationResult] = []
     suites: list[dict[str, Any]] = []
     for task_run in prepared:
-        task_results, task_suites = _run_task(task_run, config, out, instance, rows_in_flight=rows_in_flight)
+        task_results, task_suites = _run_task(task_run, config, out, instance, rows_in_flight=rows_in_flight,
+                                              max_sandboxes=max_sandboxes)
         results += task_results
         suites += task_suites
     summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
@@ -187,12 +189,12 @@ def _prepare(
 
 def _run_task(
     task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
-    rows_in_flight: int | None,
+    rows_in_flight: int | None, max_sandboxes: int | None,
 ) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
     """One task's results (every variant and replicate) and its suites (a dataset's, per
     variant); once the rows ran, its suite asset is materialized from their partitions."""
     task = task_run.loaded.task
-    runs = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight)
+    runs = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes)
     if _rolls_up(task_run):
         _materialize_suites(task_run, config, instance)
     results = [result for finished in runs for result in finished.values()]
@@ -214,7 +216,7 @@ def _run_task(
 
 def _rows_runs(
     task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
-    rows_in_flight: int | None,
+    rows_in_flight: int | None, max_sandboxes: int | None,
 ) -> list[dict[str, EvaluationResult]]:
     """Each variant's and replicate's rows run, each row finished as its task.json record."""
     task, path = task_run.loaded.task, task_run.loaded.source
@@ -229,7 +231,7 @@ def _rows_runs(
                 variant.plan.document.row_of, variant.task.model_dump(mode="json", exclude_none=True), str(path),
                 config.model.prices, variant.variant_id or "default", replicate)
             done = execute_plan(variant.plan, config, instance=instance, partition_keys=keys or None,
-                                rows_in_flight=rows_in_flight, tags=tags,
+                                rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes, tags=tags,
                                 output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))
             runs.append({key: row_result(key, done.contexts[key]) for key in keys or [""] if key in done.contexts})
     return runs

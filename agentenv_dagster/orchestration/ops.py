@@ -15,6 +15,8 @@ import asyncio
 import json
 import signal
 import threading
+import time
+from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
@@ -28,7 +30,7 @@ from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
-from .rows import REPLICATE_TAG, ROWS, node_assets, row_seed, run_keys, step_fields
+from .rows import REPLICATE_TAG, ROWS, node_assets, plan_of, row_seed, run_keys, step_fields
 from .step_events import asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata
 from .streams import Row, StreamRef, StreamWriter, joined, records, side_by_side, stop_requested
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_TYPE, TAG_TASK_ID
@@ -138,7 +140,9 @@ class _RowsOfOp:
         context, resource = self.context, self.resource
         keys = run_keys(context, context.op_config.get(ROWS))
         defaults = _seed_defaults(context)
-        bound = resource.live_rows_bound() if side_by_side() and len(keys) > 1 else None
+        plan = plan_of(context)
+        task_bound = plan.document.max_sandboxes if plan is not None else None
+        bound = resource.live_rows_bound(task_bound) if side_by_side() and len(keys) > 1 else None
         left = _Departures(self.io, StreamRef(context.run_id, _sibling(context, TEARDOWN_OP))) if bound else None
         try:
             for index, key in enumerate(keys):
@@ -423,7 +427,12 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
     async def leave(outbox: _Outbox) -> None:
         async for row in joined(io, upstream, after):
             ctx = TaskStepContext.from_dict(row.context)
+            started = time.perf_counter()
+            timing = {"started_at_utc": datetime.now(timezone.utc).isoformat()}
             ended.extend(await asyncio.to_thread(resource.end_row, context.run_id, ctx))
+            ctx.metadata_map("step_timings")[TEARDOWN_OP] = {
+                **timing, "duration_seconds": round(time.perf_counter() - started, 3)}
+            row.context = ctx.to_dict()
             if row.stopped is not None:
                 stopped.append(row.key)
                 out.stopped(row.key, row.stopped, row.context)

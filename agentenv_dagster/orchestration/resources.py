@@ -122,10 +122,11 @@ class AgentEnvResource(dg.ConfigurableResource):
             ctx.metadata["seed"] = {**(ctx.metadata.get("seed") or {}), **seed}
         return ctx
 
-    def live_rows_bound(self) -> int:
-        """How many rows may hold their deployments at once (``max_sandboxes``, by default
-        ``rows_in_flight``)."""
-        return self.max_sandboxes or self.rows_in_flight
+    def live_rows_bound(self, task_bound: int | None = None) -> int:
+        """How many rows may hold their deployments at once: this resource's ``max_sandboxes``
+        (the CLI's flag, the launchpad), else the task's own (``task_bound``), else
+        ``rows_in_flight``."""
+        return self.max_sandboxes or task_bound or self.rows_in_flight
 
     def step_runtime(
         self, run_id: str, task_id: str, logger: logging.Logger, *, judge: JudgeResource,

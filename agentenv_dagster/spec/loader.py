@@ -53,6 +53,8 @@ class TaskDocument:
     # A task under an experiment: each variant's steps (same ids, types and joins as
     # ``steps``, the first variant's); ``partitions`` are then keyed ``<row>|<variant>``.
     variant_steps: dict[str, tuple["TaskStep", ...]] | None = None
+    # How many rows of a dataset hold their deployments at once (Coder Eval ``dataset.max_sandboxes``).
+    max_sandboxes: int | None = None
     # How many replicates a launch runs (a simulation's ``n_trials``; under an experiment, a
     # variant's ``repeats``, or its trials in a simulation), by variant (``""``: the task
     # itself); absent is 1.

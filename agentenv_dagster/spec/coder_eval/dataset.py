@@ -33,6 +33,9 @@ class Dataset(Strict):
     sample_seed: int | None = None
     # Newer upstream: the row field ``--split`` selects on (unlabelled rows: absent, null, "").
     split_field: str = "split"
+    # Ours: how many rows hold their sandbox, container and agent at once (a row releases them
+    # as it leaves the run); unset, the run's --max-sandboxes or its rows in flight.
+    max_sandboxes: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _one_source(self) -> "Dataset":
