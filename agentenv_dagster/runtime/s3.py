@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from filelock import FileLock
 
+from ..ids import check_id
 from .artifacts import MANIFEST, Artifact, ArtifactNotFound, _BundleArtifact, chosen_version
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ class S3ArtifactStore:
         self.bundle_dirs = list(bundle_dirs or [])
 
     def _base(self, artifact_id: str, version: int | None = None) -> str:
-        _safe_key(artifact_id)
+        check_id(artifact_id, "artifact id")
         return self.location.key("artifacts", artifact_id, *([str(version)] if version is not None else []))
 
     def _claims(self, artifact_id: str) -> dict[int, int]:
