@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from .redaction import remember_secret
+
 CONFIG_RELPATH = Path(".agentenv") / "config.toml"
 DEFAULT_JUDGE_MODEL = "claude-sonnet-4-6"
 
@@ -49,7 +51,11 @@ class ModelConfig(_Section):
         return self.roles.get(role) or self.default
 
     def resolved_api_key(self) -> str | None:
-        return resolve_reference(self.api_key)
+        """The key (an ``env:`` reference read now); remembered as a secret, so no record of
+        the run carries it (``redaction.py``)."""
+        key = resolve_reference(self.api_key)
+        remember_secret(key)
+        return key
 
     def resolved_base_url(self) -> str | None:
         return resolve_reference(self.base_url) or os.environ.get("ANTHROPIC_BASE_URL") or None
