@@ -1,8 +1,10 @@
 """The live agent: an Anthropic Messages API tool-use loop over the registered MCP tools.
 
-The API key comes only from this process's ``ANTHROPIC_API_KEY`` (never argv or a file, so
-it never shows in a process list or a task document); model and ``base_url`` come from the
-config file, and agent-config may override the model, system prompt, turn cap and params.
+In an agent host the API key and its base URL are the host's (``model_access.py``: handed on
+its standard input, bound together); an agent started on its own reads ``ANTHROPIC_API_KEY``
+and its config's ``base_url``. Never argv or a file, so the key never shows in a process list
+or a task document. Model and params come from the config, and agent-config may override the
+model, system prompt, turn cap and params.
 
 Tasks of one A2A context are one conversation: each prompt continues the messages of the
 context's earlier tasks, so a multi-turn ``prompt_agent`` (and a user simulator, whose
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from agentenv_dagster.builtin.agents.model_access import MODELS
 from agentenv_dagster.builtin.agents.server import AgentFailure, Reply, TaskSession
 
 RESERVED_PARAMS = frozenset({"model", "messages", "system", "tools"})
@@ -34,7 +37,8 @@ class AnthropicBrain:
         self.conversations: dict[str, list[dict]] = {}  # A2A context id -> its messages so far
 
     async def run(self, prompt: str, session: TaskSession) -> Reply:
-        api_key = os.environ.get("ANTHROPIC_API_KEY")
+        access = MODELS.access("anthropic")
+        api_key, base_url = (access.api_key, access.base_url) if access else (os.environ.get("ANTHROPIC_API_KEY"), self.base_url)
         if not api_key:
             raise AgentFailure(
                 "MissingAPIKey",
@@ -47,7 +51,7 @@ class AnthropicBrain:
         max_turns = int(session.config.get("max_turns") or self.max_turns)
         history = self.conversations.get(session.context_id or "", [])
         messages: list[dict] = [*history, {"role": "user", "content": prompt}]
-        client = anthropic.AsyncAnthropic(api_key=api_key, base_url=self.base_url, max_retries=2)
+        client = anthropic.AsyncAnthropic(api_key=api_key, base_url=base_url, max_retries=2)
         async with client:
             for _ in range(max_turns):
                 session.turn_started()
