@@ -118,6 +118,9 @@ class StoresConfig(_Section):
     prefix: str = "agentenv"
     endpoint_url: str | None = None
     region: str | None = None
+    # run folders (sandboxes, contexts, server logs) older than this many days are removed
+    # when a later run or the code location starts; 0 keeps them all
+    keep_runs_days: float = Field(default=30, ge=0)
 
     @model_validator(mode="after")
     def _s3_needs_a_bucket(self) -> "StoresConfig":

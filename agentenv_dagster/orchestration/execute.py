@@ -119,9 +119,11 @@ def execute_plan(
     job = build_job(plan, executor_def=dg.in_process_executor)  # a retry re-executes it here too
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=config.state_dir, delete=False) as seed:
-        json.dump(initial_context or {}, seed)
-    resources = agentenv_resources(config, initial_context_path=seed.name, rows_in_flight=rows_in_flight)
+    seed = tempfile.TemporaryFile("w+")  # no name on disk: it ends with this process, however that ends
+    json.dump(initial_context or {}, seed)
+    seed.flush()
+    resources = agentenv_resources(config, initial_context_path=f"/proc/self/fd/{seed.fileno()}",
+                                   rows_in_flight=rows_in_flight)
     launch: dict[str, Any] = {"partition_key": partition_key}
     if partition_keys is not None and len(partition_keys) == 1:
         launch = {"partition_key": partition_keys[0]}
@@ -139,7 +141,7 @@ def execute_plan(
             run_ids = [result.run_id, *retry_in_process(active, job_def, result.run_id, io_manager)]
             success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
     finally:
-        os.unlink(seed.name)
+        seed.close()
     for run_id in run_ids:  # the safety net: the teardown op did it on success
         resources[RESOURCE_KEY].teardown(run_id)
     contexts = io_manager.final_contexts(run_ids[-1])
