@@ -48,28 +48,22 @@ def is_secret_name(name: str) -> bool:
 
 
 class _KnownSecrets:
-    """The secret values this process knows: remembered as they are met, plus (once) the
-    values of its environment variables whose names look secret."""
+    """The secret values this process knows: remembered as they are met, plus the values of
+    its environment variables whose names look secret (as the environment is now)."""
 
     def __init__(self) -> None:
         self._values: set[str] = set()
         self._lock = threading.Lock()
-        self._read_environment = False
-        self.version = 0  # bumped on every addition: caches of the needles compare it
 
     def add(self, value: Any) -> None:
         if isinstance(value, str) and len(value) >= MIN_SECRET_LENGTH and value not in self._values:
             with self._lock:
                 self._values.add(value)
-                self.version += 1
 
     def values(self) -> frozenset[str]:
-        if not self._read_environment:
-            self._read_environment = True
-            for name, value in list(os.environ.items()):
-                if is_secret_name(name):
-                    self.add(value)
-        return frozenset(self._values)
+        from_environment = {value for name, value in list(os.environ.items())
+                            if len(value) >= MIN_SECRET_LENGTH and is_secret_name(name)}
+        return frozenset(self._values | from_environment)
 
 
 _KNOWN = _KnownSecrets()

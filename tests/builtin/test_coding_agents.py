@@ -159,6 +159,39 @@ async def test_claude_code_stops_at_run_limits_max_turns(a2a, provide, fake_mess
     assert len(fake_messages_api.requests) == 1
 
 
+@needs_claude_sdk
+@pytest.mark.slow
+async def test_claude_code_reaches_the_model_through_the_host_proxy_and_its_bash_never_sees_the_key(
+        a2a, provide, fake_messages_api, item_store, tmp_path, monkeypatch):
+    real_key = "sk-ant-api03-REAL-" + "9" * 20
+    monkeypatch.setenv("ANTHROPIC_API_KEY", real_key)  # ours: in the deployer's environment
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    fake_messages_api.enqueue(tool_use_reply("Bash", {"command": "env > env.txt"}), text_reply("Looked around."))
+    provider = provide(AgentEntry(kind="claude-code", allowed_tools=["Bash"]), base_url=fake_messages_api.base_url)
+    url, card = await deploy(a2a, provider, workspace, item_store, model=MODEL)
+    reply = await a2a.send_and_wait(url, "What is in your environment?", timeout_seconds=120)
+
+    assert reply.state == "completed", reply.text
+    seen = (workspace / "env.txt").read_text()  # what Claude Code's own Bash found
+    host = next(e for e in provider.ledger.entries().values() if e.get("pid"))["url"]
+    assert real_key not in seen and provider.ledger.token() not in seen
+    assert f"ANTHROPIC_BASE_URL={host}/model-proxy/anthropic" in seen
+    proxy_key = next(line.split("=", 1)[1] for line in seen.splitlines() if line.startswith("ANTHROPIC_API_KEY="))
+    assert proxy_key != real_key
+    # the model API got the real key, from the proxy
+    assert {r.headers.get("x-api-key") for r in fake_messages_api.requests} == {real_key}
+    # the proxy key works only through the host, and nothing else does
+    body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    fake_messages_api.enqueue(text_reply("proxied"))
+    async with httpx.AsyncClient(timeout=30) as http:
+        refused = await http.post(f"{host}/model-proxy/anthropic/v1/messages", json=body, headers={"x-api-key": "guess"})
+        proxied = await http.post(f"{host}/model-proxy/anthropic/v1/messages", json=body, headers={"x-api-key": proxy_key})
+        elsewhere = await http.get(f"{host}/agents", headers={"x-api-key": proxy_key})
+    assert (refused.status_code, proxied.status_code, elsewhere.status_code) == (401, 200, 401)
+    assert fake_messages_api.requests[-1].headers.get("x-api-key") == real_key
+
+
 # --- codex: the real CLI, when installed, against the fake Responses API --------------------
 
 

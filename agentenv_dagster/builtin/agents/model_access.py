@@ -80,10 +80,10 @@ class ModelAccessBook:
         provider, _, rest = scope["path"][len(PROXY_PREFIX):].partition("/")
         access = self.apis.get(provider)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
-        if access is None:
-            return await _answer(send, 404, b'{"error": "this agent host has no such model API"}')
         if not self._authorized(headers):
             return await _answer(send, 401, b'{"error": "the model proxy needs the agent host\'s proxy key"}')
+        if access is None:
+            return await _answer(send, 404, b'{"error": "this agent host has no such model API"}')
         body = b""
         while True:
             message = await receive()
