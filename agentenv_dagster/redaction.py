@@ -117,6 +117,18 @@ def redacted_json(value: Any) -> bytes:
     return to_json(redact(json.loads(data)), fallback=str) if needs_redaction(data) else data
 
 
+def redact_bytes(data: bytes) -> bytes:
+    """A stored object (a trajectory, a transcript) redacted: as JSON (both rules) when it is
+    JSON, else as text (by value)."""
+    if not needs_redaction(data):
+        return data
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return redact_text(data.decode("utf-8", errors="replace")).encode()
+    return json.dumps(redact(value), indent=1, ensure_ascii=False).encode()
+
+
 def _collect(value: Any, found: set[str]) -> None:
     """The strings under secret-named keys, at any depth."""
     if isinstance(value, dict):

@@ -19,6 +19,7 @@ import jinja2
 from markupsafe import Markup
 
 from ..criteria.judge_prompt import write_judge_transcripts
+from ..redaction import redact_text
 from .models import EvaluationResult, RunSummary
 
 TEMPLATES = ("run.md", "run_rows.md", "task.html", "task_rows.html", "suite.md")
@@ -119,11 +120,16 @@ def write_reports(
         task_html=out_dir / "task.html",
         task_jsons=[task_json_path(out_dir, r) if task_jsons_written else write_task_json(out_dir, r) for r in results],
     )
-    written.run_json.write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+    _write(written.run_json, summary.model_dump_json(indent=2))
     rendered = rendered or RenderedRows()
-    written.run_md.write_text(_render("run.md", summary, results, rendered), encoding="utf-8")
-    written.task_html.write_text(_render("task.html", summary, results, rendered), encoding="utf-8")
+    _write(written.run_md, _render("run.md", summary, results, rendered))
+    _write(written.task_html, _render("task.html", summary, results, rendered))
     return written
+
+
+def _write(path: Path, text: str) -> None:
+    """A report, with every known secret value in it replaced by ``***`` (``redaction.py``)."""
+    path.write_text(redact_text(text), encoding="utf-8")
 
 
 def write_task_json(out_dir: Path | str, result: EvaluationResult) -> Path:
@@ -131,15 +137,15 @@ def write_task_json(out_dir: Path | str, result: EvaluationResult) -> Path:
     path = task_json_path(out_dir, result)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_judge_transcripts(result, path.parent)
-    path.write_text(result.model_dump_json(indent=2), encoding="utf-8")
+    _write(path, result.model_dump_json(indent=2))
     return path
 
 
 def write_suite(folder: Path, suite: dict[str, Any]) -> None:
     """A suite's suite.json and suite.md, in ``<variant>/<suite_id>/`` as upstream writes them."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str), encoding="utf-8")
-    (folder / "suite.md").write_text(suite_markdown(suite), encoding="utf-8")
+    _write(folder / "suite.json", json.dumps(suite, indent=2, default=str))
+    _write(folder / "suite.md", suite_markdown(suite))
 
 
 def suite_markdown(suite: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from filelock import FileLock
 
 from ..ids import check_id, path_under
+from ..redaction import redact_bytes
 
 MANIFEST = "artifact.json"
 FILE_TYPES = ("file", "file_artifact_universe")
@@ -161,12 +162,13 @@ class ObjectStore:
 
     def put(self, key: str, data: bytes) -> str:
         """Keys are ours, never links: normalizing one is enough to keep it inside (resolving
-        both paths again, a syscall a folder, was half the cost of a row's trajectory)."""
+        both paths again, a syscall a folder, was half the cost of a row's trajectory). What
+        is stored is redacted (``redaction.py``): a trajectory may echo a secret."""
         target = Path(os.path.normpath(self._real_root / key))
         if self._real_root not in target.parents:
             raise ValueError(f"object key {key!r} leaves the object store")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        target.write_bytes(redact_bytes(data))
         return target.as_uri()
 
     @staticmethod

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 from filelock import FileLock
 
 from ..ids import check_id
+from ..redaction import redact_bytes
 from .artifacts import MANIFEST, Artifact, ArtifactNotFound, _BundleArtifact, chosen_version
 
 if TYPE_CHECKING:
@@ -261,8 +262,9 @@ class S3ObjectStore:
         self.location = location
 
     def put(self, key: str, data: bytes) -> str:
+        """Stored redacted, as the filesystem's ``ObjectStore`` does."""
         full = self.location.key("objects", _safe_key(key))
-        self.location.put_bytes(full, data)
+        self.location.put_bytes(full, redact_bytes(data))
         return self.location.url(full)
 
     @staticmethod

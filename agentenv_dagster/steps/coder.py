@@ -25,7 +25,7 @@ from ..runtime.artifacts import ObjectStore
 from ..runtime.base import StepRuntime
 from ..runtime.cli_shim import write_shims
 from ..runtime.sandbox import LocalSandbox
-from ..runtime.shell import HostShell, SandboxShell, passed_through, sandbox_shell
+from ..runtime.shell import HostShell, SandboxShell, passed_through, sandbox_env, sandbox_shell
 from ..spec.coder_eval.ignore import effective_ignore_patterns
 from .base import PROMPT, SANDBOX, VERIFICATION, TaskStep
 from .registry import step
@@ -209,7 +209,7 @@ class SuccessCriteriaStep(TaskStep):
 
 
 def _git(*args: str) -> None:
-    done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=300, env=sandbox_env())
     if done.returncode != 0:
         raise RuntimeError(f"git {args[0]} failed: {done.stderr.strip()}")
 
