@@ -37,9 +37,7 @@ NOT_SECRET_NAMES = frozenset({
 })
 MIN_SECRET_LENGTH = 6  # shorter values are masked under their key, but not hunted for in all text
 
-# a secret-named key whose value is a string or a list, in JSON text (what needs the walk)
-_SECRET_ENTRY = re.compile(
-    rb'"[^"\\]*(?:key|token|secret|passw|authorization|credential)[^"\\]*"\s*:\s*["\[]', re.IGNORECASE)
+_SECRET_WORDS = (b"key", b"token", b"secret", b"passw", b"authorization", b"credential")
 _UPSTREAM_NEEDLES = tuple(f'"{key}"'.encode() for key in SECRET_KEYS)
 
 
@@ -54,6 +52,7 @@ class _KnownSecrets:
     def __init__(self) -> None:
         self._values: set[str] = set()
         self._lock = threading.Lock()
+        self._environment: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # (names, the secret ones)
 
     def add(self, value: Any) -> None:
         if isinstance(value, str) and len(value) >= MIN_SECRET_LENGTH and value not in self._values:
@@ -61,8 +60,10 @@ class _KnownSecrets:
                 self._values.add(value)
 
     def values(self) -> frozenset[str]:
-        from_environment = {value for name, value in list(os.environ.items())
-                            if len(value) >= MIN_SECRET_LENGTH and is_secret_name(name)}
+        names = tuple(os.environ)
+        if names != self._environment[0]:  # judge the names again only when they change
+            self._environment = (names, tuple(n for n in names if is_secret_name(n)))
+        from_environment = {v for n in self._environment[1] if len(v := os.environ.get(n, "")) >= MIN_SECRET_LENGTH}
         return frozenset(self._values | from_environment)
 
 
@@ -90,9 +91,26 @@ def redact_text(text: str, also: Iterable[str] = ()) -> str:
 
 def needs_redaction(data: bytes) -> bool:
     """Whether JSON text holds anything to redact: a secret-named entry, or a known value."""
-    if any(needle in data for needle in _UPSTREAM_NEEDLES) or _SECRET_ENTRY.search(data):
+    if any(needle in data for needle in _UPSTREAM_NEEDLES) or _has_secret_entry(data):
         return True
     return any(json.dumps(value)[1:-1].encode() in data for value in known_secrets())
+
+
+def _has_secret_entry(data: bytes) -> bool:
+    """Whether JSON text has a secret-named key holding a string or a list: each place a
+    secret word occurs is judged, as a key, by the name around it (a plain search runs at C
+    speed; a regular expression over the whole text cost ~50x more)."""
+    lowered = data.lower()
+    for word in _SECRET_WORDS:
+        at = lowered.find(word)
+        while at != -1:
+            end, begin = data.find(b'"', at), data.rfind(b'"', 0, at)
+            rest = data[end + 1:end + 16].lstrip() if end != -1 else b""
+            if begin != -1 and rest[:1] == b":" and rest[1:].lstrip()[:1] in (b'"', b"["):
+                if is_secret_name(data[begin + 1:end].decode("utf-8", errors="replace")):
+                    return True
+            at = lowered.find(word, at + 1)
+    return False
 
 
 def redact(value: Any, *, keep_secret_keys: bool = False) -> Any:

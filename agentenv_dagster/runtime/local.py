@@ -175,7 +175,9 @@ class LocalProvider:
         self.run_dir = run_dir
         self.ledger = Ledger.of_run(run_dir)
         self.server_auth = RunServerAuth(self.ledger)  # the token on requests to the run's own servers
-        self._owner: ProcessIdentity | None = None
+        # the run's owner, claimed by its first step: a run killed before it deployed anything
+        # is still found (and failed) by the reaping of dead runs
+        self.owner = self.ledger.claim_owner(run_owner())
         self._hosts: dict[str, str] = {}  # agent host id -> its URL, once known
         self._batches: dict[str, HostBatch] = {}  # agent host URL -> the deployments on their way
         self._host_starting = asyncio.Lock()
@@ -497,13 +499,6 @@ class LocalProvider:
             terminate(server.pid, started=server.started)
             raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not kept")
         return server
-
-    @property
-    def owner(self) -> ProcessIdentity:
-        """The run's owner (claimed for the run by its first process that asks)."""
-        if self._owner is None:
-            self._owner = self.ledger.claim_owner(run_owner())
-        return self._owner
 
     def _auth(self) -> dict[str, str]:
         """The header every request to the run's agent host carries."""

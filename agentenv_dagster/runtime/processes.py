@@ -15,6 +15,7 @@ it); its environment is an allowlist (:data:`SERVER_ENV_KEYS`).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import secrets
 import select
@@ -85,36 +86,15 @@ class ProcessIdentity:
 
 def run_owner() -> ProcessIdentity:
     """The process a run's servers must not outlive: ``AGENTENV_RUN_OWNER_PID`` when a
-    process that runs steps for another sets it, else the nearest of this process and its
-    ancestors that is not a ``multiprocessing`` helper: the CLI (or run worker) itself when
-    steps run in it, their parent under the multiprocess executor (its step processes, and
-    the forkserver they are forked from, are helpers)."""
+    process that runs steps for another sets it, else the process this one is a
+    ``multiprocessing`` child of (under Dagster's multiprocess executor a step runs in such a
+    child of the run worker, forked from a forkserver or spawned, and ends with its step),
+    else this process itself (the CLI, or a run worker that runs its steps in process)."""
     named = os.environ.get(RUN_OWNER_VARIABLE)
     if named and named.isdigit():
         return ProcessIdentity.of(int(named))
-    pid = os.getpid()
-    while pid > 1 and _is_multiprocessing_helper(pid):
-        parent = _parent(pid)
-        if parent is None or parent <= 1:
-            break
-        pid = parent
-    return ProcessIdentity.of(pid)
-
-
-def _is_multiprocessing_helper(pid: int) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"multiprocessing" in cmdline and (b"spawn_main" in cmdline or b"forkserver" in cmdline
-                                             or b"--multiprocessing-fork" in cmdline)
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    parent = multiprocessing.parent_process()
+    return ProcessIdentity.of(parent.pid if parent is not None and parent.pid else os.getpid())
 
 
 def _start_ticks(pid: int) -> int | None:

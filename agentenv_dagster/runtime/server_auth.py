@@ -44,14 +44,15 @@ class RunServerAuth(httpx.Auth):
         self.ledger = ledger
         self._origins: set[tuple[str, str, int]] = set()
         self._seen: int | None = None  # the ledger folder's mtime when last read
+        self._token: str | None = None  # the run's, once it exists (it never changes)
 
     def headers_for(self, url: str | httpx.URL | None) -> dict[str, str]:
         """``{"Authorization": "Bearer <token>"}`` when ``url`` is one of the run's servers, else ``{}``."""
         where = origin(url) if url else None
         if where is None or where[1] not in LOOPBACK or not self._is_own(where):
             return {}
-        token = self.ledger.token(create=False)
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        self._token = self._token or self.ledger.token(create=False)
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     def url_with_token(self, url: str) -> str:
         """``url`` carrying the run's token as its password when it is one of the run's
@@ -60,7 +61,7 @@ class RunServerAuth(httpx.Auth):
         if not self.headers_for(url):
             return url
         parts = urlsplit(url)
-        return parts._replace(netloc=f"agentenv:{self.ledger.token(create=False)}@{parts.netloc}").geturl()
+        return parts._replace(netloc=f"agentenv:{self._token}@{parts.netloc}").geturl()
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         request.headers.update(self.headers_for(request.url))

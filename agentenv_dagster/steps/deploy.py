@@ -94,8 +94,10 @@ class DeployAgentStep(TaskStep):
         ttl = user_override(ctx, "ttl_seconds") or self._ttl()
         workspace = deployed_sandbox(ctx, rt, self.sandbox_name).root if self.sandbox_name else None
         container = (ctx.find_sandbox(self.sandbox_name).model_extra or {}).get("container") if workspace else None
-        # what the agent's tools see of the environment: the sandbox's passthrough and the step's variables
-        tools_env = {**passed_through(sandbox_passthrough(ctx, self.sandbox_name)), **self.env_vars} if workspace else None
+        # what the agent's tools see of the environment: the step's variables, and on this machine
+        # (not in the sandbox's container) the variables the sandbox passes through
+        passed = passed_through(sandbox_passthrough(ctx, self.sandbox_name)) if workspace and not container else {}
+        tools_env = {**passed, **self.env_vars} if workspace else None
         agent = await rt.provider.deploy_agent_async(
             agent_id, agent_name=self.agent_name, ttl_seconds=ttl, env_vars=self.env_vars, workspace=workspace,
             container=container, overrides=self.agent_config, tools_env=tools_env,
