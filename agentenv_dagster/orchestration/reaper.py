@@ -6,8 +6,8 @@ its containers may still run and its Dagster run stays ``STARTED``. :func:`reap_
 finds every run of this project whose ledger is open and whose owner has gone (on this
 machine: an owner elsewhere is left to the machine it ran on), ends what its ledger lists,
 closes it, and reports the Dagster run failed with the reason. Then it removes run folders
-older than ``[stores] keep_runs_days`` that nothing runs in. Called when the CLI starts and
-when the code location loads.
+older than ``[stores] keep_runs_days`` that nothing runs in. Meant to run when the CLI starts
+and when the code location loads.
 """
 
 from __future__ import annotations

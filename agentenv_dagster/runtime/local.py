@@ -178,6 +178,7 @@ class LocalProvider:
         # the run's owner, claimed by its first step: a run killed before it deployed anything
         # is still found (and failed) by the reaping of dead runs
         self.owner = self.ledger.claim_owner(run_owner())
+        os.chmod(run_dir, 0o700)  # its sandboxes, contexts and logs are the run's user's alone
         self._hosts: dict[str, str] = {}  # agent host id -> its URL, once known
         self._batches: dict[str, HostBatch] = {}  # agent host URL -> the deployments on their way
         self._host_starting = asyncio.Lock()
