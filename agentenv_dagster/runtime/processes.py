@@ -29,7 +29,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Callable
 
-from .shell import HOST_ENV_KEYS
+from .shell import HOST_ENV_KEYS, passed_through
 
 
 READY_FILE = "ready.json"  # {"url": ..., "pid": ...}, written by the server once it listens
@@ -124,10 +124,6 @@ class ServerProcess:
     started: int | None = None  # its start time (``ProcessIdentity``)
 
     @property
-    def identity(self) -> ProcessIdentity:
-        return ProcessIdentity(self.pid, self.started, _boot_id(), socket.gethostname())
-
-    @property
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
@@ -139,7 +135,7 @@ class ServerProcess:
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """A server's environment: :data:`SERVER_ENV_KEYS` of this process's, plus ``extra``."""
-    return {**{k: os.environ[k] for k in SERVER_ENV_KEYS if k in os.environ}, **(extra or {})}
+    return {**passed_through(SERVER_ENV_KEYS), **(extra or {})}
 
 
 def spawn_server(

@@ -26,22 +26,21 @@ HOST_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
 SANDBOX_ENV_KEYS = (*HOST_ENV_KEYS, "LC_CTYPE", "TERM", "USER", "LOGNAME", "SHELL", "TZ")
 
 
+def passed_through(names: Iterable[str]) -> dict[str, str]:
+    """The variables ``names`` as this process has them."""
+    return {k: os.environ[k] for k in names if k in os.environ}
+
+
 def host_env(**extra: str) -> dict[str, str]:
     """This process's environment cut down to :data:`HOST_ENV_KEYS`, plus ``extra``."""
-    return {**{k: os.environ[k] for k in HOST_ENV_KEYS if k in os.environ}, **extra}
+    return {**passed_through(HOST_ENV_KEYS), **extra}
 
 
 def sandbox_env(passthrough: Iterable[str] = (), own: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a command an agent or a task runs on this machine: the basics
     (:data:`SANDBOX_ENV_KEYS`), the variables the task passes through by name (Coder Eval's
     ``env_passthrough``) as this process has them, and the sandbox's own variables ``own``."""
-    names = [*SANDBOX_ENV_KEYS, *passthrough]
-    return {**{k: os.environ[k] for k in names if k in os.environ}, **(own or {})}
-
-
-def passed_through(names: Iterable[str]) -> dict[str, str]:
-    """The variables ``names`` as this process has them (what a sandbox elsewhere is handed)."""
-    return {k: os.environ[k] for k in names if k in os.environ}
+    return {**passed_through([*SANDBOX_ENV_KEYS, *passthrough]), **(own or {})}
 
 
 @dataclass(frozen=True)
