@@ -47,7 +47,9 @@ def is_secret_name(name: str) -> bool:
 
 class _KnownSecrets:
     """The secret values this process knows: remembered as they are met, plus the values of
-    its environment variables whose names look secret (as the environment is now)."""
+    its environment variables whose names look secret (as the environment is now) and whose
+    values look like credentials (8 characters or more, a digit among them: not a setting
+    such as ``disabled``, which would be masked in every text)."""
 
     def __init__(self) -> None:
         self._values: set[str] = set()
@@ -63,7 +65,8 @@ class _KnownSecrets:
         names = tuple(os.environ)
         if names != self._environment[0]:  # judge the names again only when they change
             self._environment = (names, tuple(n for n in names if is_secret_name(n)))
-        from_environment = {v for n in self._environment[1] if len(v := os.environ.get(n, "")) >= MIN_SECRET_LENGTH}
+        from_environment = {v for n in self._environment[1]
+                            if len(v := os.environ.get(n, "")) >= 8 and any(c.isdigit() for c in v)}
         return frozenset(self._values | from_environment)
 
 
