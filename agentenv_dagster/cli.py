@@ -21,6 +21,7 @@ from .compiler import CompileReport, compile_paths, discover, load_plan, step_re
 from .config import AgentEnvConfig, ConfigError, load_config
 from .context import TaskStepContext
 from .errors import SpecError, TaskLoadError
+from .ids import check_id
 from .plan import TaskPlan
 from .spec.coder_eval.base import describe_errors
 from .spec.coder_eval.loader import YAML_SUFFIXES, coder_eval_kind
@@ -138,6 +139,7 @@ def task() -> None:
 def task_create(file: Path, task_id: str) -> None:
     """Validate FILE and store it as a new version of task ID (never overwrites)."""
     config = _config()
+    _load_or_exit(lambda: check_id(task_id, "--id"))  # it names the task's folder in the store
     plan = _load_or_exit(lambda: load_plan(file, config))
     version = TaskStore(config.state_dir / "tasks").put(task_id, plan.document)
     click.echo(f"Created task '{task_id}' version {version}")

@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from .redaction import remember_secret
+
 CONFIG_RELPATH = Path(".agentenv") / "config.toml"
 DEFAULT_JUDGE_MODEL = "claude-sonnet-4-6"
 
@@ -177,7 +179,11 @@ class ModelConfig(_Section):
         return ResolvedModel(ref=model, provider=provider, name=name, settings=settings)
 
     def resolved_api_key(self) -> str | None:
-        return resolve_reference(self.api_key)
+        """The key (an ``env:`` reference read now); remembered as a secret, so no record of
+        the run carries it (``redaction.py``)."""
+        key = resolve_reference(self.api_key)
+        remember_secret(key)
+        return key
 
     def resolved_base_url(self) -> str | None:
         return resolve_reference(self.base_url) or os.environ.get("ANTHROPIC_BASE_URL") or None
@@ -240,6 +246,9 @@ class StoresConfig(_Section):
     prefix: str = "agentenv"
     endpoint_url: str | None = None
     region: str | None = None
+    # run folders (sandboxes, contexts, server logs) older than this many days are removed
+    # when a later run or the code location starts; 0 keeps them all
+    keep_runs_days: float = Field(default=30, ge=0)
 
     @model_validator(mode="after")
     def _s3_needs_a_bucket(self) -> "StoresConfig":

@@ -13,18 +13,10 @@ from typing import Any, Iterable
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
-SECRET_KEYS = frozenset(
-    {
-        "litellm_api_key",
-        "judge_litellm_api_key",
-        "usersim_api_key",
-        "remote_tokens",
-        "cf_access_client_secret",
-        "api_key",
-        "anthropic_api_key",
-    }
-)
-REDACTED = "***"
+from .redaction import REDACTED, SECRET_KEYS, needs_redaction, redact, redacted_json
+
+__all__ = ["REDACTED", "SECRET_KEYS", "redact", "redacted_json"]  # redaction's names, where contexts are
+
 
 
 class _Record(BaseModel):
@@ -130,9 +122,24 @@ class TaskStepContext(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
     def to_safe_dict(self) -> dict[str, Any]:
-        """The context with every secret key stripped at any depth (what leaves the process)."""
+        """The context redacted (``redaction.py``): what leaves the process."""
         data = self.to_dict()
-        return redact(data) if _names_secret(to_json(data, fallback=str)) else data
+        return redact(data) if needs_redaction(to_json(data, fallback=str)) else data
+
+    def scrub_secret_values(self) -> None:
+        """Replace, in place, every known secret value found outside a secret-named key (an
+        agent's reply or a command's output that echoed a key) with ``***``, so what a step
+        recorded is safe to report as it is. Values under secret-named keys (a ``-D``
+        password the run still needs) stay, and are remembered as secrets."""
+        data = self.to_dict()
+        if not needs_redaction(to_json(data, fallback=str)):
+            return
+        scrubbed = redact(data, keep_secret_keys=True)
+        if scrubbed != data:
+            clean = type(self).from_dict(scrubbed)
+            for name in type(self).model_fields:
+                setattr(self, name, getattr(clean, name))
+            self.__pydantic_extra__ = clean.__pydantic_extra__
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> "TaskStepContext":
@@ -175,30 +182,3 @@ def _merge_into(target: dict[str, Any], source: dict[str, Any]) -> None:
 
 def _identity(item: Any) -> str:
     return json.dumps(item, sort_keys=True, default=str)
-
-
-def redacted_json(value: Any) -> bytes:
-    """``value`` (dicts, lists, and contexts or their records as :meth:`TaskStepContext.to_dict`
-    has them) as one line of UTF-8 JSON with every secret key stripped at any depth.
-
-    pydantic's serializer writes a dataset op's 500 rows (~2.8 MB) in a third of the time of
-    ``json.dumps``, and a context straight from its fields. Most documents hold no secret key
-    at all: the walk of :func:`redact` runs only for those whose JSON names one."""
-    data = to_json(value, exclude_none=True, fallback=str)
-    return to_json(redact(json.loads(data)), fallback=str) if _names_secret(data) else data
-
-
-_SECRET_NEEDLES = tuple(f'"{key}"'.encode() for key in SECRET_KEYS)
-
-
-def _names_secret(data: bytes) -> bool:
-    return any(needle in data for needle in _SECRET_NEEDLES)
-
-
-def redact(value: Any) -> Any:
-    """Drop secret keys at any depth (agent-env strips them; so do we)."""
-    if isinstance(value, dict):
-        return {k: redact(v) for k, v in value.items() if k not in SECRET_KEYS}
-    if isinstance(value, list):
-        return [redact(v) for v in value]
-    return value

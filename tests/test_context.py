@@ -266,8 +266,8 @@ def test_redact_each_secret_key_in_dicts_and_lists(key):
 def test_redact_leaves_scalars_and_other_keys_alone():
     assert redact("litellm_api_key") == "litellm_api_key"
     assert redact([1, "a", None]) == [1, "a", None]
-    assert redact({"litellm_base_url": "http://x", "api_key_hint": "no"}) == {
-        "litellm_base_url": "http://x", "api_key_hint": "no",
+    assert redact({"litellm_base_url": "http://x", "usage": {"input_tokens": 3}}) == {
+        "litellm_base_url": "http://x", "usage": {"input_tokens": 3},
     }
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..redaction import redact_text
 from .base import CriterionContext, ToolCall
 from .paths import glob_paths
 
@@ -364,7 +365,7 @@ def write_judge_transcripts(rows: list[dict[str, Any]], folder: Path) -> list[di
         if transcript is not None:
             folder.mkdir(parents=True, exist_ok=True)
             name = f"judge-{index}.yaml"
-            (folder / name).write_text(yaml.safe_dump(transcript, sort_keys=False, allow_unicode=True))
+            (folder / name).write_text(redact_text(yaml.safe_dump(transcript, sort_keys=False, allow_unicode=True)))
             row["transcript_path"] = name
         written.append(row)
     return written

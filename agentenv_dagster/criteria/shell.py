@@ -1,13 +1,13 @@
-"""Running checker commands on the host: the environment they see, programs on its PATH,
-streams shown in details (the process handling itself is ``runtime.shell``)."""
+"""Running checker commands on the host: the environment they see (an allowlist: never our
+API keys), programs on its PATH, streams shown in details (the process handling itself is
+``runtime.shell``)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
-from ..runtime.shell import ShellResult, run_argv
+from ..runtime.shell import ShellResult, run_argv, sandbox_env
 from .base import CriterionContext
 
 STREAM_LIMIT = 4000
@@ -15,8 +15,9 @@ CommandOutput = ShellResult  # exit_code None = the deadline killed it
 
 
 def command_env(ctx: CriterionContext) -> dict[str, str]:
-    """The host environment, the run's extras, and where the task and its reference live."""
-    env = {**os.environ, **ctx.env, "TASK_DIR": str(ctx.task_dir)}
+    """The sandbox's environment (``runtime.shell.sandbox_env``) with the run's extras (the
+    variables the task passes through), and where the task and its reference live."""
+    env = sandbox_env((), {**ctx.env, "TASK_DIR": str(ctx.task_dir)})
     if ctx.reference_dir is not None:
         env["REFERENCE_DIR"] = str(ctx.reference_dir)
     return env

@@ -116,10 +116,11 @@ def execute_plan(
     job_name = TaskTranslator().get_job_name(plan)
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", dir=config.state_dir, delete=False) as seed:
-        json.dump(initial_context or {}, seed)
-    resources = agentenv_resources(config, initial_context_path=seed.name, rows_in_flight=rows_in_flight,
-                                   max_sandboxes=max_sandboxes)
+    seed = tempfile.TemporaryFile("w+")  # no name on disk: it ends with this process, however that ends
+    json.dump(initial_context or {}, seed)
+    seed.flush()
+    resources = agentenv_resources(config, initial_context_path=f"/proc/self/fd/{seed.fileno()}",
+                                   rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes)
     job_def = build_job(plan, executor_def=job_executor(config, plan), config=config,
                         resources={**resources, IO_MANAGER_KEY: io_manager})  # a retry re-executes it here too
     run_config, run_tags = _launch(plan, partition_key, partition_keys)
@@ -129,7 +130,7 @@ def execute_plan(
             run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
             success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
     finally:
-        os.unlink(seed.name)
+        seed.close()
     for run_id in run_ids:  # the safety net: the teardown op did it, unless the run stopped before it
         resources[RESOURCE_KEY].teardown(run_id)
     contexts = io_manager.final_contexts(run_ids[-1])

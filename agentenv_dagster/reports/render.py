@@ -26,6 +26,7 @@ from markupsafe import Markup
 
 from ..criteria.judge_prompt import write_judge_transcripts
 from .experiment import variant_comparison
+from ..redaction import redact_text
 from .models import EvaluationResult, RunSummary
 from .timeline import timeline
 
@@ -159,11 +160,16 @@ def write_reports(
         task_html=out_dir / "task.html",
         task_jsons=[task_json_path(out_dir, r) if task_jsons_written else write_task_json(out_dir, r) for r in results],
     )
-    written.run_json.write_text(summary.model_dump_json(indent=2), encoding="utf-8")
+    _write(written.run_json, summary.model_dump_json(indent=2))
     rendered = rendered or RenderedRows()
-    written.run_md.write_text(_render("run.md", summary, results, rendered), encoding="utf-8")
-    written.task_html.write_text(_render("task.html", summary, results, rendered), encoding="utf-8")
+    _write(written.run_md, _render("run.md", summary, results, rendered))
+    _write(written.task_html, _render("task.html", summary, results, rendered))
     return written
+
+
+def _write(path: Path, text: str) -> None:
+    """A report, with every known secret value in it replaced by ``***`` (``redaction.py``)."""
+    path.write_text(redact_text(text), encoding="utf-8")
 
 
 def write_task_json(out_dir: Path | str, result: EvaluationResult) -> Path:
@@ -172,8 +178,8 @@ def write_task_json(out_dir: Path | str, result: EvaluationResult) -> Path:
     path = task_json_path(out_dir, result)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_judge_transcripts(result, path.parent)
-    path.write_text(result.model_dump_json(indent=2), encoding="utf-8")
-    (path.parent / ROW_PAGE).write_text(_row_page(result), encoding="utf-8")
+    _write(path, result.model_dump_json(indent=2))
+    _write(path.parent / ROW_PAGE, _row_page(result))
     return path
 
 
@@ -188,8 +194,8 @@ def _row_page(result: EvaluationResult) -> str:
 def write_suite(folder: Path, suite: dict[str, Any]) -> None:
     """A suite's suite.json and suite.md, in ``<variant>/<suite_id>/`` as upstream writes them."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "suite.json").write_text(json.dumps(suite, indent=2, default=str), encoding="utf-8")
-    (folder / "suite.md").write_text(suite_markdown(suite), encoding="utf-8")
+    _write(folder / "suite.json", json.dumps(suite, indent=2, default=str))
+    _write(folder / "suite.md", suite_markdown(suite))
 
 
 def suite_markdown(suite: dict[str, Any]) -> str:

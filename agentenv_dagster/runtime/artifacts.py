@@ -17,6 +17,9 @@ from typing import Any
 
 from filelock import FileLock
 
+from ..ids import check_id, path_under
+from ..redaction import redact_bytes
+
 MANIFEST = "artifact.json"
 FILE_TYPES = ("file", "file_artifact_universe")
 ENVIRONMENT_TYPES = ("environment", "service", "environment_universe", "service_universe")
@@ -67,27 +70,32 @@ class FilesystemArtifactStore:
         versions = self.versions(artifact_id)
         if versions:
             chosen = chosen_version(artifact_id, version, versions)
-            return self._read(artifact_id, chosen, self.root / artifact_id / str(chosen))
+            return self._read(artifact_id, chosen, self._folder(artifact_id) / str(chosen))
         bundle = self._bundle(artifact_id)
         if bundle is not None and version in (None, 1):
             return bundle
         raise ArtifactNotFound(f"Artifact '{artifact_id}' not found")
 
+    def _folder(self, artifact_id: str) -> Path:
+        """The artifact's folder; an id that could name anything else is refused."""
+        return path_under(self.root, check_id(artifact_id, "artifact id"))
+
     def versions(self, artifact_id: str) -> list[int]:
-        folder = self.root / artifact_id
+        folder = self._folder(artifact_id)
         if not folder.is_dir():
             return []
         return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
     def put(self, artifact_id: str, artifact_type: str, files: dict[str, bytes], **meta: Any) -> Artifact:
-        """Store a new version; concurrent writers of one id get distinct versions."""
-        folder = self.root / artifact_id
+        """Store a new version; concurrent writers of one id get distinct versions. Each
+        file's relative path stays inside the version."""
+        folder = self._folder(artifact_id)
         folder.mkdir(parents=True, exist_ok=True)
         with FileLock(str(folder / ".lock")):
             version = max(self.versions(artifact_id), default=0) + 1
             staging = Path(tempfile.mkdtemp(dir=folder, prefix=".staging-"))
             for relpath, data in files.items():
-                target = staging / "files" / relpath
+                target = path_under(staging / "files", *Path(relpath).parts)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(data)
             (staging / "files").mkdir(exist_ok=True)
@@ -97,7 +105,7 @@ class FilesystemArtifactStore:
 
     def _bundle(self, artifact_id: str) -> Artifact | None:
         for base in self.bundle_dirs:
-            folder = base / artifact_id
+            folder = path_under(base, check_id(artifact_id, "artifact id"))
             if folder.is_dir():
                 return _BundleArtifact.read(artifact_id, folder)
         return None
@@ -154,12 +162,13 @@ class ObjectStore:
 
     def put(self, key: str, data: bytes) -> str:
         """Keys are ours, never links: normalizing one is enough to keep it inside (resolving
-        both paths again, a syscall a folder, was half the cost of a row's trajectory)."""
+        both paths again, a syscall a folder, was half the cost of a row's trajectory). What
+        is stored is redacted (``redaction.py``): a trajectory may echo a secret."""
         target = Path(os.path.normpath(self._real_root / key))
         if self._real_root not in target.parents:
             raise ValueError(f"object key {key!r} leaves the object store")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        target.write_bytes(redact_bytes(data))
         return target.as_uri()
 
     @staticmethod

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import httpx
 
 from ..config import AgentEnvConfig
+from ..redaction import redact_text
 from .a2a_client import A2AClient
 from .artifacts import FilesystemArtifactStore, ObjectStore
 from .dataplane import DataPlaneClient
@@ -44,7 +45,7 @@ class StepRuntime:
     ):
         self.config = config
         self.run = run
-        self.log = logger or logging.getLogger("agentenv_dagster")
+        self.log = RedactingLogger(logger or logging.getLogger("agentenv_dagster"))
         self.provider = LocalProvider(config, run.run_dir)
         self.artifacts = artifacts or artifact_store(config)
         self.objects = objects or object_store(config)
@@ -60,6 +61,7 @@ class StepRuntime:
         await self.http.aclose()
 
     def _connect(self, http: httpx.AsyncClient) -> None:
+        http.auth = self.provider.server_auth  # the run's token, to the run's own servers only
         self.http = http
         self.a2a = A2AClient(http)
         self.dataplane = DataPlaneClient(http)
@@ -88,6 +90,20 @@ class StepRuntime:
 
 
 LANE_CONNECTIONS = 4  # a lane's pool (one row at a time uses it)
+
+
+class RedactingLogger(logging.LoggerAdapter):
+    """A step's logger: each message is formatted here, then every known secret value in it
+    replaced by ``***`` (``redaction.py``), before the logger it wraps (Dagster's, under an
+    op) records it."""
+
+    def __init__(self, logger: logging.Logger | logging.LoggerAdapter) -> None:
+        super().__init__(logger, {})
+
+    def log(self, level: int, msg: object, *args: object, **kwargs) -> None:
+        if self.isEnabledFor(level):
+            text = str(msg) % args if args else str(msg)
+            self.logger.log(level, redact_text(text), **kwargs)
 
 
 @functools.cache

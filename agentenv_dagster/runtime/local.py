@@ -1,9 +1,12 @@
 """The embedded local providers: envs as server processes on 127.0.0.1, agents in one agent
 host process per run.
 
-Each run keeps a ledger of what it deployed (one file per instance under the run folder), so
-any process of the run, or a later one, can tear it all down. Closing the ledger is final: a
-deployment that finishes after the run started tearing down ends itself and fails.
+Each run keeps a ledger of what it deployed (one file per instance under the run folder,
+written before a server is started), so any process of the run, or a later one, can tear it
+all down. Closing the ledger is final: a deployment that finishes after the run started
+tearing down ends itself and fails. The ledger also keeps the run's two facts its servers
+are bound by: the bearer token every one of them requires, and the run's owner process,
+which none of them outlives (``processes.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from filelock import FileLock
 
 from ..config import BUILTIN_AGENTS, BUILTIN_PROVIDERS, CODING_CLI_KINDS, AgentEntry, AgentEnvConfig, model_key_env
 from ..context import DeployedAgent, DeployedEnv, DeployedSandbox
-from .processes import ServerProcess, is_running, spawn_server, terminate
+from ..ids import UnsafeIdError, path_under
+from ..redaction import remember_secret
+from .processes import READY_FILE, ProcessIdentity, run_owner, spawn_server, still_running, terminate
 from .sandbox import LocalSandbox
+from .server_auth import RunServerAuth
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +47,15 @@ class DeploymentError(RuntimeError):
 
 
 SEVERAL = ".several"  # a ledger file of several deployments recorded together: {instance_id: entry}
+TOKEN_FILE = ".token"  # the run's bearer token (0600, in the run's 0700 ledger folder)
+OWNER_FILE = ".owner"  # the run's owner process (``ProcessIdentity``)
 
 
 def _ledger_entry(kind: str, pid: int | None = None, container_id: str | None = None, url: str | None = None,
-                  host: str | None = None) -> dict[str, Any]:
-    return {"kind": kind, "pid": pid, "container_id": container_id, "url": url, "host": host}
+                  host: str | None = None, **more: Any) -> dict[str, Any]:
+    """One deployment; ``more`` (a server's ``started`` and ``workdir``) only when known."""
+    entry = {"kind": kind, "pid": pid, "container_id": container_id, "url": url, "host": host}
+    return {**entry, **{k: v for k, v in more.items() if v is not None}}
 
 
 @dataclass(frozen=True)
@@ -61,10 +71,54 @@ class Ledger:
         return (self.folder / ".closed").exists()
 
     def record(self, instance_id: str, kind: str, *, pid: int | None = None, container_id: str | None = None,
-               url: str | None = None, host: str | None = None) -> None:
-        """What the run must end: a server process (``pid``, serving at ``url``), a container
+               url: str | None = None, host: str | None = None, started: int | None = None,
+               workdir: str | None = None) -> None:
+        """What the run must end: a server process (``pid`` started at ``started``, serving at
+        ``url``; before it exists, the ``workdir`` it will announce itself in), a container
         (``container_id``), or an agent at ``url`` in the run's agent ``host``."""
-        self._write(instance_id, _ledger_entry(kind, pid, container_id, url, host))
+        self._write(instance_id, _ledger_entry(kind, pid, container_id, url, host, started=started, workdir=workdir))
+
+    def token(self, *, create: bool = True) -> str | None:
+        """The run's bearer token, made on first use (None without ``create`` until then).
+        Only the run's servers and the processes of the run read it."""
+        token = self._once(TOKEN_FILE, lambda: secrets.token_urlsafe(32)) if create else self._read(TOKEN_FILE)
+        remember_secret(token)  # never to be recorded anywhere
+        return token
+
+    def owner(self) -> ProcessIdentity | None:
+        """The process the run's servers end with, once a process of the run has claimed it."""
+        recorded = self._read(OWNER_FILE)
+        return ProcessIdentity.from_dict(json.loads(recorded)) if recorded else None
+
+    def claim_owner(self, identity: ProcessIdentity) -> ProcessIdentity:
+        """Record ``identity`` as the run's owner unless one is recorded; the recorded one."""
+        return ProcessIdentity.from_dict(json.loads(self._once(OWNER_FILE, lambda: json.dumps(identity.to_dict()))))
+
+    def _once(self, name: str, make: Callable[[], str]) -> str:
+        """The content of ``name``, written by whichever process of the run comes first
+        (whole, owner-only: made aside, then linked in place, which fails if it exists)."""
+        found = self._read(name)
+        if found:
+            return found
+        self.folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.folder, 0o700)
+        staged = self.folder / f"{name}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(make())
+        try:
+            os.link(staged, self.folder / name)
+        except FileExistsError:
+            pass  # another process of the run was first
+        finally:
+            staged.unlink()
+        return self._read(name) or ""
+
+    def _read(self, name: str) -> str | None:
+        try:
+            return (self.folder / name).read_text() or None
+        except OSError:
+            return None
 
     def record_hosted(self, host: str, urls: dict[str, str]) -> None:
         """Agents deployed into the run's agent ``host`` (instance id -> URL), in one file: a
@@ -98,7 +152,7 @@ class Ledger:
 
     def terminate(self, instance_id: str) -> bool:
         entry = self.entry(instance_id)
-        return bool(entry) and _end(entry)
+        return bool(entry) and _end(entry, self.token(create=False))
 
     def close(self) -> list[str]:
         """Refuse further deployments, then end every one recorded; returns what was running.
@@ -106,7 +160,8 @@ class Ledger:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / ".closed").touch()
         entries = self.entries()
-        ended = {iid: _end(entry) for iid, entry in entries.items() if entry.get("host") not in entries}
+        token = self.token(create=False)
+        ended = {iid: _end(entry, token) for iid, entry in entries.items() if entry.get("host") not in entries}
         hosted = [iid for iid, entry in entries.items() if entry.get("host") in ended and ended[entry["host"]]]
         return sorted([iid for iid, was_running in ended.items() if was_running] + hosted)
 
@@ -118,6 +173,11 @@ class LocalProvider:
         self.config = config
         self.run_dir = run_dir
         self.ledger = Ledger.of_run(run_dir)
+        self.server_auth = RunServerAuth(self.ledger)  # the token on requests to the run's own servers
+        # the run's owner, claimed by its first step: a run killed before it deployed anything
+        # is still found (and failed) by the reaping of dead runs
+        self.owner = self.ledger.claim_owner(run_owner())
+        os.chmod(run_dir, 0o700)  # its sandboxes, contexts and logs are the run's user's alone
         self._hosts: dict[str, str] = {}  # agent host id -> its URL, once known
         self._batches: dict[str, HostBatch] = {}  # agent host URL -> the deployments on their way
         self._host_starting = asyncio.Lock()
@@ -136,7 +196,11 @@ class LocalProvider:
         if entry.mcp_url:  # a live endpoint: nothing to start, nothing to tear down
             return DeployedEnv(**record, env_provider_type="live", mcp_url=entry.mcp_url)
         instance_id = f"{env_id}-{secrets.token_hex(4)}"
-        server = self._spawn(ENV_SERVER_MODULE, [entry.kind or env_id], instance_id, "env", ttl_seconds)
+        # its data plane reads file:// Parts only under the run's artifact folders
+        roots = [self.config.state_dir / "artifacts", self.config.state_dir / "cache",
+                 *(self.config.path(d) for d in self.config.stores.artifact_dirs)]
+        args = [entry.kind or env_id, *(a for root in roots for a in ("--file-root", str(root)))]
+        server = self._spawn(ENV_SERVER_MODULE, args, instance_id, "env", ttl_seconds)
         return DeployedEnv(
             **record, env_provider_type="local", instance_id=instance_id, mcp_url=f"{server.url}/mcp",
         )
@@ -144,15 +208,17 @@ class LocalProvider:
     def deploy_agent(
         self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
         workspace: Path | None = None, container: dict[str, Any] | None = None,
-        overrides: dict[str, Any] | None = None,
+        overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
         """Deploy agent ``agent_id`` (its registry entry, with ``overrides`` on top) into the
         run's agent host, started on first use (see ``builtin/agents/host.py``). With a
         ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools (its Bash
-        inside the sandbox's ``container`` when it has one)."""
-        request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides)
+        inside the sandbox's ``container`` when it has one) whose environment is an allowlist
+        plus ``tools_env``."""
+        request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides,
+                                       tools_env)
         try:
-            created = _http().post(f"{request.host_url}/agents", json=request.body)
+            created = _http().post(f"{request.host_url}/agents", json=request.body, headers=self._auth())
         except httpx.HTTPError as exc:
             raise request.host_failed(exc) from None
         answer = created.json() if created.status_code == 201 else {"error": created.text}
@@ -162,11 +228,11 @@ class LocalProvider:
     async def deploy_agent_async(
         self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
         workspace: Path | None = None, container: dict[str, Any] | None = None,
-        overrides: dict[str, Any] | None = None,
+        overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
         """:meth:`deploy_agent` from an event loop: the agents asked for in the same turn of
         the loop (a batch of dataset rows) go to their host in one request."""
-        args = (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides)
+        args = (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides, tools_env)
         request = self._hosted_request(*args, start_host=False)
         if request is None:
             # finding or starting the host blocks for a while: off the loop, and once (the rows
@@ -178,7 +244,7 @@ class LocalProvider:
         batch = self._batches.get(request.host_url)
         if batch is None:
             batch = self._batches[request.host_url] = HostBatch(
-                request.host_url, functools.partial(self._record_hosted, request.host_id))
+                request.host_url, functools.partial(self._record_hosted, request.host_id), headers=self._auth())
         try:
             answer = await batch.add(request.body)
         except httpx.HTTPError as exc:
@@ -188,21 +254,22 @@ class LocalProvider:
     def _hosted_request(
         self, agent_id: str, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None,
         workspace: Path | None, container: dict[str, Any] | None, overrides: dict[str, Any] | None,
-        *, start_host: bool = True,
+        tools_env: dict[str, str] | None = None, *, start_host: bool = True,
     ) -> "HostedRequest | None":
         """What to ask the run's agent host for (finding or starting the host if need be;
         None without ``start_host`` when this process does not know the host yet)."""
         entry = self._agent_entry(agent_id, overrides)
-        process_env = self._process_env(agent_id, entry, env_vars, container)
+        process_env = dict(env_vars or {})
+        model_api = self._model_api(agent_id, entry, container)
         instance_id = f"{agent_id}-{secrets.token_hex(4)}"
         sandbox = workspace or self.run_dir / "sandboxes" / instance_id
         settings = {**self._agent_config(entry), "name": agent_name}
         if workspace is not None:
-            settings["workspace"] = {"container": container, "path_prepend": entry.path_prepend}
-        host_id = agent_host_id(process_env)
+            settings["workspace"] = {"container": container, "path_prepend": entry.path_prepend, "env": tools_env or {}}
+        host_id = agent_host_id(process_env, model_api)
         if not start_host and host_id not in self._hosts:
             return None
-        host_id, host_url = self._agent_host(process_env, ttl_seconds)
+        host_id, host_url = self._agent_host(process_env, model_api, ttl_seconds)
         return HostedRequest(agent_id, agent_name, host_id, host_url, str(sandbox),
                              {"id": instance_id, "sandbox": str(sandbox), "config": settings})
 
@@ -216,10 +283,10 @@ class LocalProvider:
         entry = self._agent_entry(agent_id, overrides)
         if entry.kind in CODING_CLI_KINDS:
             return
-        env = self._process_env(agent_id, entry, env_vars, None)
+        env, model_api = dict(env_vars or {}), self._model_api(agent_id, entry, None)
         async with self._host_starting:
-            if agent_host_id(env) not in self._hosts:
-                await asyncio.to_thread(self._agent_host, env, ttl_seconds)
+            if agent_host_id(env, model_api) not in self._hosts:
+                await asyncio.to_thread(self._agent_host, env, model_api, ttl_seconds)
 
     def _agent_entry(self, agent_id: str, overrides: dict[str, Any] | None) -> AgentEntry:
         """The registry entry of ``agent_id``, with a step's inline settings on top."""
@@ -231,19 +298,18 @@ class LocalProvider:
             entry = AgentEntry.model_validate({**entry.model_dump(exclude_unset=True), **overrides})
         return entry
 
-    def _process_env(self, agent_id: str, entry: AgentEntry, env_vars: dict[str, str] | None,
-                     container: dict[str, Any] | None) -> dict[str, str]:
-        """The agent host's environment: the step's variables and the key its agent kind needs."""
-        process_env = dict(env_vars or {})
+    def _model_api(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, Any]:
+        """The model API (base URL and key) the agent's kind needs, for its host's bootstrap:
+        never in the host's environment, which the agents' tools would inherit."""
         if entry.kind == "anthropic":
-            process_env.update(self._model_key(agent_id, entry))
+            return self._tool_use_model_api(agent_id, entry)
         if entry.kind in CODING_CLI_KINDS:
-            process_env.update(self._coding_cli_ready(agent_id, entry, container))
-        return process_env
+            return self._coding_cli_ready(agent_id, entry, container)
+        return {}
 
-    def _model_key(self, agent_id: str, entry: AgentEntry) -> dict[str, str]:
-        """The tool-use agent's key, in the variable its host reads it from (``model_key_env``):
-        the key of its model's provider (none for a server that needs none)."""
+    def _tool_use_model_api(self, agent_id: str, entry: AgentEntry) -> dict[str, Any]:
+        """The tool-use agent's model API: its model's provider, with that provider's URL and
+        key (none for a server that needs none), bound together in its host."""
         ref = entry.model or self.config.model.for_role("agent")
         try:
             model = self.config.model.resolve(ref)
@@ -253,8 +319,7 @@ class LocalProvider:
         if missing:
             raise DeploymentError(f"A2A agent '{agent_id}' is the tool-use agent of model '{ref}' and needs "
                                   f"{'an API key' if 'api_key' in missing else 'a base URL'}: {missing}")
-        key = model.api_key()
-        return {model_key_env(model.provider): key} if key else {}
+        return {model.provider: {"base_url": model.base_url(), "api_key": model.api_key(), "protocol": model.protocol}}
 
     def _record_hosted(self, host_id: str, answered: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
         """Write down the agents a host deployed (its answers with a URL), all in one go."""
@@ -266,7 +331,7 @@ class LocalProvider:
             raise DeploymentError(f"A2A agent '{request.agent_id}' was not deployed: {str(answer.get('error'))[:2000]}")
         url, instance_id = answer["url"], request.body["id"]
         if self.ledger.closed:
-            _end({"url": url})
+            _end({"url": url, "host": request.host_id}, self.ledger.token(create=False))
             raise DeploymentError(f"run is tearing down; agent '{instance_id}' was not kept")
         return DeployedAgent(
             agent_name=request.agent_name, api_url=url, a2a_url=url, sandbox_id=instance_id,
@@ -274,20 +339,21 @@ class LocalProvider:
             a2a_agent_id=request.agent_id, a2a_card=answer.get("card"),
         )
 
-    def _agent_host(self, env: dict[str, str], ttl_seconds: int) -> tuple[str, str]:
-        """The URL of the run's agent host for this process environment, started on first
-        use (one per distinct environment: a key is per process). A file lock keeps ops in
-        other processes of the run from starting a second one."""
-        host_id = agent_host_id(env)
+    def _agent_host(self, env: dict[str, str], model_api: dict[str, Any], ttl_seconds: int) -> tuple[str, str]:
+        """The URL of the run's agent host for this process environment and model API,
+        started on first use (one per distinct pair: a key is per process). A file lock keeps
+        ops in other processes of the run from starting a second one."""
+        host_id = agent_host_id(env, model_api)
         if host_id in self._hosts:  # this process found or started it already (a dead host fails the POST)
             return host_id, self._hosts[host_id]
         self.ledger.folder.mkdir(parents=True, exist_ok=True)
         with FileLock(self.ledger.folder / f"{host_id}.lock"):
             entry = self.ledger.entry(host_id)
-            if entry and is_running(entry["pid"]):
+            if entry and entry.get("url") and _server_alive(entry):
                 url = entry["url"]
             else:
-                url = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env).url
+                url = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env,
+                                  secrets_for_server={"model_api": model_api}).url
         self._hosts[host_id] = url
         return host_id, url
 
@@ -363,9 +429,16 @@ class LocalProvider:
         return started
 
     def sandbox_of(self, agent: DeployedAgent) -> LocalSandbox:
+        """The sandbox folder a record names: one of a run of this project (a saved context
+        may come from an earlier run), never anywhere else."""
         root = getattr(agent, "sandbox_root", None) or (agent.model_extra or {}).get("sandbox_root")
         if not root:
             raise DeploymentError(f"agent '{agent.agent_name}' has no local sandbox")
+        try:
+            path_under(self.run_dir.parent, os.path.relpath(root, self.run_dir.parent))
+        except (UnsafeIdError, ValueError):
+            raise DeploymentError(f"agent '{agent.agent_name}': sandbox_root {str(root)[:200]!r} is not a sandbox "
+                                  f"of this project's runs ({self.run_dir.parent})") from None
         return LocalSandbox(Path(root))
 
     def terminate(self, instance_id: str) -> bool:
@@ -379,10 +452,11 @@ class LocalProvider:
     def teardown(self) -> list[str]:
         return self.ledger.close()
 
-    def _coding_cli_ready(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, str]:
+    def _coding_cli_ready(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, Any]:
         """Fail the deploy, with how to fix it, when a claude-code or codex agent cannot run
         here: its package or CLI is missing, there is no key, or the sandbox is a container
-        (the CLI runs on this machine, in the sandbox folder). The key its host needs."""
+        (the CLI runs on this machine, in the sandbox folder). The model API its host proxies
+        for it (none for a codex relying on its own ``codex login``)."""
         where = f"A2A agent '{agent_id}' (kind {entry.kind})"
         if container:
             raise DeploymentError(f"{where} runs its CLI on this machine in the sandbox folder, not inside the "
@@ -392,9 +466,10 @@ class LocalProvider:
                 raise DeploymentError(f"{where} needs the Codex CLI ('{entry.cli_path or 'codex'}' is not on PATH): "
                                       "npm install -g @openai/codex")
             codex_home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
-            if not (os.environ.get("OPENAI_API_KEY") or os.environ.get("CODEX_API_KEY") or (codex_home / "auth.json").is_file()):
+            api_key = os.environ.get("OPENAI_API_KEY") or os.environ.get("CODEX_API_KEY")
+            if not (api_key or (codex_home / "auth.json").is_file()):
                 raise DeploymentError(f"{where} needs an API key: set OPENAI_API_KEY (or CODEX_API_KEY), or run 'codex login'")
-            return {}
+            return {"openai": {"base_url": os.environ.get("CODEX_BASE_URL"), "api_key": api_key}} if api_key else {}
         spec = importlib.util.find_spec("claude_agent_sdk")
         if spec is None:
             raise DeploymentError(f"{where} needs the claude-agent-sdk package: pip install 'agentenv-dagster[agents]'")
@@ -405,7 +480,7 @@ class LocalProvider:
         api_key = self.config.model.resolved_api_key()
         if not api_key:
             raise DeploymentError(f"{where} needs an API key: set [model] api_key in .agentenv/config.toml or ANTHROPIC_API_KEY")
-        return {"ANTHROPIC_API_KEY": api_key}
+        return {"anthropic": {"base_url": self.config.model.resolved_base_url(), "api_key": api_key}}
 
     def _agent_config(self, entry) -> dict[str, Any]:
         episodes = entry.episodes
@@ -439,25 +514,37 @@ class LocalProvider:
                 providers[name] = {**settings.model_dump(), "base_url": url, "api_key": f"env:{model_key_env(name)}"}
         return providers
 
-    def _spawn(self, module, args, instance_id, kind, ttl_seconds, env=None):
-        server = spawn_server(
-            module, args, workdir=self.run_dir / f"{kind}s" / instance_id,
-            ttl_seconds=ttl_seconds, env=env,
-        )
-        return self._keep(server, instance_id, kind)
-
-    def _keep(self, server: ServerProcess, instance_id: str, kind: str) -> ServerProcess:
-        """Written in the run's ledger, so the run's teardown ends it; ended now if that has begun."""
-        self.ledger.record(instance_id, kind, pid=server.pid, url=server.url)
+    def _spawn(self, module, args, instance_id, kind, ttl_seconds, env=None, secrets_for_server=None):
+        """Start a server of the run: written in the ledger before it exists (where it will
+        announce itself), again the moment it does, and once it serves; bound to the run's
+        token and owner. Refused, or ended at once, when the run's teardown has begun."""
+        workdir = self.run_dir / f"{kind}s" / instance_id
+        self.ledger.record(instance_id, kind, workdir=str(workdir))
         if self.ledger.closed:
-            terminate(server.pid)
+            raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not started")
+
+        def started(process: ProcessIdentity) -> None:
+            self.ledger.record(instance_id, kind, pid=process.pid, started=process.started, workdir=str(workdir))
+
+        server = spawn_server(
+            module, args, workdir=workdir, ttl_seconds=ttl_seconds, env=env, token=self.ledger.token(),
+            owner=self.owner, secrets_for_server=secrets_for_server, on_started=started,
+        )
+        self.ledger.record(instance_id, kind, pid=server.pid, started=server.started, url=server.url, workdir=str(workdir))
+        if self.ledger.closed:
+            terminate(server.pid, started=server.started)
             raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not kept")
         return server
 
+    def _auth(self) -> dict[str, str]:
+        """The header every request to the run's agent host carries."""
+        return {"Authorization": f"Bearer {self.ledger.token()}"}
 
-def agent_host_id(env: dict[str, str]) -> str:
-    """The agent host of a process environment (a key is per process, so per host)."""
-    return "agent-host-" + hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()[:8]
+
+def agent_host_id(env: dict[str, str], model_api: dict[str, Any] | None = None) -> str:
+    """The agent host of a process environment and model API (a key is per process, so per host)."""
+    given = json.dumps([env, model_api or {}], sort_keys=True)
+    return "agent-host-" + hashlib.sha256(given.encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True)
@@ -483,9 +570,11 @@ class HostBatch:
     each batch's ``(body, answer)`` pairs before anyone waiting sees an answer."""
 
     def __init__(self, host_url: str,
-                 record: Callable[[list[tuple[dict[str, Any], dict[str, Any]]]], None] = lambda answered: None) -> None:
+                 record: Callable[[list[tuple[dict[str, Any], dict[str, Any]]]], None] = lambda answered: None,
+                 headers: dict[str, str] | None = None) -> None:
         self.host_url = host_url
         self.record = record
+        self.headers = headers or {}  # the run's token
         self._waiting: list[tuple[dict[str, Any], asyncio.Future]] = []
         self._http: httpx.AsyncClient | None = None  # made by the first send, in its event loop
 
@@ -502,7 +591,8 @@ class HostBatch:
         try:
             if self._http is None:  # plain HTTP on loopback: no CA bundle to load
                 self._http = httpx.AsyncClient(timeout=30, verify=False)
-            response = await self._http.post(f"{self.host_url}/agents", json={"agents": [b for b, _ in batch]})
+            response = await self._http.post(f"{self.host_url}/agents", json={"agents": [b for b, _ in batch]},
+                                             headers=self.headers)
             response.raise_for_status()
             answers = response.json()["agents"]
         except Exception as exc:  # every agent of the batch fails the same way
@@ -524,8 +614,10 @@ class HostBatch:
             self._http = None
 
 
-def _end(entry: dict[str, Any]) -> bool:
-    """End one recorded deployment; True when something was still running."""
+def _end(entry: dict[str, Any], token: str | None) -> bool:
+    """End one recorded deployment (an agent in the run's host by a request with the run's
+    ``token``); True when something was still running. A server process is ended only while
+    it is still the one recorded (its start time), never a stranger given its pid since."""
     if entry.get("container_id"):
         from .containers import ContainerSandbox, ContainerSandboxError
 
@@ -534,12 +626,31 @@ def _end(entry: dict[str, Any]) -> bool:
         except ContainerSandboxError:
             return False  # the engine is gone, and its containers with it
         return True
-    if entry.get("pid") is None and entry.get("url"):  # an agent in the run's host
+    if entry.get("host"):  # an agent in the run's host
         try:
-            return _http().delete(entry["url"]).status_code == 200
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            return _http().delete(entry["url"], headers=headers).status_code == 200
         except httpx.HTTPError:
             return False  # its host has already ended
-    return terminate(entry["pid"])
+    server = _server_identity(entry)
+    return server is not None and terminate(server.pid, started=server.started)
+
+
+def _server_identity(entry: dict[str, Any]) -> ProcessIdentity | None:
+    """A recorded server's process: as recorded, or (recorded before it started) as it
+    announced itself in its folder."""
+    if entry.get("pid") is not None:
+        return ProcessIdentity(entry["pid"], entry.get("started"))
+    try:
+        ready = json.loads((Path(entry["workdir"]) / READY_FILE).read_text())
+        return ProcessIdentity(int(ready["pid"]), ready.get("started"))
+    except (KeyError, TypeError, OSError, ValueError):
+        return None
+
+
+def _server_alive(entry: dict[str, Any]) -> bool:
+    server = _server_identity(entry)
+    return server is not None and still_running(server.pid, server.started)
 
 
 @functools.cache

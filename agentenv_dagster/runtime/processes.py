@@ -2,25 +2,51 @@
 
 Deployed envs and agents must outlive the op that deployed them (under the multiprocess
 executor every op is its own process), so each runs in its own session and is found again
-by pid, never by a Python object.
+by pid, never by a Python object; but not the run: each watches the run's *owner* (the CLI
+process, or the run worker under Dagster: :func:`run_owner`) and ends as soon as it has gone.
+A process is known by its :class:`ProcessIdentity` (pid and start time), so a pid the system
+gave to a stranger since is never signalled.
+
+A server gets its secrets (the run's bearer token, a model key) on its standard input, once:
+never in its arguments (a process list shows them) or its environment (its children inherit
+it); its environment is an allowlist (:data:`SERVER_ENV_KEYS`).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import secrets
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
+
+from .shell import HOST_ENV_KEYS, passed_through
 
 
 READY_FILE = "ready.json"  # {"url": ..., "pid": ...}, written by the server once it listens
 LOG_FILE = "server.log"
+
+
+# What a server we start gets of this process's environment: what Python and the tools it
+# runs need (interpreter, locale, Docker, the coding CLIs' homes, proxies and CA bundles) and
+# none of our keys; a server that needs a key gets it on its standard input.
+SERVER_ENV_KEYS = (
+    *HOST_ENV_KEYS, "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TERM", "PYTHONPATH", "PYTHONHOME",
+    "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE", "DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
+    "DOCKER_CONFIG", "CODEX_HOME", "CLAUDE_CONFIG_DIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED",
+)
+RUN_OWNER_VARIABLE = "AGENTENV_RUN_OWNER_PID"  # set by a process that owns runs other than itself
 
 
 class ServerStartError(RuntimeError):
@@ -28,9 +54,88 @@ class ServerStartError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ProcessIdentity:
+    """One process, told apart from a later one given the same pid: its start time (clock
+    ticks since boot, Linux), the boot and the machine it runs on."""
+
+    pid: int
+    started: int | None = None
+    boot: str | None = None
+    host: str = ""
+
+    @classmethod
+    def of(cls, pid: int) -> "ProcessIdentity":
+        return cls(pid, _start_ticks(pid), _boot_id(), socket.gethostname())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ProcessIdentity":
+        return cls(int(data["pid"]), data.get("started"), data.get("boot"), data.get("host") or "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def here(self) -> bool:
+        """Whether it ran on this machine since its last boot (only then can it be judged)."""
+        return self.host == socket.gethostname() and (self.boot is None or self.boot == _boot_id())
+
+    def alive(self) -> bool:
+        """Still running, and still the same process (not a stranger given its pid since)."""
+        return self.here and still_running(self.pid, self.started)
+
+
+def run_owner() -> ProcessIdentity:
+    """The process a run's servers must not outlive: ``AGENTENV_RUN_OWNER_PID`` when a
+    process that runs steps for another sets it, else the process this one is a
+    ``multiprocessing`` child of (under Dagster's multiprocess executor a step runs in such a
+    child of the run worker, forked from a forkserver or spawned, and ends with its step),
+    else this process itself (the CLI, or a run worker that runs its steps in process)."""
+    named = os.environ.get(RUN_OWNER_VARIABLE)
+    if named and named.isdigit():
+        return ProcessIdentity.of(int(named))
+    parent = multiprocessing.parent_process()
+    return ProcessIdentity.of(parent.pid if parent is not None and parent.pid else os.getpid())
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@cache
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+os.register_at_fork(after_in_child=_boot_id.cache_clear)
+
+
+@dataclass(frozen=True)
 class ServerProcess:
     pid: int
     url: str
+    token: str = ""  # the bearer token every request to it needs
+    started: int | None = None  # its start time (``ProcessIdentity``)
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    @property
+    def authed_url(self) -> str:
+        """``url`` with the token as its password (servers take it as HTTP Basic auth)."""
+        return self.url.replace("://", f"://agentenv:{self.token}@", 1)
+
+
+def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A server's environment: :data:`SERVER_ENV_KEYS` of this process's, plus ``extra``."""
+    return {**passed_through(SERVER_ENV_KEYS), **(extra or {})}
 
 
 def spawn_server(
@@ -41,30 +146,53 @@ def spawn_server(
     ttl_seconds: float,
     ready_timeout: float = 60.0,
     env: dict[str, str] | None = None,
+    token: str | None = None,
+    owner: ProcessIdentity | None = None,
+    secrets_for_server: dict[str, Any] | None = None,
+    on_started: Callable[[ProcessIdentity], None] | None = None,
 ) -> ServerProcess:
     """Start ``python -m module args`` and return once it has written its URL.
 
-    The server writes ``{"url": ...}`` to ``--ready-file`` after it is listening; its output
-    goes to ``<workdir>/server.log`` so a failed start can say why.
+    The server requires ``token`` (a new one when None) on every request, ends with
+    ``owner`` (default :func:`run_owner`) or its TTL, and is handed ``secrets_for_server``
+    with the token on its standard input. Its environment is :func:`server_env` plus ``env``.
+    ``on_started`` is told the process as soon as it exists (before it is ready), so a
+    ledger has it even if this process dies while waiting. The server writes ``{"url": ...}``
+    to ``--ready-file`` once listening; its output goes to ``<workdir>/server.log`` so a
+    failed start can say why.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     ready_file = workdir / READY_FILE
     ready_file.unlink(missing_ok=True)
     log_path = workdir / LOG_FILE
+    token = token or secrets.token_urlsafe(32)
+    owner = owner or run_owner()
     command = [
         sys.executable, "-m", module, *args,
         "--ready-file", str(ready_file), "--ttl-seconds", str(ttl_seconds),
+        "--owner-pid", str(owner.pid), *(["--owner-started", str(owner.started)] if owner.started is not None else []),
     ]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             command,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, **(env or {})},
+            env=server_env(env),
             cwd=workdir,
         )
+    started = ProcessIdentity.of(proc.pid)
+    try:
+        if on_started is not None:
+            on_started(started)
+        proc.stdin.write(json.dumps({"token": token, **(secrets_for_server or {})}).encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # it has exited already: waiting for it says why
+    except BaseException:
+        terminate(proc.pid)
+        raise
 
     def exited() -> str | None:
         if proc.poll() is None:
@@ -76,7 +204,7 @@ def spawn_server(
     except ServerStartError:
         terminate(proc.pid)
         raise
-    return ServerProcess(pid=proc.pid, url=url)
+    return ServerProcess(pid=proc.pid, url=url, token=token, started=started.started)
 
 
 READY_POLL_SECONDS = 0.02
@@ -117,12 +245,19 @@ def is_running(pid: int) -> bool:
     return state != "Z"
 
 
-def terminate(pid: int, grace_seconds: float = 5.0) -> bool:
+def still_running(pid: int, started: int | None = None) -> bool:
+    """The process is running and, with ``started``, is still the one that started then."""
+    return is_running(pid) and (started is None or _start_ticks(pid) == started)
+
+
+def terminate(pid: int, grace_seconds: float = 5.0, *, started: int | None = None) -> bool:
     """End the server's whole process group: SIGTERM, then SIGKILL after the grace period.
+    With ``started`` (its :class:`ProcessIdentity` start time) a process that is not that
+    one any more (its pid reused) is left alone.
 
     Returns True when something was running.
     """
-    if not is_running(pid):
+    if not still_running(pid, started):
         return False
     _signal_group(pid, signal.SIGTERM)
     if not _ended_within(pid, grace_seconds):

@@ -26,6 +26,8 @@ from urllib.parse import urlparse
 
 from filelock import FileLock
 
+from ..ids import check_id
+from ..redaction import redact_bytes
 from .artifacts import MANIFEST, Artifact, ArtifactNotFound, _BundleArtifact, chosen_version
 
 if TYPE_CHECKING:
@@ -181,7 +183,7 @@ class S3ArtifactStore:
         self.bundle_dirs = list(bundle_dirs or [])
 
     def _base(self, artifact_id: str, version: int | None = None) -> str:
-        _safe_key(artifact_id)
+        check_id(artifact_id, "artifact id")
         return self.location.key("artifacts", artifact_id, *([str(version)] if version is not None else []))
 
     def _claims(self, artifact_id: str) -> dict[int, int]:
@@ -262,8 +264,9 @@ class S3ObjectStore:
         self.location = location
 
     def put(self, key: str, data: bytes) -> str:
+        """Stored redacted, as the filesystem's ``ObjectStore`` does."""
         full = self.location.key("objects", _safe_key(key))
-        self.location.put_bytes(full, data)
+        self.location.put_bytes(full, redact_bytes(data))
         return self.location.url(full)
 
     @staticmethod

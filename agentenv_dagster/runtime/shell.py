@@ -1,7 +1,9 @@
 """Where a sandbox's shell commands run: on the host in its folder, or inside its container.
 
 One implementation of "run a command line with a deadline, kill everything it started past
-it", shared by pre/post_run commands, the agent's Bash tool and shell criteria.
+it", shared by pre/post_run commands, the agent's Bash tool and shell criteria. What such a
+command sees of this process's environment is an allowlist (:func:`sandbox_env`): the
+commands are the agent's or the task's, and our API keys are not theirs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Iterable, Mapping, Protocol
 
 
 # What a host interpreter running task data gets of this process's environment: what Python
@@ -20,9 +22,25 @@ from typing import Protocol
 HOST_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
 
 
+# What a sandbox's shell gets besides: the terminal and user a shell expects.
+SANDBOX_ENV_KEYS = (*HOST_ENV_KEYS, "LC_CTYPE", "TERM", "USER", "LOGNAME", "SHELL", "TZ")
+
+
+def passed_through(names: Iterable[str]) -> dict[str, str]:
+    """The variables ``names`` as this process has them."""
+    return {k: os.environ[k] for k in names if k in os.environ}
+
+
 def host_env(**extra: str) -> dict[str, str]:
     """This process's environment cut down to :data:`HOST_ENV_KEYS`, plus ``extra``."""
-    return {**{k: os.environ[k] for k in HOST_ENV_KEYS if k in os.environ}, **extra}
+    return {**passed_through(HOST_ENV_KEYS), **extra}
+
+
+def sandbox_env(passthrough: Iterable[str] = (), own: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a command an agent or a task runs on this machine: the basics
+    (:data:`SANDBOX_ENV_KEYS`), the variables the task passes through by name (Coder Eval's
+    ``env_passthrough``) as this process has them, and the sandbox's own variables ``own``."""
+    return {**passed_through([*SANDBOX_ENV_KEYS, *passthrough]), **(own or {})}
 
 
 @dataclass(frozen=True)
@@ -63,13 +81,16 @@ async def run_argv(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: 
 
 @dataclass(frozen=True)
 class HostShell:
-    """``bash -c`` in ``cwd`` on this machine (see :func:`run_argv`)."""
+    """``bash -c`` in ``cwd`` on this machine (see :func:`run_argv`), with the sandbox's
+    environment (:func:`sandbox_env` of ``passthrough`` names and the sandbox's ``env``)."""
 
     cwd: Path
+    passthrough: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
 
     async def run(self, command: str, timeout: float, env: dict[str, str] | None = None) -> ShellResult:
-        return await run_argv(["bash", "-c", command], cwd=self.cwd, env={**os.environ, **(env or {})},
-                              timeout=timeout)
+        return await run_argv(["bash", "-c", command], cwd=self.cwd,
+                              env=sandbox_env(self.passthrough, {**(self.env or {}), **(env or {})}), timeout=timeout)
 
 
 def _kill_group(pid: int) -> None:
@@ -79,24 +100,28 @@ def _kill_group(pid: int) -> None:
 
 @dataclass(frozen=True)
 class ContainerShell:
-    """``sh -c`` in the container's working dir (the sandbox folder is mounted there)."""
+    """``sh -c`` in the container's working dir (the sandbox folder is mounted there), with
+    the container's own environment plus the sandbox's ``env`` (nothing of this process's)."""
 
     container_id: str
     working_dir: str
+    env: Mapping[str, str] | None = None
 
     async def run(self, command: str, timeout: float, env: dict[str, str] | None = None) -> ShellResult:
         from .containers import ContainerSandbox  # the docker SDK only when a container is used
 
         sandbox = await asyncio.to_thread(ContainerSandbox.attach, self.container_id, self.working_dir)
         try:
-            result = await sandbox.exec(command, timeout, env)
+            result = await sandbox.exec(command, timeout, {**(self.env or {}), **(env or {})} or None)
         finally:
             sandbox.close()
         return ShellResult(None if result.timed_out else result.exit_code, result.stdout, result.stderr)
 
 
-def sandbox_shell(sandbox_root: str | Path, container: dict | None = None) -> SandboxShell:
-    """The shell of a sandbox record: its container when it has one, else its folder."""
+def sandbox_shell(sandbox_root: str | Path, container: dict | None = None, *, passthrough: Iterable[str] = (),
+                  env: Mapping[str, str] | None = None) -> SandboxShell:
+    """The shell of a sandbox record: its container when it has one, else its folder (with
+    the ``passthrough`` variables of this process); ``env`` = the sandbox's own variables."""
     if container and container.get("container_id"):
-        return ContainerShell(container["container_id"], container.get("working_dir") or "/work")
-    return HostShell(Path(sandbox_root))
+        return ContainerShell(container["container_id"], container.get("working_dir") or "/work", env)
+    return HostShell(Path(sandbox_root), tuple(passthrough), env)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, get_args
 from pydantic import BaseModel, ValidationError
 
 from ..errors import SpecError, TaskLoadError, clip, excerpt
+from ..ids import UnsafeIdError, check_id
 from .depends import check_dag, check_retry_targets, normalize_depends_on
 from .documents import ValueProblem, check_values, parse_json, read_text
 
@@ -144,6 +145,11 @@ def parse_task_document(
         if data.get("type") != "task" or "steps" not in data:
             raise TaskLoadError([SpecError(NOT_A_STEP_LIST, file=source)])
         task_id = str(data.get("id") or default_id)
+        if data.get("id") is not None:
+            try:  # it names the task's folder in the store, and its instances' artifacts
+                check_id(data["id"], "task id")
+            except UnsafeIdError as exc:
+                raise TaskLoadError([SpecError(str(exc), file=source, field="id")]) from None
         version = data.get("version")
         raw_steps = data["steps"]
         seed = data.get("seed")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from filelock import FileLock
 
 from ..errors import SpecError, TaskLoadError
+from ..ids import check_id, path_under
 from .documents import load_json
 from .loader import TaskDocument, parse_task_document
 
@@ -21,8 +22,12 @@ class TaskStore:
     def __init__(self, root: Path):
         self.root = root
 
+    def _folder(self, task_id: str) -> Path:
+        """The task's folder; an id that could name anything else is refused."""
+        return path_under(self.root, check_id(task_id, "task id"))
+
     def versions(self, task_id: str) -> list[int]:
-        folder = self.root / task_id
+        folder = self._folder(task_id)
         if not folder.is_dir():
             return []
         return sorted(int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit())
@@ -40,7 +45,7 @@ class TaskStore:
 
     def put(self, task_id: str, document: TaskDocument) -> int:
         """Store the document's steps as the next version of ``task_id``."""
-        folder = self.root / task_id
+        folder = self._folder(task_id)
         folder.mkdir(parents=True, exist_ok=True)
         with FileLock(str(folder / ".lock")):
             version = max(self.versions(task_id), default=0) + 1
@@ -59,7 +64,7 @@ class TaskStore:
         chosen = max(versions) if version is None else version
         if chosen not in versions:
             raise LookupError(f"Task '{task_id}' has no version {version} (versions: {versions})")
-        path = self.root / task_id / f"{chosen}.json"
+        path = self._folder(task_id) / f"{chosen}.json"
         try:
             data = load_json(path)
         except SpecError as exc:

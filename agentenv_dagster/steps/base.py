@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator, NamedTuple
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..ids import check_id
 from ..spec.depends import normalize_depends_on
 
 if TYPE_CHECKING:
@@ -69,6 +70,11 @@ class TaskStep(BaseModel):
     fail_task_on_error: bool = True
     depends_on: list[Any] | None = None
     retry_config: RetryConfig | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id_names_files(cls, value: str) -> str:
+        return check_id(value, "step id")  # it names the step's files (objects, references)
 
     @field_validator("depends_on", mode="before")
     @classmethod

@@ -27,14 +27,16 @@ from ..runtime.artifacts import ObjectStore
 from ..runtime.base import StepRuntime
 from ..runtime.cli_shim import write_shims
 from ..runtime.sandbox import LocalSandbox
-from ..runtime.shell import HostShell, SandboxShell, sandbox_shell
+from ..runtime.shell import HostShell, SandboxShell, passed_through, sandbox_env, sandbox_shell
 from ..spec.coder_eval.ignore import effective_ignore_patterns
 from ..spec.coder_eval.limits import DEFAULT_TASK_TIMEOUT
 from .base import PROMPT, SANDBOX, VERIFICATION, TaskStep
 from .registry import step
-from .sandbox import deployed_sandbox
+from .sandbox import deployed_sandbox, sandbox_passthrough
 
 OUTPUT_LIMIT = 20_000
+PIP_ENV_KEYS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST", "PIP_CERT", "HTTP_PROXY", "HTTPS_PROXY",
+                "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR")
 CLI_MOCKS = "cli_mocks"  # record_cli shims and their calls.jsonl
 
 
@@ -78,8 +80,8 @@ class PrepareWorkspaceStep(TaskStep):
         python = self.sandbox.get("python", {})
         packages = (python or {}).get("env_packages") or []
         if packages and not self.grade_only_from:
-            venv = await _run(
-                HostShell(workspace.root),
+            venv = await _run(  # pip reaches its index as this process does
+                HostShell(workspace.root, (*sandbox_passthrough(ctx, self.sandbox_name), *PIP_ENV_KEYS)),
                 f"{sys.executable} -m venv .venv && .venv/bin/pip install -q " + " ".join(map(shlex.quote, packages)),
                 600,
             )
@@ -212,7 +214,7 @@ class SuccessCriteriaStep(TaskStep):
 
 
 def _git(*args: str) -> None:
-    done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=300, env=sandbox_env())
     if done.returncode != 0:
         raise RuntimeError(f"git {args[0]} failed: {done.stderr.strip()}")
 
@@ -276,10 +278,12 @@ def criterion_context(
         ],
         final_text=final_text, dialog=dialog, expected_commands=expected_commands, time_limit=time_limit,
         shell=sandbox_shell("", container) if container else None, config=rt.config,
+        env=passed_through(sandbox_passthrough(ctx, sandbox_name)),
     )
 
 
 def workspace_shell(ctx: TaskStepContext, rt: StepRuntime, sandbox_name: str) -> SandboxShell:
     """The shell of the task's sandbox: inside its container under the docker driver."""
     record = ctx.find_sandbox(sandbox_name)
-    return sandbox_shell(deployed_sandbox(ctx, rt, sandbox_name).root, (record.model_extra or {}).get("container"))
+    return sandbox_shell(deployed_sandbox(ctx, rt, sandbox_name).root, (record.model_extra or {}).get("container"),
+                         passthrough=sandbox_passthrough(ctx, sandbox_name))

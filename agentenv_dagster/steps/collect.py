@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
+
+from pydantic import field_validator
+
 from ..context import TaskStepContext
+from ..ids import check_id
 from ..runtime.base import StepRuntime
 from .base import AGENT, DEFAULT_AGENT_NAME, PRODUCER, SELF, TaskStep
 from .execution import step_param
@@ -25,6 +30,13 @@ class CollectArtifactsStep(TaskStep):
     sandbox_name: str | None = None
     container_name: str | None = None
     universe_id_suffix: str | None = None
+
+    @field_validator("universe_id_suffix")
+    @classmethod
+    def _suffix_names_files(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._-]{0,100}", value):
+            raise ValueError(f"universe_id_suffix {value[:80]!r} may hold only letters, digits, '.', '_' and '-'")
+        return value
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         agent = ctx.find_agent(self.agent_name)
@@ -91,6 +103,12 @@ class CollectArtifactsStep(TaskStep):
             return path.as_posix().lstrip("/")
 
     def _universe_id(self, ctx: TaskStepContext) -> str:
-        base = ctx.metadata.get("universe_id") or ctx.instance_id or "unknown"
+        """The stored universe's id: ``metadata.universe_id`` (a run's ``-D``), refused unless
+        it can name a folder of the store, else the task instance's id made into one; plus
+        the suffix."""
+        given = ctx.metadata.get("universe_id")
+        if given:
+            check_id(given, f"collect_artifacts '{self.id}': metadata.universe_id")
+        base = given or re.sub(r"[^A-Za-z0-9._-]", "_", ctx.instance_id or "unknown").lstrip(".-") or "unknown"
         return f"{base}{self.universe_id_suffix or ''}"
 

@@ -281,7 +281,8 @@ class VerifyA2AAgentMcpStep(_AgentValidator):
                       else f"{MCP_CONFIG} add must require 'url', requires {list(add.required)}")]
         rows.append(await self._registration_row(rt, base, card, env, add))
         try:
-            tools = {t.name for t in await list_mcp_tools(env.mcp_url, min(self.timeout_seconds, 60))}
+            tools = {t.name for t in await list_mcp_tools(env.mcp_url, min(self.timeout_seconds, 60),
+                                                          rt.provider.server_auth.headers_for(env.mcp_url))}
             rows.append(check("env_tools_listed", bool(tools), f"{env.mcp_url} serves {sorted(tools)}"))
         except Exception as exc:
             self.finish(ctx, rt, rows + [check("env_tools_listed", False, f"{env.mcp_url}: {describe(exc)}")])

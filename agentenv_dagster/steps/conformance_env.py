@@ -112,7 +112,8 @@ class VerifyEnvCardStep(_EnvValidator):
         rows += _card_field_rows(card)
         rows.append(_mcp_interface_row(card, base, env.mcp_url))
         try:
-            tools = [t.name for t in await list_mcp_tools(env.mcp_url, self.timeout_seconds)]
+            tools = [t.name for t in await list_mcp_tools(
+                env.mcp_url, self.timeout_seconds, rt.provider.server_auth.headers_for(env.mcp_url))]
         except Exception as exc:
             rows.append(check("tools_match_mcp", False, f"MCP at {env.mcp_url} could not be listed: {describe(exc)}"))
         else:
@@ -354,7 +355,7 @@ class VerifyMcpToolSchemaStep(_EnvValidator):
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
         env = self.deployed_env(ctx)
         try:
-            tools = await list_mcp_tools(env.mcp_url, self.timeout_seconds)
+            tools = await list_mcp_tools(env.mcp_url, self.timeout_seconds, rt.provider.server_auth.headers_for(env.mcp_url))
         except Exception as exc:
             self.finish(ctx, rt, [check("mcp_reachable", False, f"MCP at {env.mcp_url} could not be listed: {describe(exc)}")])
             return
@@ -438,12 +439,16 @@ def _resolve_ref(param: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any
 
 
 # -- wire helpers shared with the agent validators ---------------------------------------------
-async def list_mcp_tools(url: str, timeout: float) -> list[Any]:
-    """Every tool the MCP server at ``url`` lists (all pages), through the ``mcp`` client."""
-    import mcp  # on first use, as the embedded agents do
+async def list_mcp_tools(url: str, timeout: float, headers: dict[str, str] | None = None) -> list[Any]:
+    """Every tool the MCP server at ``url`` lists (all pages), through the ``mcp`` client,
+    sending ``headers`` (the run's token, to a server of the run's own)."""
+    import httpx2  # on first use, as the embedded agents do
+    import mcp
+    from mcp.client.streamable_http import streamable_http_client
 
     tools: list[Any] = []
-    async with asyncio.timeout(timeout), mcp.Client(url) as client:
+    async with (asyncio.timeout(timeout), httpx2.AsyncClient(headers=headers or {}, timeout=timeout) as http,
+                mcp.Client(streamable_http_client(url, http_client=http)) as client):
         cursor = None
         while True:
             page = await client.list_tools(cursor=cursor)

@@ -8,13 +8,15 @@ from typing import Any, Literal
 
 from ..config import AgentEnvConfig
 from ..context import DeployedEnv, TaskStepContext
+from ..ids import ArtifactId
 from ..runtime.base import StepRuntime
 from ..runtime.dataplane import env_base_url
+from ..runtime.shell import passed_through
 from .agent_card import MCP_CONFIG, SKILL_CONFIG, AGENT_CONFIG, extension_request
 from .base import AGENT, DEFAULT_AGENT_NAME, DEFAULT_TTL_SECONDS, ENV, SANDBOX, TaskStep
 from .execution import user_override
 from .registry import step
-from .sandbox import deployed_sandbox
+from .sandbox import deployed_sandbox, sandbox_passthrough
 
 
 @step("deploy_env")
@@ -23,7 +25,7 @@ class DeployEnvStep(TaskStep):
 
     env_id: str
     env_version: str | int | None = None
-    artifact_id: str | None = None
+    artifact_id: ArtifactId | None = None
     artifact_version: int | None = None
     ttl_seconds: int = DEFAULT_TTL_SECONDS
     disk_size_gb: int = 10
@@ -102,9 +104,13 @@ class DeployAgentStep(TaskStep):
         ttl = user_override(ctx, "ttl_seconds") or self._ttl()
         workspace = deployed_sandbox(ctx, rt, self.sandbox_name).root if self.sandbox_name else None
         container = (ctx.find_sandbox(self.sandbox_name).model_extra or {}).get("container") if workspace else None
+        # what the agent's tools see of the environment: the step's variables, and on this machine
+        # (not in the sandbox's container) the variables the sandbox passes through
+        passed = passed_through(sandbox_passthrough(ctx, self.sandbox_name)) if workspace and not container else {}
+        tools_env = {**passed, **self.env_vars} if workspace else None
         agent = await rt.provider.deploy_agent_async(
-            agent_id, agent_name=self.agent_name, ttl_seconds=ttl,
-            env_vars=self.env_vars, workspace=workspace, container=container, overrides=self.agent_config,
+            agent_id, agent_name=self.agent_name, ttl_seconds=ttl, env_vars=self.env_vars, workspace=workspace,
+            container=container, overrides=self.agent_config, tools_env=tools_env,
         )
         try:
             card = agent.a2a_card or await rt.a2a.get_card(agent.a2a_url)
@@ -141,12 +147,16 @@ class DeployAgentStep(TaskStep):
         return candidates[0]
 
     async def _configure(self, rt: StepRuntime, url: str, card: dict, envs: list[DeployedEnv]) -> None:
-        """MCP servers first (the agent gains its tools), then skills, system prompt, identity."""
+        """MCP servers first (the agent gains its tools; an env of the run's own with the run's
+        token to call it with), then skills, system prompt, identity."""
         mcp = extension_request(card, MCP_CONFIG, "add")
         for env in envs:
             body: dict[str, Any] = {"url": env.mcp_url}
             if mcp is not None and "name" in mcp.optional:
                 body["name"] = env.mcp_server_name or env.env_id
+            token = rt.provider.server_auth.headers_for(env.mcp_url)
+            if token and mcp is not None and "headers" in mcp.optional:
+                body["headers"] = token
             await rt.a2a.post_extension(url, card, MCP_CONFIG, body)
         if self.skills and extension_request(card, SKILL_CONFIG, "add") is not None:
             for skill in self.skills:

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..context import TaskStepContext
+from ..redaction import redact_text
 from ..runtime.base import StepRuntime
 from .base import TaskStep
 
@@ -63,7 +64,9 @@ def _substitute(value: Any, tokens: dict[str, str]) -> Any:
 
 async def run_step(step: TaskStep, ctx: TaskStepContext, rt: StepRuntime) -> StepOutcome:
     """Execute ``step`` in place on ``ctx``; a tolerated failure is recorded and returned,
-    a fatal one is recorded and raised as :class:`StepFailed`."""
+    a fatal one is recorded and raised as :class:`StepFailed`. Either way no known secret is
+    left in what the step recorded (``TaskStepContext.scrub_secret_values``): the context
+    goes on to asset events, logs and reports as it is."""
     started_at = datetime.now(timezone.utc)
     started = time.perf_counter()
     timing = ctx.metadata_map("step_timings")[step.id] = {"started_at_utc": started_at.isoformat()}
@@ -72,10 +75,11 @@ async def run_step(step: TaskStep, ctx: TaskStepContext, rt: StepRuntime) -> Ste
         await step.execute(ctx, rt)
     except Exception as exc:  # every step failure is recorded, as agent-env does
         timing["duration_seconds"] = round(time.perf_counter() - started, 3)
+        ctx.scrub_secret_values()
         record = {
             "step_id": step.id,
             "step_type": step.type,
-            "error": str(exc),
+            "error": redact_text(str(exc)),
             "error_type": type(exc).__name__,
             "started_at_utc": started_at.isoformat(),
             "duration_seconds": round(time.perf_counter() - started, 3),
@@ -86,6 +90,7 @@ async def run_step(step: TaskStep, ctx: TaskStepContext, rt: StepRuntime) -> Ste
             raise StepFailed(record) from exc
         return StepOutcome(step, record["duration_seconds"], failure=record)
     timing["duration_seconds"] = round(time.perf_counter() - started, 3)
+    ctx.scrub_secret_values()
     return StepOutcome(step, time.perf_counter() - started)
 
 

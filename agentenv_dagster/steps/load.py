@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from ..context import TaskStepContext
+from ..ids import ArtifactId
 from ..runtime.artifacts import ENVIRONMENT_TYPES, FILE_TYPES, Artifact
 from ..runtime.base import StepRuntime
 from ..runtime.dataplane import env_base_url, file_part_from_bytes
@@ -24,7 +25,7 @@ SANDBOX_FILE_DESTINATION = "/loaded"
 
 class ArtifactRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    id: str
+    id: ArtifactId
     version: int | None = None
 
 
@@ -39,7 +40,7 @@ class LoadArtifactStep(TaskStep):
     env_id: str | None = None
     env_step_id: str | None = None
     artifacts: list[ArtifactRef] | None = None
-    artifact_id: str | None = None
+    artifact_id: ArtifactId | None = None
     artifact_version: int | None = None
     urls: list[str | dict[str, str]] | None = None
     artifact_from_step_id: str | None = None

@@ -15,7 +15,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from ..context import DeployedSandbox, TaskStepContext
 from ..runtime.base import StepRuntime
@@ -54,6 +54,12 @@ def deployed_sandbox(ctx: TaskStepContext, rt: StepRuntime, sandbox_name: str) -
     return rt.provider.sandbox_of(record)
 
 
+def sandbox_passthrough(ctx: TaskStepContext, sandbox_name: str) -> tuple[str, ...]:
+    """The variables of this process the sandbox's host shells see (its ``env_passthrough``)."""
+    record = ctx.find_sandbox(sandbox_name)
+    return tuple((record.model_extra or {}).get("env_passthrough") or ()) if record else ()
+
+
 @step("deploy_sandbox")
 class DeploySandboxStep(TaskStep):
     """A bare sandbox other steps load files into and probe, joined by ``sandbox_name``."""
@@ -77,6 +83,17 @@ class DeploySandboxStep(TaskStep):
     # ours, vm mode: the folder mounted in a local Docker container (Coder Eval's docker
     # driver): {image, working_dir, memory_mb, cpus, pids, network}
     container: dict[str, Any] | None = None
+    # ours: the environment variables (by name) that commands run on this machine for this
+    # sandbox see besides the basics (Coder Eval's env_passthrough); nothing else of ours
+    env_passthrough: list[str] | None = None
+
+    @field_validator("env_passthrough")
+    @classmethod
+    def _variable_names(cls, names: list[str] | None) -> list[str] | None:
+        bad = [name for name in names or [] if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]
+        if bad:
+            raise ValueError(f"env_passthrough names environment variables; not one: {bad[:5]}")
+        return names
 
     @model_validator(mode="after")
     def _check(self) -> "DeploySandboxStep":
@@ -106,6 +123,8 @@ class DeploySandboxStep(TaskStep):
             image=self.image, ports=sorted({self.port, *(self.exposed_ports or [])} - {None}),
             cpu=self.cpu, memory_mb=self.memory_mb, env_vars=self.env_vars,
         )
+        if self.env_passthrough:  # names, never values: the record is persisted
+            sandbox.env_passthrough = list(self.env_passthrough)
         ctx.deployed_sandboxes.append(sandbox)
 
 

@@ -16,9 +16,8 @@ from datetime import datetime, timezone
 from pathlib import PurePosixPath
 from typing import Any
 
-from pydantic import Field
-
 from ..context import DeployedEnv, TaskStepContext
+from ..ids import ArtifactId
 from ..runtime.base import StepRuntime
 from ..runtime.dataplane import env_base_url
 from .base import ARTIFACT, ENV, PRODUCER, SELF, TaskStep
@@ -41,9 +40,8 @@ class SnapshotEnvStep(TaskStep):
     env_instance_id: str | None = None
     env_step_id: str | None = None
     gateway_url: str | None = None
-    # An artifact id names a folder of the store: no separators, no dot-dot.
-    snapshot_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
-    original_universe_artifact_id: str | None = None
+    snapshot_id: ArtifactId | None = None
+    original_universe_artifact_id: ArtifactId | None = None
     export_timeout_seconds: float = 600
     include_env_trajectory: bool = False
 

@@ -73,6 +73,8 @@ class RegisterEnvTriggersStep(TaskStep):
             agent = self._executor(ctx)
             body["executor"] = {"a2a_url": agent.a2a_url or agent.api_url,
                                 "timeout_seconds": self.executor_timeout_seconds, "role": agent.role}
+            if token := rt.provider.server_auth.headers_for(agent.a2a_url or agent.api_url):
+                body["executor"]["headers"] = token  # the env calls an agent of the run's own
             await _tag_env_calls(rt, agent, deployed)
         response = await rt.http.post(f"{gateway_url(deployed)}/triggers/register", json=body, timeout=30)
         if response.status_code >= 400:
@@ -110,7 +112,8 @@ async def _tag_env_calls(rt: StepRuntime, agent: DeployedAgent, env: DeployedEnv
         rt.log.warning("executor '%s' takes no MCP headers; its calls to env '%s' run under the default role",
                        agent.agent_name, env.env_id)
         return
-    body: dict[str, Any] = {"url": env.mcp_url, "headers": {ROLE_HEADER: agent.role}}
+    body: dict[str, Any] = {"url": env.mcp_url,
+                            "headers": {ROLE_HEADER: agent.role, **rt.provider.server_auth.headers_for(env.mcp_url)}}
     if "name" in request.optional:
         body["name"] = env.mcp_server_name or env.env_id
     await rt.a2a.post_extension(agent.a2a_url or agent.api_url, card, MCP_CONFIG, body)

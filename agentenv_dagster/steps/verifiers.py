@@ -54,7 +54,9 @@ class EnvOutcomeVerifierStep(_Verifier):
         if env is None:
             raise RuntimeError(f"Env '{self.env_id}' not found in context.deployed_envs")
         artifact = rt.artifacts.get(self.file_artifact_id, self.file_artifact_version)
-        self.record(ctx, await run_verify_script(self._script(artifact.files), env.mcp_url, self.timeout_seconds))
+        # an env of the run's own: the script reads it with the run's token in the URL
+        mcp_url = rt.provider.server_auth.url_with_token(env.mcp_url)
+        self.record(ctx, await run_verify_script(self._script(artifact.files), mcp_url, self.timeout_seconds))
 
     def _script(self, files: dict[str, Path]) -> Path:
         """The artifact's one script; of several, the one named ``verify.py``."""

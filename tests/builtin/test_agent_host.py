@@ -29,41 +29,41 @@ def host(tmp_path):
     server = spawn_server("agentenv_dagster.builtin.agents", ["host"], workdir=tmp_path / "host",
                           ttl_seconds=120, env={"PYTHONPATH": pythonpath})
     try:
-        yield server.url
+        yield server  # its URL, and the token every request to it carries
     finally:
         terminate(server.pid)
     assert not is_running(server.pid)
 
 
 async def test_agents_in_one_host_are_separate(host, tmp_path):
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, headers=host.auth_headers) as http:
         a2a = A2AClient(http)
         urls, cards = {}, {}
         for name in ("a", "b"):
-            created = await http.post(f"{host}/agents", json={
+            created = await http.post(f"{host.url}/agents", json={
                 "id": name, "sandbox": str(tmp_path / name), "config": replay(f"I am {name}", name=f"agent {name}")})
             assert created.status_code == 201
             urls[name] = created.json()["url"]
             cards[name] = created.json()["card"]  # the card comes with the answer
-        assert urls["a"] == f"{host}/agents/a"
-        assert (await http.get(f"{host}/agents")).json() == {"agents": ["a", "b"]}
+        assert urls["a"] == f"{host.url}/agents/a"
+        assert (await http.get(f"{host.url}/agents")).json() == {"agents": ["a", "b"]}
 
         card = await a2a.get_card(urls["b"])
         assert card["name"] == "agent b" and card["supportedInterfaces"][0]["url"] == urls["b"] + "/"
         assert cards["b"] == card
-        twin = (await http.post(f"{host}/agents", json={  # same name: a card of its own, at its own URL
+        twin = (await http.post(f"{host.url}/agents", json={  # same name: a card of its own, at its own URL
             "id": "b2", "sandbox": str(tmp_path / "b2"), "config": replay("twin", name="agent b")})).json()
         assert twin["card"] == await a2a.get_card(twin["url"]) != card
         assert twin["card"]["supportedInterfaces"][1]["url"] == twin["url"] + "/" == twin["card"]["url"]
         assert await a2a.get_card(urls["b"]) == card  # the twin's card is a copy: b's still names b's URL
-        await http.delete(f"{host}/agents/b2")
+        await http.delete(f"{host.url}/agents/b2")
         await a2a.post_extension(urls["a"], card, AGENT_CONFIG_URI, {"model": "for-a"})
         assert (await a2a.get_extension(urls["b"], card, AGENT_CONFIG_URI))["config"] == {"name": "agent b"}  # b's own
         replies = {name: (await a2a.send_and_wait(url, "who?", timeout_seconds=20)).text for name, url in urls.items()}
         assert replies == {"a": "I am a", "b": "I am b"}
         assert (tmp_path / "a").is_dir() and (tmp_path / "b").is_dir()
 
-        deleted = await http.delete(f"{host}/agents/a")
+        deleted = await http.delete(f"{host.url}/agents/a")
         assert deleted.status_code == 200
         assert (await http.get(urls["a"] + "/.well-known/agent-card.json")).status_code == 404
         assert (await a2a.send_and_wait(urls["b"], "still there?", timeout_seconds=20)).text == "I am b"
@@ -78,7 +78,7 @@ async def test_the_host_starts_without_the_stores_and_routes_agents_never_use(tm
     server = spawn_server("agentenv_dagster.builtin.agents", ["host"], workdir=tmp_path / "host", ttl_seconds=120,
                           env={"PYTHONPATH": pythonpath, "PYTHONPROFILEIMPORTTIME": "1"})
     try:
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with httpx.AsyncClient(timeout=30, headers=server.auth_headers) as http:
             created = (await http.post(f"{server.url}/agents", json={
                 "id": "a", "sandbox": str(tmp_path / "a"), "config": replay("here")})).json()
             reply = await A2AClient(http).send_and_wait(created["url"], "anyone?", timeout_seconds=20)
@@ -96,36 +96,36 @@ async def test_the_host_starts_without_the_stores_and_routes_agents_never_use(tm
 
 async def test_deleting_an_agent_cancels_its_running_task(host, tmp_path):
     slow = {"kind": "replay", "episodes": [{"match": ".", "reply": "late", "actions": [{"sleep": 30}]}]}
-    async with httpx.AsyncClient(timeout=30) as http:
-        url = (await http.post(f"{host}/agents", json={"id": "s", "sandbox": str(tmp_path / "s"), "config": slow})).json()["url"]
+    async with httpx.AsyncClient(timeout=30, headers=host.auth_headers) as http:
+        url = (await http.post(f"{host.url}/agents", json={"id": "s", "sandbox": str(tmp_path / "s"), "config": slow})).json()["url"]
         sent = await http.post(url, headers={"A2A-Version": "1.0"}, json={
             "jsonrpc": "2.0", "id": "1", "method": "SendMessage",
             "params": {"message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "go"}]},
                        "configuration": {"returnImmediately": True}}})
         assert sent.json()["result"]["task"]["id"]
-        deleted = await http.delete(f"{host}/agents/s")
+        deleted = await http.delete(f"{host.url}/agents/s")
     assert deleted.json() == {"deleted": "s", "cancelled_tasks": 1}
 
 
 async def test_bad_requests_say_what_is_wrong(host, tmp_path):
-    async with httpx.AsyncClient(timeout=30) as http:
-        bad_kind = await http.post(f"{host}/agents", json={"id": "x", "sandbox": str(tmp_path), "config": {"kind": "nope"}})
+    async with httpx.AsyncClient(timeout=30, headers=host.auth_headers) as http:
+        bad_kind = await http.post(f"{host.url}/agents", json={"id": "x", "sandbox": str(tmp_path), "config": {"kind": "nope"}})
         assert bad_kind.status_code == 400 and "unknown agent kind 'nope'" in bad_kind.json()["error"]
-        bad_script = await http.post(f"{host}/agents", json={
+        bad_script = await http.post(f"{host.url}/agents", json={
             "id": "y", "sandbox": str(tmp_path), "config": {"kind": "replay", "episodes": [{"match": "("}]}})
         assert bad_script.status_code == 400 and "replay episode 0: 'match' must be a regular expression" in bad_script.json()["error"]
-        no_id = await http.post(f"{host}/agents", json={"sandbox": str(tmp_path), "config": replay("hi")})
+        no_id = await http.post(f"{host.url}/agents", json={"sandbox": str(tmp_path), "config": replay("hi")})
         assert no_id.status_code == 400
-        ok = await http.post(f"{host}/agents", json={"id": "z", "sandbox": str(tmp_path), "config": replay("hi")})
-        again = await http.post(f"{host}/agents", json={"id": "z", "sandbox": str(tmp_path), "config": replay("hi")})
+        ok = await http.post(f"{host.url}/agents", json={"id": "z", "sandbox": str(tmp_path), "config": replay("hi")})
+        again = await http.post(f"{host.url}/agents", json={"id": "z", "sandbox": str(tmp_path), "config": replay("hi")})
         assert ok.status_code == 201 and again.status_code == 409
-        assert (await http.delete(f"{host}/agents/missing")).status_code == 404
+        assert (await http.delete(f"{host.url}/agents/missing")).status_code == 404
 
 
 async def test_each_hosted_agent_keeps_its_own_triggers(host, tmp_path):
     trigger = {"id": "hello", "when": {"type": "step", "turn": 1}, "actions": [{"type": "say", "text": "hi"}]}
-    async with httpx.AsyncClient(timeout=30) as http:
-        urls = [(await http.post(f"{host}/agents", json={"id": n, "sandbox": str(tmp_path / n), "config": replay("ok")}))
+    async with httpx.AsyncClient(timeout=30, headers=host.auth_headers) as http:
+        urls = [(await http.post(f"{host.url}/agents", json={"id": n, "sandbox": str(tmp_path / n), "config": replay("ok")}))
                 .json()["url"] for n in ("a", "b")]
         assert (await http.post(urls[0] + "/ext/triggers", json={"triggers": [trigger]})).json()["added"] == ["hello"]
         decided = [(await http.post(url + "/ext/triggers/decide", json={"turn": 1})).json() for url in urls]
@@ -166,7 +166,7 @@ async def test_the_host_ends_at_sigterm_without_waiting_for_what_it_still_runs(t
     slow = {"kind": "replay", "episodes": [{"match": ".", "reply": "late", "actions": [
         {"write_file": "started.txt", "content": "yes"}, {"sleep": 30}]}]}
     try:
-        async with httpx.AsyncClient(timeout=60) as http:
+        async with httpx.AsyncClient(timeout=60, headers=server.auth_headers) as http:
             url = (await http.post(f"{server.url}/agents", json={
                 "id": "s", "sandbox": str(tmp_path / "s"), "config": slow})).json()["url"]
             sending = asyncio.ensure_future(A2AClient(http).send_and_wait(url, "go", timeout_seconds=60))

@@ -43,7 +43,7 @@ def agent_url(tmp_path):
                                                                "--config-file", str(config)],
                           workdir=tmp_path / "agent", ttl_seconds=120, env={"PYTHONPATH": pythonpath})
     try:
-        yield server.url
+        yield server.authed_url  # the token in the URL: every request carries it
     finally:
         terminate(server.pid)
     assert not is_running(server.pid)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from agentenv_dagster.runtime.processes import ServerStartError, is_running, spa
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]
 SAVE_NOTE = "mcp__notes__save_note"
+TOKEN = secrets.token_urlsafe(32)  # the agents' run token: every request to them carries it
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 class NotesEnv:
@@ -79,7 +82,7 @@ def start_agent(tmp_path):
             "agentenv_dagster.builtin.agents",
             [kind, "--sandbox", str(sandbox), "--config-file", str(config_file)],
             workdir=tmp_path / f"agent{n}", ttl_seconds=120,
-            env={"PYTHONPATH": pythonpath, **(env or {})},
+            env={"PYTHONPATH": pythonpath, **(env or {})}, token=TOKEN,
         )
         pids.append(proc.pid)
         return proc.url, sandbox
@@ -92,7 +95,7 @@ def start_agent(tmp_path):
 
 @pytest.fixture
 async def a2a():
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, headers=AUTH) as http:
         yield A2AClient(http)
 
 
@@ -107,7 +110,7 @@ async def register(a2a: A2AClient, url: str, mcp_url: str, name: str | None = "n
 async def test_card_declares_the_agentenv_extensions(start_agent, a2a):
     url, _ = start_agent("replay", {"name": "scripted", "episodes": []})
     card = await a2a.get_card(url)
-    assert httpx.get(url + "/.well-known/agent.json").json() == card
+    assert httpx.get(url + "/.well-known/agent.json", headers=AUTH).json() == card
     assert card["name"] == "scripted"
     assert card["supportedInterfaces"][0]["url"] == url + "/"
     params = {e["uri"]: e["params"] for e in card["capabilities"]["extensions"]}
@@ -123,11 +126,11 @@ async def test_card_declares_the_agentenv_extensions(start_agent, a2a):
 def test_a_stop_early_config_is_checked_when_it_is_set(start_agent):
     url, _ = start_agent("replay", {"episodes": []})
     unarmed = {"criteria": [{"type": "file_exists", "path": "a", "description": "d"}]}
-    refused = httpx.post(url + "/ext/agent-config", json={"stop_early": unarmed})
+    refused = httpx.post(url + "/ext/agent-config", json={"stop_early": unarmed}, headers=AUTH)
     assert refused.status_code == 400
     assert refused.json()["error"].startswith("stop_early: a watcher needs criteria that each carry a stop_early block")
     armed = {"criteria": [{"type": "command_executed", "description": "d", "stop_early": {}}], "gate_threshold": 0.5}
-    assert httpx.post(url + "/ext/agent-config", json={"stop_early": armed}).json()["config"]["stop_early"] == armed
+    assert httpx.post(url + "/ext/agent-config", json={"stop_early": armed}, headers=AUTH).json()["config"]["stop_early"] == armed
 
 
 async def test_config_extensions_store_and_list(start_agent, a2a, notes_env):

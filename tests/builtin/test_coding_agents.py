@@ -39,11 +39,11 @@ MODEL = "claude-sonnet-4-6"
 
 @pytest.fixture(scope="module")
 def item_store(tmp_path_factory):
-    """The real item-store env: its MCP URL."""
+    """The real item-store env (its URL, and the token an agent calls it with)."""
     server = spawn_server("agentenv_dagster.builtin.envs", ["item-store"],
                           workdir=tmp_path_factory.mktemp("item-store"), ttl_seconds=300)
     try:
-        yield f"{server.url}/mcp"
+        yield server
     finally:
         terminate(server.pid)
     assert not is_running(server.pid)
@@ -61,6 +61,7 @@ def provide(tmp_path, monkeypatch):
         providers.append(LocalProvider(config, tmp_path / f"run{len(providers)}"))
         return providers[-1]
 
+    provide.providers = providers
     yield provide
     for provider in providers:
         provider.teardown()
@@ -68,17 +69,32 @@ def provide(tmp_path, monkeypatch):
         assert not [e for e in hosts if is_running(e["pid"])]
 
 
+class ProvidersAuth(httpx.Auth):
+    """The run token of whichever of the test's providers a request goes to."""
+
+    def __init__(self, providers: list[LocalProvider]) -> None:
+        self.providers = providers
+
+    def auth_flow(self, request):
+        for provider in self.providers:
+            request.headers.update(provider.server_auth.headers_for(request.url))
+        yield request
+
+
 @pytest.fixture
-async def a2a():
-    async with httpx.AsyncClient(timeout=60) as http:
+async def a2a(provide):
+    async with httpx.AsyncClient(timeout=60, auth=ProvidersAuth(provide.providers)) as http:
         yield A2AClient(http)
 
 
-async def deploy(a2a: A2AClient, provider: LocalProvider, workspace: Path, mcp_url: str, **agent_config) -> tuple[str, dict]:
-    """Deploy the provider's 'coder' as the deploy_agent step does: MCP env, then agent-config."""
-    agent = provider.deploy_agent("coder", agent_name="agent", ttl_seconds=120, workspace=workspace)
+async def deploy(a2a: A2AClient, provider: LocalProvider, workspace: Path, env, env_vars: dict | None = None,
+                 **agent_config) -> tuple[str, dict]:
+    """Deploy the provider's 'coder' as the deploy_agent step does: MCP env (with its token),
+    then agent-config."""
+    agent = provider.deploy_agent("coder", agent_name="agent", ttl_seconds=120, workspace=workspace, env_vars=env_vars)
     card = await a2a.get_card(agent.a2a_url)
-    await a2a.post_extension(agent.a2a_url, card, MCP_CONFIG_URI, {"url": mcp_url, "name": "items"})
+    await a2a.post_extension(agent.a2a_url, card, MCP_CONFIG_URI,
+                             {"url": f"{env.url}/mcp", "name": "items", "headers": env.auth_headers})
     if agent_config:
         await a2a.post_extension(agent.a2a_url, card, AGENT_CONFIG_URI, agent_config)
     return agent.a2a_url, card
@@ -141,6 +157,39 @@ async def test_claude_code_stops_at_run_limits_max_turns(a2a, provide, fake_mess
     assert reply.state == "failed"
     assert reply.data["error_type"] == "MaxTurnsExceeded", reply.text
     assert len(fake_messages_api.requests) == 1
+
+
+@needs_claude_sdk
+@pytest.mark.slow
+async def test_claude_code_reaches_the_model_through_the_host_proxy_and_its_bash_never_sees_the_key(
+        a2a, provide, fake_messages_api, item_store, tmp_path, monkeypatch):
+    real_key = "sk-ant-api03-REAL-" + "9" * 20
+    monkeypatch.setenv("ANTHROPIC_API_KEY", real_key)  # ours: in the deployer's environment
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    fake_messages_api.enqueue(tool_use_reply("Bash", {"command": "env > env.txt"}), text_reply("Looked around."))
+    provider = provide(AgentEntry(kind="claude-code", allowed_tools=["Bash"]), base_url=fake_messages_api.base_url)
+    url, card = await deploy(a2a, provider, workspace, item_store, model=MODEL)
+    reply = await a2a.send_and_wait(url, "What is in your environment?", timeout_seconds=120)
+
+    assert reply.state == "completed", reply.text
+    seen = (workspace / "env.txt").read_text()  # what Claude Code's own Bash found
+    host = next(e for e in provider.ledger.entries().values() if e.get("pid"))["url"]
+    assert real_key not in seen and provider.ledger.token() not in seen
+    assert f"ANTHROPIC_BASE_URL={host}/model-proxy/anthropic" in seen
+    proxy_key = next(line.split("=", 1)[1] for line in seen.splitlines() if line.startswith("ANTHROPIC_API_KEY="))
+    assert proxy_key != real_key
+    # the model API got the real key, from the proxy
+    assert {r.headers.get("x-api-key") for r in fake_messages_api.requests} == {real_key}
+    # the proxy key works only through the host, and nothing else does
+    body = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    fake_messages_api.enqueue(text_reply("proxied"))
+    async with httpx.AsyncClient(timeout=30) as http:
+        refused = await http.post(f"{host}/model-proxy/anthropic/v1/messages", json=body, headers={"x-api-key": "guess"})
+        proxied = await http.post(f"{host}/model-proxy/anthropic/v1/messages", json=body, headers={"x-api-key": proxy_key})
+        elsewhere = await http.get(f"{host}/agents", headers={"x-api-key": proxy_key})
+    assert (refused.status_code, proxied.status_code, elsewhere.status_code) == (401, 200, 401)
+    assert fake_messages_api.requests[-1].headers.get("x-api-key") == real_key
 
 
 # --- codex: the real CLI, when installed, against the fake Responses API --------------------
@@ -210,14 +259,14 @@ def fake_codex(tmp_path, monkeypatch):
     cli.chmod(cli.stat().st_mode | stat.S_IXUSR)
     log, events_file = tmp_path / "codex-calls.jsonl", tmp_path / "codex-events.jsonl"
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_CODEX_LOG", str(log))
-    monkeypatch.setenv("FAKE_CODEX_EVENTS", str(events_file))
     monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-test")
 
     def play(events: list[dict]) -> Path:
         events_file.write_text("".join(json.dumps(e) + "\n" for e in events))
         return log
 
+    # where it logs and what it plays: the agent's own variables (deploy_agent's env_vars)
+    play.env = {"FAKE_CODEX_LOG": str(log), "FAKE_CODEX_EVENTS": str(events_file)}
     return play
 
 
@@ -250,7 +299,7 @@ async def test_codex_runs_in_its_sandbox_and_its_items_are_telemetry(a2a, provid
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     entry = AgentEntry(kind="codex", model="gpt-5-codex", permission_mode="default", path_prepend=["cli_mocks"])
-    url, card = await deploy(a2a, provide(entry), workspace, item_store, system_prompt="Be terse.",
+    url, card = await deploy(a2a, provide(entry), workspace, item_store, fake_codex.env, system_prompt="Be terse.",
                                   model="claude-sonnet-4-6")  # the run's Anthropic default: not for codex
     reply = await a2a.send_and_wait(url, "Write hello.txt", timeout_seconds=60, context_id="dialog-1")
 
@@ -273,7 +322,7 @@ async def test_codex_runs_in_its_sandbox_and_its_items_are_telemetry(a2a, provid
     assert argv[:3] == ["exec", "--json", "--skip-git-repo-check"] and argv[-1] == "-"
     for pair in (["-c", 'sandbox_mode="workspace-write"'], ["-c", 'approval_policy="never"'],
                  ["--model", "gpt-5-codex"], ["-c", 'developer_instructions="Be terse."'],
-                 ["-c", f'mcp_servers.items.url="{item_store}"']):
+                 ["-c", f'mcp_servers.items.url="{item_store.url}/mcp"']):
         assert any(argv[i:i + 2] == pair for i in range(len(argv))), (pair, argv)
 
     again = await a2a.send_and_wait(url, "And now?", timeout_seconds=60, context_id="dialog-1")
@@ -289,7 +338,7 @@ async def test_codex_is_stopped_at_a_disallowed_tool(a2a, provide, fake_codex, i
                 {"type": "turn.completed", "usage": {"input_tokens": 1, "cached_input_tokens": 0, "output_tokens": 1}}])
     workspace = tmp_path / "workspace"
     entry = AgentEntry(kind="codex", allowed_tools=["Write", "mcp__items__add_item"], permission_mode="plan")
-    url, card = await deploy(a2a, provide(entry), workspace, item_store)
+    url, card = await deploy(a2a, provide(entry), workspace, item_store, fake_codex.env)
     reply = await a2a.send_and_wait(url, "Ship it", timeout_seconds=60)
 
     assert reply.state == "failed" and reply.data["error_type"] == "ToolNotAllowed", reply.text
@@ -302,7 +351,7 @@ async def test_a_failed_codex_turn_fails_the_task_with_its_message(a2a, provide,
     fake_codex([{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
                 {"type": "error", "message": "Reconnecting... 1/5"},
                 {"type": "turn.failed", "error": {"message": "unexpected status 401 Unauthorized"}}])
-    url, card = await deploy(a2a, provide(AgentEntry(kind="codex")), tmp_path / "ws", item_store)
+    url, card = await deploy(a2a, provide(AgentEntry(kind="codex")), tmp_path / "ws", item_store, fake_codex.env)
     reply = await a2a.send_and_wait(url, "Hello", timeout_seconds=60)
 
     assert reply.state == "failed" and reply.data["error_type"] == "CodexError"
@@ -317,7 +366,7 @@ async def test_a_codex_run_still_going_at_the_teardown_is_stopped_with_its_host(
     log = fake_codex([{"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
                       {"type": "sleep", "seconds": 60}])
     provider = provide(AgentEntry(kind="codex"))
-    url, card = await deploy(a2a, provider, tmp_path / "ws", item_store)
+    url, card = await deploy(a2a, provider, tmp_path / "ws", item_store, fake_codex.env)
     sending = asyncio.ensure_future(a2a.send_and_wait(url, "Take your time", timeout_seconds=90))
     while not log.exists():
         assert not sending.done()

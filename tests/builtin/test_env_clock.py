@@ -33,7 +33,7 @@ NOT_ARMED = {"ok": False, "error": {"code": "not_armed", "message": "clock is no
 def env(tmp_path):
     """A fresh email env per test (clock and triggers are per-instance state); ended after."""
     server = spawn_server(ENV_MODULE, ["email"], workdir=tmp_path, ttl_seconds=60, env=SERVER_ENV)
-    with httpx.Client(base_url=server.url, timeout=10) as http:
+    with httpx.Client(base_url=server.authed_url, timeout=10) as http:  # the run's token in the URL
         yield http
     terminate(server.pid)
     assert not is_running(server.pid)
@@ -41,6 +41,11 @@ def env(tmp_path):
 
 def base(http: httpx.Client) -> str:
     return str(http.base_url).rstrip("/")
+
+
+def where(http: httpx.Client) -> str:
+    """The env's URL as it names itself (without the token the client's URL carries)."""
+    return str(http.base_url.copy_with(username=None, password=None)).rstrip("/")
 
 
 def rpc(http: httpx.Client, method: str, params: dict | None = None) -> dict:
@@ -97,7 +102,7 @@ def events(http: httpx.Client, trigger_id: str) -> list[str]:
 async def test_unarmed_env_answers_wall_time(env):
     assert env.get("/clock/time").status_code == 404
     assert env.get("/clock/time").json() == NOT_ARMED
-    assert env.get("/clock/state").json() == {"armed": False, "env_get_time_url": f"{base(env)}/clock/time"}
+    assert env.get("/clock/state").json() == {"armed": False, "env_get_time_url": f"{where(env)}/clock/time"}
     assert await tool_names(env) == ["email_search", "read_email", "send"]
     await call(env, "send", {"to": "a@x", "subject": "s", "body": "b"})
     sent = datetime.fromisoformat(state(env)["sent"][0]["date"].replace("Z", "+00:00"))
@@ -109,7 +114,7 @@ async def test_frozen_clock_dates_tools_and_arriving_data(env):
     armed = set_time(env, MONDAY, rate=0)
     assert armed.status_code == 200
     assert armed.json() == {"armed": True, "t0": MONDAY, "virtual_seconds_per_real_second": 0.0,
-                            "virtual_time": MONDAY, "env_get_time_url": f"{base(env)}/clock/time"}
+                            "virtual_time": MONDAY, "env_get_time_url": f"{where(env)}/clock/time"}
     assert env.get("/clock/time").json() == {"virtual_time": MONDAY}
     # get_time is served only while the clock is armed, and answers the env's time
     assert await tool_names(env) == ["email_search", "read_email", "send", "get_time"]

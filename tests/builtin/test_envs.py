@@ -34,13 +34,20 @@ INVOICE = email("e3", "billing@vendor.test", "Invoice 42", "Please pay the REPOR
 
 
 @pytest.fixture(scope="module")
-def spawn(tmp_path_factory):
+def env_files(tmp_path_factory) -> Path:
+    """The folder the envs' data plane may read file:// Parts in (a run's artifact folders)."""
+    return tmp_path_factory.mktemp("env-files")
+
+
+@pytest.fixture(scope="module")
+def spawn(tmp_path_factory, env_files):
     """Start env servers for real; every one is ended (and checked gone) after the tests."""
     started: list[int] = []
 
     def start(*args: str, ttl_seconds: float = 60):
         workdir = tmp_path_factory.mktemp("env")
-        server = spawn_server(ENV_MODULE, list(args), workdir=workdir, ttl_seconds=ttl_seconds, env=SERVER_ENV)
+        server = spawn_server(ENV_MODULE, [*args, "--file-root", str(env_files)], workdir=workdir, ttl_seconds=ttl_seconds,
+                              env=SERVER_ENV)
         started.append(server.pid)
         return server
 
@@ -52,12 +59,12 @@ def spawn(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def email_env(spawn):
-    return spawn("email").url
+    return spawn("email").authed_url  # the run's token in the URL: every request carries it
 
 
 @pytest.fixture(scope="module")
 def item_env(spawn):
-    return spawn("item-store").url
+    return spawn("item-store").authed_url
 
 
 @pytest.fixture
@@ -105,8 +112,8 @@ async def test_card_and_mcp_tools(kind, tools, email_env, item_env):
 
 
 @pytest.mark.anyio
-async def test_email_loads_every_part_kind_then_search_and_read(email_env, plane, tmp_path):
-    seed_file = tmp_path / "lunch.json"
+async def test_email_loads_every_part_kind_then_search_and_read(email_env, plane, env_files):
+    seed_file = env_files / "lunch.json"
     seed_file.write_text(json.dumps({"emails": [LUNCH]}))
     await plane.reset(email_env)
     await plane.add(email_env, [file_part_from_bytes("inbox.json", json.dumps({"emails": [REPORT]}).encode())])
@@ -214,7 +221,7 @@ def test_error_envelopes(email_env, request_body, rid, error):
 
 
 @pytest.mark.anyio
-async def test_rejected_add_loads_nothing_and_client_says_why(email_env, plane, tmp_path):
+async def test_rejected_add_loads_nothing_and_client_says_why(email_env, plane, env_files):
     await plane.reset(email_env)
     with pytest.raises(DataPlaneError, match=re.escape(
         "data/add failed: document 1: emails[0]: must be an object ({'code': 'add_failed'})"
@@ -227,7 +234,7 @@ async def test_rejected_add_loads_nothing_and_client_says_why(email_env, plane, 
     )):
         await plane.add(email_env, [])
     with pytest.raises(DataPlaneError, match=r"^data/add failed: .*No such file or directory.*'add_failed'"):
-        await plane.add(email_env, [{"kind": "file", "file": {"uri": (tmp_path / "missing.json").as_uri()}}])
+        await plane.add(email_env, [{"kind": "file", "file": {"uri": (env_files / "missing.json").as_uri()}}])
     assert await plane.get(email_env) == [{"kind": "data", "data": {"inbox": [], "sent": []}}]
 
 
@@ -265,7 +272,7 @@ def test_server_exits_by_itself_after_its_ttl(spawn):
 
 def test_terminate_ends_the_server(spawn):
     server = spawn("email")
-    assert httpx.get(f"{server.url}/.well-known/agent-env.json", timeout=10).status_code == 200
+    assert httpx.get(f"{server.authed_url}/.well-known/agent-env.json", timeout=10).status_code == 200
     assert terminate(server.pid) is True
     assert not is_running(server.pid)
     with pytest.raises(httpx.ConnectError):

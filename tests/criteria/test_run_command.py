@@ -107,3 +107,10 @@ def test_long_streams_are_truncated_with_a_count(tmp_path):
 def test_timeout_must_be_positive():
     with pytest.raises(ValidationError, match="greater than 0"):
         parse_criterion({"type": "run_command", "description": "d", "command": "x", "timeout": 0})
+
+
+def test_a_command_never_sees_our_keys_only_what_the_task_passes(tmp_path, monkeypatch):
+    secret = "sk-ant-api03-CRITERIA-2b7c4e"
+    monkeypatch.setenv("ANTHROPIC_API_KEY", secret)
+    result = run(tmp_path, "env", env={"PASSED": "yes"})
+    assert secret not in result.details and "PASSED=yes" in result.details and "TASK_DIR=" in result.details

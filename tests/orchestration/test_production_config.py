@@ -1,10 +1,14 @@
-"""Selecting the production pieces from config: the executor and the S3 IO manager."""
+"""Selecting the production pieces from config: the executor and the S3 IO manager; the
+production profile's own settings (deploy/)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import yaml
+from dagster._config import process_config
+from dagster._core.instance.config import dagster_instance_config_schema
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.config import AgentEnvConfig, ConfigError
@@ -14,7 +18,7 @@ from agentenv_dagster.orchestration.io_manager import TaskContextIOManager, cont
 from agentenv_dagster.orchestration.ops import IO_MANAGER_KEY
 from agentenv_dagster.orchestration.s3_io_manager import S3ContextIOManager
 from agentenv_dagster.runtime.s3 import S3Location
-from projects import make_project
+from projects import REPO, make_project
 
 
 def test_the_executor_follows_the_plan_unless_the_project_chooses(monkeypatch, tmp_path):
@@ -118,3 +122,16 @@ def test_the_s3_io_manager_stores_redacted_streams_and_finds_the_final_contexts(
         manager.append_records("run-1", "teardown_run", [{"row": "", "context": {"metadata": {"final": True}}},
                                                           {"end": True}])
         assert manager.final_contexts("run-1")[""].metadata == {"final": True}
+
+
+def test_production_profile_fails_dead_runs_and_requeues_lost_celery_steps(monkeypatch):
+    get_validated_config = pytest.importorskip("dagster_celery.cli").get_validated_config  # the prod extra
+
+    settings = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())["run_monitoring"]
+    assert process_config(dagster_instance_config_schema(), {"run_monitoring": settings}).success
+    assert settings["enabled"] is True and settings["max_resume_run_attempts"] == 0
+    monkeypatch.setenv("AGENTENV_CELERY_BROKER", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("AGENTENV_CELERY_BACKEND", "redis://127.0.0.1:6379/1")
+    celery = get_validated_config(str(REPO / "deploy" / "celery.yaml"))
+    assert celery["config_source"] == {"task_acks_late": True, "task_reject_on_worker_lost": True,
+                                       "worker_prefetch_multiplier": 1}

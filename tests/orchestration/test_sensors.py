@@ -229,14 +229,17 @@ def test_a_run_whose_worker_was_killed_is_torn_down_by_the_failure_sensor(long_p
     with dg.DagsterInstance.get() as instance:
         proc = start_run_until_mid_step(long_project)
         started = sensor_tick(FAILED, instance, long_project)
+        assert len(leaked_servers(state)) == 2  # the env and the agent host, alive mid-step
         stop(proc)  # SIGKILL to the worker and its step processes: nothing of it can clean up
-        left = leaked_servers(state)
-        assert len(left) == 2, left  # servers live in their own sessions
+        # the servers live in their own sessions, but watch the run's worker and end with it
+        deadline = time.monotonic() + 5
+        while leaked_servers(state) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert leaked_servers(state) == []
         (run,) = instance.get_runs()
         assert run.status == dg.DagsterRunStatus.STARTED
         instance.report_run_failed(run, "run worker died")  # what Dagster's run monitoring does
         tick = sensor_tick(FAILED, instance, long_project, started.cursor)
         assert [r.dagster_run.run_id for r in tick.dagster_run_reactions] == [run.run_id]
-        assert leaked_servers(state) == []
         (message,) = engine_messages(instance, run.run_id)
-        assert message.startswith("agentenv: the failed run left 3 deployment(s) running")
+        assert message == "agentenv: the failed run left nothing running"  # its ledger is closed all the same

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 from pathlib import Path
 
 import httpx
@@ -27,6 +28,7 @@ from agentenv_dagster.runtime.processes import is_running, spawn_server, termina
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]
+TOKEN = secrets.token_urlsafe(32)  # the agent's run token; the test's client sends it
 SCRIPT = {"episodes": [
     {"match": "^slow", "reply": "too late", "actions": [{"sleep": 30}]},
     {"match": "^echo", "reply": "echoed"},
@@ -43,7 +45,7 @@ def agent_url(tmp_path_factory):
         "agentenv_dagster.builtin.agents",
         ["replay", "--sandbox", str(workdir / "sandbox"),
          "--config-file", str(workdir / "replay.json")],
-        workdir=workdir, ttl_seconds=120, env={"PYTHONPATH": pythonpath},
+        workdir=workdir, ttl_seconds=120, env={"PYTHONPATH": pythonpath}, token=TOKEN,
     )
     try:
         yield proc.url
@@ -72,7 +74,7 @@ def legacy_stub():
 
 @pytest.fixture
 async def a2a():
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         yield A2AClient(http)
 
 
@@ -114,7 +116,7 @@ async def test_deadline_cancels_the_task_and_raises(a2a, agent_url):
     with pytest.raises(TimeoutError, match=r"A2A task \S+ did not complete within 0.5s") as raised:
         await a2a.send_and_wait(agent_url, "slow please", timeout_seconds=0.5, poll_interval=0.05)
     task_id = re.search(r"A2A task (\S+)", str(raised.value)).group(1)
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         got = await http.post(agent_url, headers={"A2A-Version": "1.0"}, json={
             "jsonrpc": "2.0", "id": "1", "method": "GetTask", "params": {"id": task_id}})
     assert got.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED"

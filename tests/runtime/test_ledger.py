@@ -41,10 +41,12 @@ def test_agents_deployed_in_one_batch_are_one_ledger_file_and_each_can_be_ended(
         assert entries[batched.instance_id] == {"kind": "agent", "pid": None, "container_id": None,
                                                 "url": batched.a2a_url, "host": host}
         assert ledger.entry(batched.instance_id) == entries[batched.instance_id]
-        assert httpx.get(f"{batched.a2a_url}/.well-known/agent-card.json").status_code == 200
+        token = {"Authorization": f"Bearer {ledger.token()}"}  # the run's servers answer only the run
+        assert httpx.get(f"{batched.a2a_url}/.well-known/agent-card.json").status_code == 401
+        assert httpx.get(f"{batched.a2a_url}/.well-known/agent-card.json", headers=token).status_code == 200
         # one agent of the batch ends on its own (as a deploy_agent step does when its set-up fails)
         assert provider.terminate(batched.instance_id) is True
-        assert httpx.get(f"{batched.a2a_url}/.well-known/agent-card.json").status_code == 404
+        assert httpx.get(f"{batched.a2a_url}/.well-known/agent-card.json", headers=token).status_code == 404
         host_pid = entries[host]["pid"]
         assert is_running(host_pid)
     finally:

@@ -3,11 +3,15 @@ this process started it or not (forked hosts are the starter's, then init's)."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import subprocess
 import sys
 import time
 
-from agentenv_dagster.runtime.processes import is_running, terminate
+import pytest
+
+from agentenv_dagster.runtime.processes import RUN_OWNER_VARIABLE, ProcessIdentity, is_running, run_owner, terminate
 
 SERVES = "import time; time.sleep(60)"
 IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
@@ -47,3 +51,22 @@ def test_a_server_this_process_did_not_start_is_ended_too():
     finally:
         if is_running(pid):
             terminate(pid, grace_seconds=1)
+
+
+def _owner_pid(_=None) -> int:
+    return run_owner().pid
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
+def test_the_run_owner_of_a_step_process_is_the_process_that_runs_the_steps(method):
+    """Dagster's multiprocess executor runs each step in a ``multiprocessing`` child (forked
+    from a forkserver, or spawned): the run's servers must outlive that step, so they are
+    bound to the process the step runs for (here, this one)."""
+    assert run_owner().pid == os.getpid()
+    with multiprocessing.get_context(method).Pool(1) as pool:
+        assert pool.apply(_owner_pid) == os.getpid()
+
+
+def test_a_process_that_owns_runs_for_another_can_say_so(monkeypatch):
+    monkeypatch.setenv(RUN_OWNER_VARIABLE, str(os.getppid()))
+    assert run_owner() == ProcessIdentity.of(os.getppid())

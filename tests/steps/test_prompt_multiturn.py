@@ -212,19 +212,22 @@ def test_a_conversation_needs_its_user_agent(project, monkeypatch):
 
 @pytest.fixture
 def human(tmp_path):
-    """An A2A user outside the task (a person's chat client, say): a replay agent server the
-    test starts and ends itself."""
-    from agentenv_dagster.runtime.processes import is_running, spawn_server, terminate
+    """An A2A user outside the task (a person's chat client, say): a replay agent the test
+    serves itself. It is none of the run's servers, so the run sends it no token."""
+    from fakes.messages_api import ThreadedServer
 
-    config = tmp_path / "human.json"
-    config.write_text(json.dumps({"episodes": [{"match": "wrote a", "reply": "Now b please"},
-                                               {"match": "wrote b", "reply": "Now c please"}]}))
-    server = spawn_server("agentenv_dagster.builtin.agents",
-                          ["replay", "--sandbox", str(tmp_path / "human-box"), "--config-file", str(config)],
-                          workdir=tmp_path / "human", ttl_seconds=120)
-    yield server.url
-    terminate(server.pid)
-    assert not is_running(server.pid)
+    from agentenv_dagster.builtin.agents.brains import build_brain
+    from agentenv_dagster.builtin.agents.server import EmbeddedAgent, build_app, build_card
+    from agentenv_dagster.runtime.sandbox import LocalSandbox
+
+    brain = build_brain("replay", {"episodes": [{"match": "wrote a", "reply": "Now b please"},
+                                                {"match": "wrote b", "reply": "Now c please"}]})
+    (tmp_path / "human-box").mkdir()
+    card = build_card("human", "A person at a chat client")
+    with ThreadedServer(build_app(EmbeddedAgent(brain, LocalSandbox(tmp_path / "human-box")), card)) as server:
+        for interface in card.supported_interfaces:
+            interface.url = server.url + "/"
+        yield server.url
 
 
 @pytest.mark.parametrize("how", ["user_a2a_url", "AGENT_ENV_HUMAN_A2A_URL"])

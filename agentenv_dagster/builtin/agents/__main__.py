@@ -3,6 +3,9 @@
 
 ``python -m agentenv_dagster.builtin.agents host --ready-file R --ttl-seconds S`` serves an
 agent host instead: one process in which a run deploys all its agents (see ``host.py``).
+Either reads its bootstrap on standard input (``serving.read_bootstrap``): the run's token,
+and the model APIs it may call with their keys (``model_access.py``), which it also proxies
+for coding CLIs under ``/model-proxy/``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ if __name__ == "__main__":
     without_a2a_spans()
 
 from agentenv_dagster.builtin.agents.brains import BRAINS, build_brain
-from agentenv_dagster.builtin.serving import add_serving_arguments, serve
+from agentenv_dagster.builtin.agents.model_access import MODELS
+from agentenv_dagster.builtin.serving import add_serving_arguments, read_bootstrap, serve
 from agentenv_dagster.runtime.sandbox import LocalSandbox
 
 HOST = "host"
@@ -64,9 +68,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config-file", type=Path)
     add_serving_arguments(parser)
     args = parser.parse_args(argv)
+    bootstrap = read_bootstrap()
+    MODELS.install(bootstrap)
     if args.kind == HOST:
         app, on_ready = _agent_host()
-        serve(app, args, on_ready=on_ready)
+        serve(app, args, bootstrap, on_ready=on_ready, open_paths=MODELS.is_proxy_path)
         return
     if args.sandbox is None or args.config_file is None:
         parser.error("an agent needs --sandbox and --config-file")
@@ -86,15 +92,22 @@ def main(argv: list[str] | None = None) -> None:
         name=config.get("name", f"{args.kind}-agent"),
         description=config.get("description", f"Embedded {args.kind} agent"),
         args=args,
+        bootstrap=bootstrap,
         workspace=config.get("workspace"),
     )
 
 
 def _agent_host():
+    """The host's app (its agents, and the model proxy) and what it learns once listening."""
     from agentenv_dagster.builtin.agents.host import AgentHost
 
     host = AgentHost()
-    return host.app(), host.set_url
+
+    def on_ready(url: str) -> None:
+        MODELS.host_url = url
+        host.set_url(url)
+
+    return MODELS.in_front_of(host.app()), on_ready
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
 a LiteLLM proxy's, vLLM's or Ollama's). The ``anthropic`` agent kind is this agent, whatever
 its model.
 
-The API key comes only from this process's environment (``model_key_env``: for example
-``ANTHROPIC_API_KEY`` or ``OPENAI_API_KEY``; never argv or a file, so it never shows in a
-process list or a task document); model, ``base_url`` and the providers come from the config
-file, and agent-config may override the model, system prompt, turn cap and params.
+In an agent host the model API's key and base URL are the host's (``model_access.py``: handed
+on its standard input, bound together); an agent started on its own reads its provider's key
+from its environment (``model_key_env``: for example ``ANTHROPIC_API_KEY`` or
+``OPENAI_API_KEY``). Never argv or a file, so the key never shows in a process list or a task
+document. Model, ``base_url`` and the providers come from the config file, and agent-config
+may override the model, system prompt, turn cap and params.
 
 Tasks of one A2A context are one conversation: each prompt continues the messages of the
 context's earlier tasks, so a multi-turn ``prompt_agent`` (and a user simulator, whose
@@ -21,6 +23,7 @@ Config file::
 
 from __future__ import annotations
 
+from agentenv_dagster.builtin.agents.model_access import MODELS
 from agentenv_dagster.builtin.agents.server import AgentFailure, Reply, TaskSession
 from agentenv_dagster.config import ModelConfig, ResolvedModel, model_key_env
 from agentenv_dagster.runtime.models import ModelAPIError, ModelReply, UnreadableReply, model_client
@@ -44,7 +47,9 @@ class AnthropicBrain:
         max_turns = int(session.config.get("max_turns") or self.max_turns)
         history = self.conversations.get(session.context_id or "", [])
         messages: list[dict] = [*history, {"role": "user", "content": prompt}]
-        async with model_client(model, max_retries=2) as client:
+        access = MODELS.access(model.provider)
+        given = {"api_key": access.api_key, "base_url": access.base_url} if access else {}
+        async with model_client(model, max_retries=2, **given) as client:
             for _ in range(max_turns):
                 session.turn_started()
                 response = await _create(client, messages, params)

@@ -6,8 +6,11 @@ Its options come from the agent's config: ``permission_mode``, ``allowed_tools``
 (``system_prompt_mode`` append = on the ``claude_code`` preset, replace = instead of it),
 ``setting_sources`` (default ``["project"]``, so a user's own settings stay out), ``settings``,
 ``plugins`` and ``sdk_options`` passed through as ``ClaudeAgentOptions`` fields. The env's MCP
-servers are given to Claude Code to call itself, their tools granted; the key is this process's
-``ANTHROPIC_API_KEY`` and ``base_url`` becomes ``ANTHROPIC_BASE_URL``. Each assistant message,
+servers are given to Claude Code to call itself, their tools granted. In an agent host Claude
+Code never sees the real key: it calls the model through the host's proxy with the host's
+proxy key (``model_access.py``), so its own Bash finds nothing else; started on its own, the
+key is this process's ``ANTHROPIC_API_KEY`` and ``base_url`` becomes ``ANTHROPIC_BASE_URL``.
+Its environment is the agent's (an allowlist) plus the sandbox's variables. Each assistant message,
 tool use and tool result Claude Code streams becomes our telemetry; the tasks of one A2A
 context resume one Claude Code session.
 """
@@ -21,6 +24,7 @@ from typing import Any
 
 from agentenv_dagster.builtin.agents.anthropic_agent import _system_prompt
 from agentenv_dagster.builtin.agents.coding_cli import ToolCallLog, cli_path_env, require_key, text_of
+from agentenv_dagster.builtin.agents.model_access import MODELS
 from agentenv_dagster.builtin.agents.server import AgentFailure, Reply, TaskSession
 
 INSTALL_HINT = "pip install 'agentenv-dagster[agents]' (the claude-agent-sdk package, which bundles the CLI)"
@@ -55,7 +59,8 @@ class ClaudeCodeBrain:
         self.sessions: dict[str, str] = {}  # A2A context id -> Claude Code session id
 
     async def run(self, prompt: str, session: TaskSession) -> Reply:
-        require_key(("ANTHROPIC_API_KEY",), "claude-code")
+        if MODELS.access("anthropic") is None:
+            require_key(("ANTHROPIC_API_KEY",), "claude-code")
         from claude_agent_sdk import ClaudeAgentOptions, ClaudeSDKError, ResultMessage, query
 
         stderr: deque[str] = deque(maxlen=40)
@@ -82,8 +87,11 @@ class ClaudeCodeBrain:
         """ClaudeAgentOptions for one task: agent-config (model, system prompt, max_turns) wins
         over the config file."""
         settings = session.config
-        env = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **cli_path_env(session.sandbox.root, self.workspace)}
-        if self.base_url:
+        env = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **((self.workspace or {}).get("env") or {}),
+               **cli_path_env(session.sandbox.root, self.workspace)}
+        if MODELS.access("anthropic") is not None:
+            env.update(ANTHROPIC_BASE_URL=MODELS.proxy_url("anthropic"), ANTHROPIC_API_KEY=MODELS.proxy_key)
+        elif self.base_url:
             env["ANTHROPIC_BASE_URL"] = self.base_url
         system = _system_prompt(settings.get("system_prompt") or self.system_prompt, session.skills)
         if self.system_prompt_mode == "replace":

@@ -8,9 +8,12 @@ workspace-write, bypassPermissions = no sandbox), never asking for approval. ``c
 has no turn cap or tool allow-list of its own, so both are enforced from the event stream:
 a tool call that ``allowed_tools``/``disallowed_tools`` forbid, or one past ``max_turns``
 (one model step per tool call, plus the final reply), stops the CLI and fails the task. The
-model is the config file's (``agent.model``), never the run's Anthropic default; the key
-is ``OPENAI_API_KEY``/``CODEX_API_KEY`` (or a ``codex login``), and ``CODEX_BASE_URL`` routes
-to a Responses-compatible endpoint. The tasks of one A2A context resume one Codex thread.
+model is the config file's (``agent.model``), never the run's Anthropic default. In an agent
+host handed an OpenAI key (the deployer's ``OPENAI_API_KEY``/``CODEX_API_KEY``, and
+``CODEX_BASE_URL`` for a Responses-compatible endpoint) Codex never sees it: it calls the model
+through the host's proxy with the host's proxy key (``model_access.py``). Without one it uses
+its own ``codex login`` (``CODEX_HOME``), which its tools can read. The tasks of one A2A
+context resume one Codex thread.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ from typing import Any
 
 from agentenv_dagster.builtin.agents.anthropic_agent import _system_prompt
 from agentenv_dagster.builtin.agents.coding_cli import ToolCallLog, cli_path_env, text_of
+from agentenv_dagster.builtin.agents.model_access import MODELS
 from agentenv_dagster.builtin.agents.server import AgentFailure, Reply, TaskSession
 
 INSTALL_HINT = "npm install -g @openai/codex"
 KEY_VARIABLES = ("OPENAI_API_KEY", "CODEX_API_KEY")
+PROXY_KEY_VARIABLE = "AGENTENV_MODEL_PROXY_KEY"  # where Codex finds the host's proxy key
 SANDBOX_MODES = {"plan": "read-only", "default": "workspace-write", "acceptEdits": "workspace-write"}
 LINE_LIMIT = 16 * 1024 * 1024  # one JSONL event (a command's aggregated output) may be large
 
@@ -47,14 +52,17 @@ class CodexBrain:
 
     async def run(self, prompt: str, session: TaskSession) -> Reply:
         codex_home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
-        if not any(os.environ.get(name) for name in KEY_VARIABLES) and not (codex_home / "auth.json").is_file():
+        proxied = MODELS.access("openai") is not None
+        if not proxied and not any(os.environ.get(name) for name in KEY_VARIABLES) and not (codex_home / "auth.json").is_file():
             raise AgentFailure("MissingAPIKey", f"{' or '.join(KEY_VARIABLES)} is not set in the agent's "
                                                 f"environment and there is no codex login in {codex_home}")
         max_turns = session.config.get("max_turns") or self.max_turns
         proc = await asyncio.create_subprocess_exec(
             *self._argv(session), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, cwd=session.sandbox.root, limit=LINE_LIMIT, start_new_session=True,
-            env={**os.environ, **cli_path_env(session.sandbox.root, self.workspace)},
+            env={**os.environ, **((self.workspace or {}).get("env") or {}),
+                 **({PROXY_KEY_VARIABLE: MODELS.proxy_key} if proxied else {}),
+                 **cli_path_env(session.sandbox.root, self.workspace)},
         )
         stderr: deque[str] = deque(maxlen=40)
         drain = asyncio.create_task(_drain(proc.stderr, stderr))
@@ -94,7 +102,11 @@ class CodexBrain:
             argv += _config(f"mcp_servers.{server['name']}.url", server["url"])
             if server.get("headers"):
                 argv += ["-c", f"mcp_servers.{server['name']}.http_headers={_inline_table(server['headers'])}"]
-        if base_url := os.environ.get("CODEX_BASE_URL"):
+        if MODELS.access("openai") is not None:
+            provider = {"name": "custom", "base_url": MODELS.proxy_url("openai"), "wire_api": "responses",
+                        "env_key": PROXY_KEY_VARIABLE}
+            argv += ["-c", f"model_providers.custom={_inline_table(provider)}", *_config("model_provider", "custom")]
+        elif base_url := os.environ.get("CODEX_BASE_URL"):
             key = next((name for name in KEY_VARIABLES if os.environ.get(name)), KEY_VARIABLES[0])
             provider = {"name": "custom", "base_url": base_url, "wire_api": "responses", "env_key": key}
             argv += ["-c", f"model_providers.custom={_inline_table(provider)}", *_config("model_provider", "custom")]

@@ -489,13 +489,18 @@ def build_app(agent: EmbeddedAgent, card: AgentCard, card_modifier=None) -> Star
 
 
 def run_agent(brain: Brain, sandbox: LocalSandbox, name: str, description: str,
-              args: argparse.Namespace, workspace: dict | None = None) -> None:
-    """Serve ``brain`` as an A2A agent until SIGTERM or the TTL. With ``workspace`` settings
-    (``container``, ``path_prepend``) it is a coding agent: Bash/Write/Read/Skill in its sandbox."""
+              args: argparse.Namespace, bootstrap: dict, workspace: dict | None = None) -> None:
+    """Serve ``brain`` as an A2A agent until SIGTERM, its run's end or the TTL. With
+    ``workspace`` settings (``container``, ``path_prepend``, ``env``) it is a coding agent:
+    Bash/Write/Read/Skill in its sandbox."""
+    from agentenv_dagster.builtin.agents.model_access import MODELS
+
     card = build_card(name, description)
 
     def on_ready(url: str) -> None:
+        MODELS.host_url = url
         for interface in card.supported_interfaces:
             interface.url = url + "/"
 
-    serve(build_app(EmbeddedAgent(brain, sandbox, workspace), card), args, on_ready=on_ready)
+    app = MODELS.in_front_of(build_app(EmbeddedAgent(brain, sandbox, workspace), card))
+    serve(app, args, bootstrap, on_ready=on_ready, open_paths=MODELS.is_proxy_path)

@@ -37,7 +37,7 @@ async def call_workspace_tool(
     try:
         if name == "Bash":
             container = workspace.get("container")
-            shell = sandbox_shell(sandbox.root, container)
+            shell = sandbox_shell(sandbox.root, container, env=workspace.get("env"))
             base = Path(container["working_dir"]) if container else sandbox.root
             prepend = [str(base / folder) for folder in workspace.get("path_prepend") or []]
             return await _bash(shell, str(arguments["command"]), prepend)

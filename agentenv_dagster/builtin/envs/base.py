@@ -4,7 +4,8 @@ An env is a name, a state object and a few MCP tools over that state. This modul
 of the upstream agent-env wire contract, so each env file holds only what is particular to it:
 
 - ``POST /agentenv``: the JSON-RPC 2.0 data plane (``data/reset``, ``data/add``, ``data/get``)
-  with upstream's error envelopes, always answered with HTTP 200;
+  with upstream's error envelopes, always answered with HTTP 200; a ``file://`` Part is read
+  only under the folders the env was given (``file_roots``: the run's artifact folders);
 - ``GET /.well-known/agent-env.json``: the env card;
 - ``/mcp``: the MCP tools over streamable HTTP (stateless, JSON responses);
 - the control surface of upstream's gateway, which an embedded env is for itself: the virtual
@@ -19,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -118,6 +120,7 @@ class EnvApp:
     def __init__(self, name: str, state: EnvState):
         self.name = name
         self.state = state
+        self.file_roots: tuple[Path, ...] = ()  # where data/add may read file:// Parts (none: refused)
         # Tool failures the env raised on purpose are logged at INFO; keep server.log for surprises.
         self.mcp = _WatchedMCPServer(name, log_level="WARNING")
         self.clock = VirtualClock()
@@ -206,7 +209,7 @@ class EnvApp:
         parts = params.get("parts") if isinstance(params, dict) else None
         if not isinstance(parts, list) or not parts:
             raise InvalidParams("params.parts must be a non-empty list of Parts")
-        self.state.add([decode_part(part, f"parts[{i}]") for i, part in enumerate(parts)])
+        self.state.add([decode_part(part, f"parts[{i}]", self.file_roots) for i, part in enumerate(parts)])
         self.triggers.on_state_change({"source": "data/add"})  # new data may meet a state trigger
         return {}
 
@@ -249,8 +252,12 @@ class EnvApp:
         url = (await _json_body(request)).get("env_get_time_url")
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             return _invalid("env_get_time_url must be an http(s) URL")
+        # its own clock (as the gateway hands it) takes the caller's credential; no other URL does
+        asked, this = urlparse(url), urlparse(str(request.base_url))
+        own = (asked.scheme, asked.hostname, asked.port) == (this.scheme, this.hostname, this.port)
+        headers = {"Authorization": request.headers["authorization"]} if own and "authorization" in request.headers else {}
         async with httpx.AsyncClient(timeout=10) as http:
-            response = await http.get(url)
+            response = await http.get(url, headers=headers)
         if response.status_code >= 400:
             return _invalid(f"{url} answered HTTP {response.status_code}: {response.text[:200]}")
         return JSONResponse({"env_get_time_url": url, "virtual_time": response.json().get("virtual_time")})
@@ -311,8 +318,9 @@ def _invalid(message: str) -> JSONResponse:
     return JSONResponse({"ok": False, "error": {"code": "invalid_params", "message": message}}, status_code=400)
 
 
-def decode_part(part: Any, where: str = "part") -> dict[str, Any]:
-    """The JSON object a Part carries: a DataPart's ``data``, or a FilePart's content as JSON.
+def decode_part(part: Any, where: str = "part", file_roots: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The JSON object a Part carries: a DataPart's ``data``, or a FilePart's content as JSON
+    (a ``file://`` one only under ``file_roots``).
 
     Every built-in env loads JSON documents, so the data plane decodes Parts here, once. A
     malformed Part raises ``InvalidParams``; content the env cannot read raises ``ValueError``
@@ -331,7 +339,7 @@ def decode_part(part: Any, where: str = "part") -> dict[str, Any]:
     if not isinstance(file, dict) or not any(isinstance(file.get(k), str) for k in ("bytes", "uri")):
         raise InvalidParams(f"{where}: a file Part needs 'file' with 'bytes' or 'uri'")
     name = f"{where} ({file.get('name') or file.get('uri') or 'inline bytes'})"
-    content = _file_content(file, name)
+    content = _file_content(file, name, file_roots)
     try:
         document = json.loads(content)
     except ValueError as exc:
@@ -341,7 +349,7 @@ def decode_part(part: Any, where: str = "part") -> dict[str, Any]:
     return document
 
 
-def _file_content(file: dict[str, Any], name: str) -> bytes:
+def _file_content(file: dict[str, Any], name: str, file_roots: tuple[Path, ...]) -> bytes:
     if isinstance(file.get("bytes"), str):
         try:
             return base64.b64decode(file["bytes"], validate=True)
@@ -350,7 +358,11 @@ def _file_content(file: dict[str, Any], name: str) -> bytes:
     uri = urlparse(file["uri"])
     if uri.scheme != "file":
         raise ValueError(f"{name}: only file:// URIs can be read by a local env")
-    return Path(unquote(uri.path)).read_bytes()
+    # decided before anything is read, the same way whether the file exists or not
+    path = os.path.realpath(unquote(uri.path))
+    if not any(path.startswith(os.path.realpath(root).rstrip(os.sep) + os.sep) for root in file_roots):
+        raise ValueError(f"{name}: a local env reads file:// URIs only under the run's artifact folders")
+    return Path(path).read_bytes()
 
 
 def _rpc_error(rid: Any, code: int, message: str, data: Any = None) -> JSONResponse:

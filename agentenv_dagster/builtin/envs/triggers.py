@@ -174,8 +174,11 @@ class TriggerEngine:
         if role in watch_roles:
             raise TriggerError(f"executor.role {role!r} must not be in watch_roles {sorted(watch_roles)} — "
                                "the executor's own tool calls would fire triggers (cascade)")
+        headers = raw.get("headers") or {}
+        if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise TriggerError("executor.headers must be an object of strings (sent with every call to the executor)")
         executor = {"a2a_url": raw["a2a_url"], "timeout_seconds": float(raw.get("timeout_seconds", 120)),
-                    "role": role}
+                    "role": role, "headers": headers}
         if self._executor is not None and self._executor != executor:
             raise TriggerError("executor conflicts with the already-registered executor — clear to change it")
         return executor
@@ -399,7 +402,8 @@ class TriggerEngine:
         executor = self._executor
         if executor is None:
             raise RuntimeError("no executor is registered")
-        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=executor["timeout_seconds"] + 5)) as http:
+        async with httpx.AsyncClient(headers=executor["headers"],
+                                     timeout=httpx.Timeout(30.0, read=executor["timeout_seconds"] + 5)) as http:
             a2a = A2AClient(http)
             try:
                 reply = await a2a.send_and_wait(

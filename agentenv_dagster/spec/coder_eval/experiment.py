@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, Field, field_validator, model_validator
 
 from ...errors import SpecError
+from ...ids import safe_id
 from .agents import agent_models
 from .base import FieldErrors, Strict, validate_each, validate_kind
 from .limits import RunLimits
@@ -89,7 +90,7 @@ PromptMutations = Annotated[list[PromptMutation] | None, BeforeValidator(_parse_
 
 
 class ExperimentVariant(Strict):
-    variant_id: str
+    variant_id: safe_id("variant_id")
     description: str = ""
     agent: dict[str, Any] | None = None
     simulation: dict[str, Any] | None = None

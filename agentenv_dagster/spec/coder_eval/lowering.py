@@ -54,7 +54,7 @@ def lower_task(loaded: LoadedCoderEvalTask, *, grade_only_from: Path | None = No
     task_dir = loaded.source.parent.resolve()
     steps: list[dict[str, Any]] = [
         {"id": "sandbox", "type": "deploy_sandbox", "sandbox_name": WORKSPACE, "sandbox_mode": "vm",
-         "depends_on": [], **_container(task)},
+         "depends_on": [], "env_passthrough": task.sandbox.docker.passthrough_names(), **_container(task)},
         {"id": "workspace", "type": "prepare_workspace", "sandbox_name": WORKSPACE, "task_dir": str(task_dir),
          "sandbox": task.sandbox.model_dump(mode="json", exclude_none=True),
          "reference_directory": task.reference.directory if task.reference else None,

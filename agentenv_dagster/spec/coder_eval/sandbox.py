@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 
 from ...errors import SpecError
+from ...redaction import is_secret_name
 from .base import Strict, inside_sandbox
 from .ignore import normalize_ignore_pattern
 from .merge import APPEND
@@ -78,6 +79,15 @@ class DockerDriverConfig(Strict):
     env_passthrough: list[str] = Field(default_factory=lambda: list(DEFAULT_ENV_PASSTHROUGH))
     env_passthrough_extra: Annotated[list[str], APPEND] = Field(default_factory=list)
     extra_mounts: list[str] = Field(default_factory=list)
+
+    def passthrough_names(self) -> list[str]:
+        """The host variables the task's commands and agent tools see: the task's own
+        ``env_passthrough`` list and ``env_passthrough_extra`` as written; of the default list,
+        only what is not a credential (a key, token or secret), which a task must name itself."""
+        names = self.env_passthrough
+        if list(names) == list(DEFAULT_ENV_PASSTHROUGH):
+            names = [name for name in names if not is_secret_name(name)]
+        return list(dict.fromkeys([*names, *self.env_passthrough_extra]))
 
     @field_validator("working_dir")
     @classmethod

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from ...errors import SpecError
+from ...ids import safe_id
 from .agents import AgentField, AnthropicAgentConfig, ReplayAgentConfig
 from .base import Strict, note
 from .criteria import agent_only_types, first_suite_thresholds, parse_success_criteria, reference_offenders
@@ -114,7 +115,7 @@ class TaskDefinition(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False)
 
-    task_id: str
+    task_id: safe_id("task_id")  # it names the task's records and artifacts
     description: str
     initial_prompt: str | None = None
     initial_prompt_file: str | None = None
