@@ -33,7 +33,7 @@ SECRET_NAME = re.compile(r"key|token|secret|passw|authorization|credential", re.
 # names of ours that match the pattern yet hold identifiers, never secrets
 NOT_SECRET_NAMES = frozenset({
     "partition_key", "asset_key", "run_key", "verifier_key", "prompt_key", "artifacts_key", "stop_token",
-    "user_stop_token", "env_key", "stop_reason",
+    "user_stop_token", "env_key", "stop_reason", "step_key", "mapping_key", "cache_key", "sort_key",
 })
 MIN_SECRET_LENGTH = 6  # shorter values are masked under their key, but not hunted for in all text
 

@@ -43,12 +43,10 @@ class AnthropicBrain:
 
     async def run(self, prompt: str, session: TaskSession) -> Reply:
         params = self._request_params(session)
-        model = self._model(session.model)
+        model, given = self._model(session.model)
         max_turns = int(session.config.get("max_turns") or self.max_turns)
         history = self.conversations.get(session.context_id or "", [])
         messages: list[dict] = [*history, {"role": "user", "content": prompt}]
-        access = MODELS.access(model.provider)
-        given = {"api_key": access.api_key, "base_url": access.base_url} if access else {}
         async with model_client(model, max_retries=2, **given) as client:
             for _ in range(max_turns):
                 session.turn_started()
@@ -72,17 +70,21 @@ class AnthropicBrain:
                 messages.append({"role": "user", "content": results})
         raise AgentFailure("MaxTurnsExceeded", f"no final reply within max_turns={max_turns}")
 
-    def _model(self, ref: str) -> ResolvedModel:
-        """The session's model, with its key in this process's environment."""
+    def _model(self, ref: str) -> tuple[ResolvedModel, dict[str, str]]:
+        """The session's model, and the key and base URL to call it with: its host's (handed
+        on the host's standard input), else its provider's key in this process's environment."""
         try:
             model = self.models.resolve(ref)
         except ValueError as exc:
             raise AgentFailure("InvalidModel", str(exc)) from None
+        access = MODELS.access(model.provider)
+        if access is not None:
+            return model, {"api_key": access.api_key, "base_url": access.base_url}
         if model.missing_setting():
             variable = model_key_env(model.provider)
             raise AgentFailure("MissingAPIKey", f"{variable} is not set in the agent's environment; the agent reads "
                                f"the key of model '{ref}' only from there")
-        return model
+        return model, {}
 
     def _remember(self, session: TaskSession, messages: list[dict], reply: str) -> None:
         """Keep the finished turn for the context's next task (a failed turn is forgotten)."""
