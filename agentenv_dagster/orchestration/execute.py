@@ -27,6 +27,7 @@ from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY
 from .resources import RESOURCE_KEY, agentenv_resources
 from .retries import retry_in_process
+from .reaper import reap_dead_runs
 from .rows import VARIANT_TAG, range_tags
 from .translator import TaskTranslator
 
@@ -126,6 +127,7 @@ def execute_plan(
     run_config, run_tags = _launch(plan, partition_key, partition_keys)
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
+            reap_dead_runs(active, config)  # what runs killed earlier left behind
             run_id = run_here(job_def, active, run_config, {**(tags or {}), **run_tags})
             run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
             success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS

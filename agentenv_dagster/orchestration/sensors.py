@@ -24,6 +24,7 @@ from ..compiler import compile_location
 from ..config import AgentEnvConfig
 from ..plan import TaskPlan
 from .io_manager import context_io_manager
+from .reaper import reap_dead_runs
 from .resources import RESOURCE_KEY, AgentEnvResource
 from .retries import launch_retry
 from .schedules import task_run_requests
@@ -91,11 +92,31 @@ def _teardown_sensor(status: dg.DagsterRunStatus, name: str) -> dg.RunStatusSens
     return _sensor
 
 
-def teardown_sensors() -> list[dg.RunStatusSensorDefinition]:
+def teardown_sensors() -> list[dg.SensorDefinition]:
     return [
         _teardown_sensor(dg.DagsterRunStatus.FAILURE, FAILED_RUNS_SENSOR),
         _teardown_sensor(dg.DagsterRunStatus.CANCELED, CANCELED_RUNS_SENSOR),
+        reaper_sensor(),
     ]
+
+
+REAPER_SENSOR = "agentenv_reap_dead_runs"
+
+
+def reaper_sensor() -> dg.SensorDefinition:
+    """Runs whose owning process died (``kill -9``, a lost run worker): their deployments
+    ended and their Dagster runs marked failed (``reaper.reap_dead_runs``), from the daemon's
+    start on and every few minutes; old run folders pruned."""
+
+    @dg.sensor(name=REAPER_SENSOR, minimum_interval_seconds=120, default_status=dg.DefaultSensorStatus.RUNNING,
+               description="Ends what runs killed mid-way left running and marks those runs failed; "
+               "prunes run folders older than [stores] keep_runs_days.")
+    def _sensor(context: dg.SensorEvaluationContext, agentenv: AgentEnvResource):  # the RESOURCE_KEY resource
+        reaped = reap_dead_runs(context.instance, agentenv.load_config())
+        return dg.SkipReason(f"reaped {len(reaped)} dead run(s): {', '.join(reaped)}" if reaped
+                             else "no run whose process died")
+
+    return _sensor
 
 
 # -- retry_config spans ---------------------------------------------------------------------

@@ -4,6 +4,7 @@ ends what the run's ledger lists and marks the Dagster run failed; old run folde
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -75,7 +76,12 @@ def test_kill_9_of_the_cli_mid_prompt_ends_its_servers_and_the_reaping_fails_the
     with dg.DagsterInstance.from_config(str(project / ".dagster_home")) as instance:
         run = instance.get_run_by_id(run_dir.name)
         assert run.status == dg.DagsterRunStatus.STARTED  # what the kill left
-        assert reap_dead_runs(instance, config) == [run_dir.name]
+    # the next run of the CLI reaps it
+    (project / "tasks" / "quick.json").write_text(json.dumps([{"id": "env", "type": "deploy_env", "env_id": "email"}]))
+    after = subprocess.run([sys.executable, "-m", "agentenv_dagster.cli", "run", "tasks/quick.json"], cwd=project,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert after.returncode == 0, after.stdout + after.stderr
+    with dg.DagsterInstance.from_config(str(project / ".dagster_home")) as instance:
         run = instance.get_run_by_id(run_dir.name)
         assert run.status == dg.DagsterRunStatus.FAILURE
         failure = instance.all_logs(run.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)[-1]
