@@ -11,6 +11,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -45,6 +46,9 @@ from dagster._core.events import AssetMaterializationPlannedData, DagsterEventTy
 @dataclass(frozen=True)
 class _StepEnded:
     key: str
+
+
+STOP_GRACE_SECONDS = 30  # how long an interrupted run waits for its steps to stop
 
 
 class ThreadedExecutor(dg.Executor):
@@ -101,15 +105,20 @@ class ThreadedExecutor(dg.Executor):
             except Exception:  # the run goes on without its logs captured, as in-process does
                 yield DagsterEvent.engine_event(job_context, "Exception while setting up compute log capture",
                                                 EngineEventData(error=None))
-            interrupted = False
+            interrupted = None  # when the run was interrupted
             while not active.is_complete:
-                if not interrupted and active.check_for_interrupts():
-                    interrupted = True
+                if interrupted is None and active.check_for_interrupts():
+                    interrupted = time.monotonic()
                     active.mark_interrupted()
                     self._on_interrupt(job_context.run_id)
                     yield DagsterEvent.engine_event(job_context, "Interrupted: the running steps are stopping",
                                                     EngineEventData.interrupted(list(running)))
-                if not interrupted:
+                elif interrupted is not None and time.monotonic() > interrupted + STOP_GRACE_SECONDS:
+                    yield DagsterEvent.engine_event(  # their threads end with the process; so do the servers
+                        job_context, f"Steps still running {STOP_GRACE_SECONDS} s after the interrupt end with "
+                        f"the run: {', '.join(sorted(running))}", EngineEventData.interrupted(list(running)))
+                    break
+                if interrupted is None:
                     for step in active.get_steps_to_execute():
                         step_context = job_context.for_step(step, active.get_known_state())
                         thread = threading.Thread(target=self._run_step, args=(step_context, events),
@@ -118,7 +127,7 @@ class ThreadedExecutor(dg.Executor):
                         thread.start()
                 yield from active.concurrency_event_iterator(job_context)
                 if not running:
-                    if interrupted:
+                    if interrupted is not None:
                         break
                     active.sleep_til_ready()
                     continue
@@ -153,15 +162,66 @@ class ThreadedExecutor(dg.Executor):
 
 # Executing a run in this process with the job's own executor: ``execute_in_process`` always
 # swaps in Dagster's one-step-at-a-time executor, and ``execute_job`` needs a job another
-# process could import again; a job built here from a task file is neither.
+# process could import again; a job built here from a task file is neither. And a run of the
+# code location's job carries the location's origin, as a launch from the UI does, so the UI
+# lists it under its job and can re-execute it: Dagster makes those origins from a workspace
+# file only inside its workspace loading, which starts a code server.
 from dagster._core.definitions.job_base import InMemoryJob  # noqa: E402
+from dagster._core.definitions.reconstruct import ReconstructableRepository  # noqa: E402
 from dagster._core.execution.api import create_execution_plan, execute_run  # noqa: E402
+from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin  # noqa: E402
+from dagster._core.workspace.autodiscovery import (  # noqa: E402
+    loadable_targets_from_python_file,
+    loadable_targets_from_python_module,
+)
+from dagster._core.workspace.load import location_origins_from_yaml_paths  # noqa: E402
 
 
-def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str]) -> str:
-    """Create a run of ``job_def`` and execute it in this process with the job's executor; its id."""
+@dataclass(frozen=True)
+class LocationJob:
+    """A job of a code location, loaded in this process, with the origins a run of it carries."""
+
+    job_def: dg.JobDefinition
+    repository: ReconstructableRepository
+    remote_origin: RemoteJobOrigin
+
+
+def location_job(workspace: str, job_name: str) -> LocationJob | None:
+    """The job named ``job_name`` of the code locations a workspace file lists (their
+    definitions loaded here, as a code server loads them); None when none has it."""
+    for origin in location_origins_from_yaml_paths([workspace]):
+        target = getattr(origin, "loadable_target_origin", None)
+        if target is None or not (target.python_file or target.module_name):
+            continue  # a gRPC server of its own: not loadable here
+        attribute = target.attribute or _attribute(target)
+        repository = (ReconstructableRepository.for_file(target.python_file, attribute, target.working_directory)
+                      if target.python_file else
+                      ReconstructableRepository.for_module(target.module_name, attribute, target.working_directory))
+        definition = repository.get_definition()
+        if definition.has_job(job_name):
+            return LocationJob(definition.get_job(job_name), repository, RemoteJobOrigin(
+                repository_origin=RemoteRepositoryOrigin(code_location_origin=origin, repository_name=definition.name),
+                job_name=job_name))
+    return None
+
+
+def _attribute(target) -> str:
+    found = (loadable_targets_from_python_file(target.python_file, target.working_directory) if target.python_file
+             else loadable_targets_from_python_module(target.module_name, target.working_directory))
+    return found[0].attribute
+
+
+def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str],
+             location: LocationJob | None = None) -> str:
+    """Create a run of ``job_def`` (of the code location's job, with its origins, when
+    ``location`` is given) and execute it in this process with the job's executor; its id."""
+    if location is not None:
+        job_def = location.job_def
     plan = create_execution_plan(job_def, run_config, tags=tags)
+    origins = {} if location is None else {
+        "remote_job_origin": location.remote_origin,
+        "job_code_origin": location.repository.get_reconstructable_job(job_def.name).get_python_origin()}
     run = instance.create_run_for_job(job_def=job_def, execution_plan=plan, run_config=run_config,
-                                      tags={**job_def.run_tags, **tags})
+                                      tags={**job_def.run_tags, **tags}, **origins)
     execute_run(InMemoryJob(job_def), run, instance)
     return run.run_id

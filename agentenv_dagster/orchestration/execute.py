@@ -19,7 +19,8 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
 from ..plan import TaskPlan
-from .dagster_internals import run_here
+from .dagster_internals import LocationJob, run_here
+from .dagster_internals import location_job as dagster_location_job
 from .definitions import build_job
 from .task_job import run_config
 from .executors import job_executor
@@ -29,7 +30,7 @@ from .resources import RESOURCE_KEY, agentenv_resources
 from .retries import retry_in_process
 from .reaper import reap_dead_runs
 from .rows import VARIANT_TAG, range_tags
-from .translator import TaskTranslator
+from .translator import TAG_CONTENT_HASH, TaskTranslator
 
 PARTITION_TAG = "dagster/partition"  # Dagster's tag of a run of one partition
 
@@ -112,7 +113,9 @@ def execute_plan(
     (``partition_keys``, as a single-run backfill does: each row goes through the steps as soon
     as its own steps before are done, ``rows_in_flight`` at once in each step and at most
     ``max_sandboxes`` rows holding their deployments), in this process, with the job's
-    executor (``executors.job_executor``)."""
+    executor (``executors.job_executor``). A task the project's code location has as it is
+    runs as a run of the location's job (``location_job``): the UI lists it under that job
+    and can re-execute it; any other (a file elsewhere, ``-D`` overrides) as a job of its own."""
     io_manager = context_io_manager(config)  # the state folder, or S3 ([stores] backend)
     job_name = TaskTranslator().get_job_name(plan)
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
@@ -120,15 +123,26 @@ def execute_plan(
     seed = tempfile.TemporaryFile("w+")  # no name on disk: it ends with this process, however that ends
     json.dump(initial_context or {}, seed)
     seed.flush()
-    resources = agentenv_resources(config, initial_context_path=f"/proc/self/fd/{seed.fileno()}",
-                                   rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes)
-    job_def = build_job(plan, executor_def=job_executor(config, plan), config=config,
-                        resources={**resources, IO_MANAGER_KEY: io_manager})  # a retry re-executes it here too
+    # This process's descriptor, by its pid: a run re-executed from the UI (another process)
+    # reads it while this process lives, and gets a clear error after (not another file).
+    seed_path = f"/proc/{os.getpid()}/fd/{seed.fileno()}" if initial_context else None
+    overrides = {k: v for k, v in (("initial_context_path", seed_path),
+                                   ("rows_in_flight", rows_in_flight), ("max_sandboxes", max_sandboxes)) if v}
+    resources = agentenv_resources(config, **overrides)
+    location = location_job(config, plan)
+    if location is not None:  # its resources as the location binds them; this run's settings as run config
+        job_def = location.job_def
+    else:
+        job_def = build_job(plan, executor_def=job_executor(config, plan), config=config,
+                            resources={**resources, IO_MANAGER_KEY: io_manager})  # a retry re-executes it here too
     run_config, run_tags = _launch(plan, partition_key, partition_keys)
+    if location is not None:
+        run_config = {**run_config, "resources": {RESOURCE_KEY: {"config": {
+            "project_dir": str(config.root), **overrides}}}}  # run config replaces a resource's whole config
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
             reap_dead_runs(active, config)  # what runs killed earlier left behind
-            run_id = run_here(job_def, active, run_config, {**(tags or {}), **run_tags})
+            run_id = run_here(job_def, active, run_config, {**(tags or {}), **run_tags}, location)
             run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
             success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
     finally:
@@ -148,6 +162,21 @@ def execute_plan(
         success=success, run_id=run_ids[-1], job_name=job_name, dagster_home=str(home),
         context_path=context_path, context=context, contexts=contexts, retried_runs=run_ids[:-1],
     )
+
+
+WORKSPACE_FILE = "workspace.yaml"
+
+
+def location_job(config: AgentEnvConfig, plan: TaskPlan) -> LocationJob | None:
+    """The job the project's code location (its ``workspace.yaml``) has for this task, when
+    it has it as ``plan`` is (same content); else None."""
+    workspace = config.root / WORKSPACE_FILE
+    if not workspace.is_file():
+        return None
+    found = dagster_location_job(str(workspace), TaskTranslator().get_job_name(plan))
+    if found is None or found.job_def.tags.get(TAG_CONTENT_HASH) != plan.document.content_hash:
+        return None
+    return found
 
 
 def _launch(plan: TaskPlan, partition_key: str | None,

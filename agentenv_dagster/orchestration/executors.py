@@ -23,8 +23,9 @@ from .streams import request_stop, running_side_by_side
 
 @dg.executor(
     name="agentenv",
-    config_schema={"retries": dg.Field(dict, is_required=False, default_value={"enabled": {}},
-                                       description="Dagster's retries config ({enabled: {}} or {disabled: {}})")},
+    config_schema={"retries": dg.Field(dg.Selector({"enabled": {}, "disabled": {}}), is_required=False,
+                                       default_value={"enabled": {}},
+                                       description="Dagster's retries of failed steps: enabled or disabled")},
 )
 def agentenv_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
     """Every step of a run in a thread of the run's process, side by side: a step starts as

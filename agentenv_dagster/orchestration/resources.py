@@ -113,7 +113,11 @@ class AgentEnvResource(dg.ConfigurableResource):
     def initial_context(self, run_id: str, task_id: str, row: str = "", seed: dict | None = None) -> TaskStepContext:
         """A root op's context: the saved one of ``task run --context``, or a fresh one; a
         dataset row's carries its values as the seed every step is filled from."""
-        data = json.loads(Path(self.initial_context_path).read_text()) if self.initial_context_path else {}
+        try:
+            data = json.loads(Path(self.initial_context_path).read_text()) if self.initial_context_path else {}
+        except (FileNotFoundError, ProcessLookupError):  # it lives as long as the process that ran ``--context`` (it may hold secrets)
+            raise dg.Failure("the initial context (agentenv-dagster run --context) ended with the run that "
+                             "passed it; launch again without initial_context_path, or from the CLI") from None
         ctx = TaskStepContext.from_dict(data)
         ctx.instance_id = ctx.instance_id or "-".join(filter(None, (task_id, run_id[:8], row.replace("|", "-"))))
         ctx.metadata.setdefault("run_group_id", run_id)

@@ -40,6 +40,10 @@ SUITES_SENSOR_TICKS = """{ sensorOrError(sensorSelector: {repositoryLocationName
 SUITE_QUERY = """{ assetNodeOrError(assetKey: {path: ["suites", "triage_tickets"]}) { ... on AssetNode {
   assetMaterializations(limit: 1) { runId metadataEntries { label ... on IntMetadataEntry { intValue } } }
 } } }"""
+REEXECUTE = """mutation ($parent: String!) { launchPipelineReexecution(reexecutionParams:
+  {parentRunId: $parent, strategy: ALL_STEPS}) { __typename ... on LaunchRunSuccess { run { runId } } } }"""
+RUN_ORIGIN_QUERY = """query ($id: ID!) { runOrError(runId: $id) { ... on Run { jobName
+  repositoryOrigin { repositoryLocationName } } } }"""
 PARTITIONS_QUERY = """query ($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
   partitionKeysByDimension { name partitionKeys }
   assetPartitionStatuses { ... on DefaultPartitionStatuses { materializedPartitions failedPartitions } }
@@ -97,6 +101,24 @@ def look_at_the_ui(tmp_path, base: str) -> None:
         chromium(tmp_path / f"profile-{name}-shot", base + path, "--virtual-time-budget=20000",
                  f"--screenshot={shot}", "--window-size=1400,1000", "--hide-scrollbars", timeout=120)
         assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+
+
+def re_execute_a_cli_run(client: DagsterGraphQLClient, project, env: dict) -> None:
+    """A run the CLI made of a task the code location has is a run of the location's job: the
+    UI lists it under the job and re-executes it (Re-execute all)."""
+    done = subprocess.run([sys.executable, "-m", "agentenv_dagster.cli", "run", "tasks/reply_to_dana.json"],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (parent,) = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("run ")]
+    run = client._execute(RUN_ORIGIN_QUERY, {"id": parent})["runOrError"]
+    assert run == {"jobName": "reply_to_dana", "repositoryOrigin": {"repositoryLocationName": "agentenv_tasks"}}
+    launched = client._execute(REEXECUTE, {"parent": parent})["launchPipelineReexecution"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    child = launched["run"]["runId"]
+    status = wait_until(
+        lambda: (s := client.get_run_status(child)).value in ("SUCCESS", "FAILURE", "CANCELED") and s,
+        240, "the re-executed run")
+    assert status.value == "SUCCESS"
 
 
 def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -> None:
@@ -174,6 +196,7 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
         assert ["artifacts", "inbox"] in [d["path"] for d in collected["dependencyKeys"]]
         assert collected["assetMaterializations"]
         launch_a_row_and_see_the_partitions(client, project)
+        re_execute_a_cli_run(client, project, env)
         if CHROMIUM:
             look_at_the_ui(tmp_path, f"http://127.0.0.1:{port}")
     finally:

@@ -18,14 +18,14 @@ from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.resources import RESOURCE_KEY, AgentEnvResource
 from agentenv_dagster.orchestration.review_tags import REVIEW_TAGS_SENSOR
 from agentenv_dagster.orchestration.sensors import (
-    CANCELED_RUNS_SENSOR, FAILED_RUNS_SENSOR, RETRY_SENSOR, TAG_TORN_DOWN, TASK_FILES_SENSOR, end_run_deployments,
+    CANCELED_RUNS_SENSOR, FAILED_RUNS_SENSOR, REAPER_SENSOR, RETRY_SENSOR, TAG_TORN_DOWN, TASK_FILES_SENSOR, end_run_deployments,
     teardown_sensors,
 )
 from agentenv_dagster.runtime.local import Ledger, LocalProvider
 from agentenv_dagster.runtime.processes import is_running
 from projects import REPO, leaked_servers, make_project
 
-FAILED, CANCELED = teardown_sensors()
+FAILED, CANCELED = teardown_sensors()[:2]
 
 
 def resources(project) -> dict:
@@ -60,6 +60,7 @@ def test_the_teardown_sensors_run_by_default_and_the_file_sensor_does_not(projec
     assert status == {
         FAILED_RUNS_SENSOR: dg.DefaultSensorStatus.RUNNING,
         CANCELED_RUNS_SENSOR: dg.DefaultSensorStatus.RUNNING,
+        REAPER_SENSOR: dg.DefaultSensorStatus.RUNNING,  # runs whose process died: their deployments ended
         RETRY_SENSOR: dg.DefaultSensorStatus.RUNNING,  # retry_config spans re-executed in child runs
         TASK_FILES_SENSOR: dg.DefaultSensorStatus.STOPPED,
         REVIEW_TAGS_SENSOR: dg.DefaultSensorStatus.RUNNING,  # a review decided by a run tag
