@@ -279,7 +279,19 @@ class DagsterConfig(_Section):
 
 
 class TaskStepsConfig(_Section):
+    """Custom step types, beside the built-in ones."""
+
+    # ``module.path:ClassName`` of each custom step type (a ``TaskStep`` subclass with its own
+    # ``type_name``), importable from the project root.
     impls: list[str] = Field(default_factory=list)
+
+
+class CriteriaConfig(_Section):
+    """Custom Coder Eval criterion types, beside the built-in ones."""
+
+    # Modules to import before tasks are read, each registering its criteria with
+    # ``@criterion("<type>")``; importable from the project root.
+    modules: list[str] = Field(default_factory=list)
 
 
 CRON_ALIASES = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight")
@@ -334,6 +346,7 @@ class AgentEnvConfig(_Section):
     envs: EnvsConfig = Field(default_factory=EnvsConfig)
     stores: StoresConfig = Field(default_factory=StoresConfig)
     task_steps: TaskStepsConfig = Field(default_factory=TaskStepsConfig)
+    criteria: CriteriaConfig = Field(default_factory=CriteriaConfig)
     dagster: DagsterConfig = Field(default_factory=DagsterConfig)
     # task id -> its cron schedule (a Dagster schedule of the task's job)
     schedules: dict[str, Annotated[ScheduleEntry, BeforeValidator(_cron_string_to_entry)]] = Field(default_factory=dict)
