@@ -226,6 +226,17 @@ class Criterion(BaseModel):
             return self.result(0.0, details="Check failed", error=f"{type(exc).__name__}: {exc}")
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:
+        """Grade the run from what ``ctx`` holds (the sandbox folder, the agent's tool calls
+        and final text, the row); return ``self.result(score, details=...)``. A fault raised
+        here scores 0.0 with the error recorded; raise ``CheckerMisuseError`` for a task
+        definition that cannot be checked.
+
+        ```python
+        async def check(self, ctx):
+            found = (ctx.sandbox_dir / self.path).is_file()
+            return self.result(1.0 if found else 0.0, details=f"{self.path} {'exists' if found else 'is missing'}")
+        ```
+        """
         raise NotImplementedError(f"criterion type '{self.type}' does not implement check()")
 
     def result(self, score: float | None, details: str = "", error: str | None = None, **extra: Any) -> CriterionResult:

@@ -55,7 +55,28 @@ class RetryConfig(BaseModel):
 
 
 class TaskStep(BaseModel):
-    """Base of every step type. Unknown fields are refused, so a typo fails at compile time."""
+    """Base of every step type. Unknown fields are refused, so a typo fails at compile time.
+
+    A step type declares its fields, its ``type_name``, the context names it reads and writes
+    (field -> kind: ``ENV``, ``AGENT``, ``SANDBOX``, ``PROMPT``, ``VERIFICATION``,
+    ``PRODUCER``, ``ARTIFACT``) and ``execute``:
+
+    ```python
+    class ReplyLengthVerifier(TaskStep):
+        type_name = "reply_length_verifier"
+        reads = {"prompt_id": PROMPT}           # an ancestor must produce this prompt
+        writes = {"verifier_id": VERIFICATION}  # the asset verifications/<job>/<verifier_id>
+
+        prompt_id: str
+        verifier_id: str
+        max_words: int = 120
+
+        async def execute(self, ctx, rt):
+            words = len(ctx.find_prompt_response(self.prompt_id).response.split())
+            score = float(words <= self.max_words)
+            ctx.metadata_map("verifications")[self.verifier_id] = {"score": score, "graded": True, "results": []}
+    ```
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
@@ -80,6 +101,17 @@ class TaskStep(BaseModel):
         agent host, say). Best effort: what fails here is the first row's to report."""
 
     async def execute(self, ctx: "TaskStepContext", rt: "StepRuntime") -> None:
+        """Run the step for one row: read what ancestors wrote from ``ctx`` (the merged
+        context of this row's ancestors), act through ``rt`` (providers, artifacts, judges,
+        HTTP clients, the run's log) and record the outcome in ``ctx``. Raising fails the
+        step (the row stops when ``fail_task_on_error`` is true).
+
+        ```python
+        async def execute(self, ctx, rt):
+            env = ctx.find_env(self.env_id)
+            rt.log.info("resetting %s", env.mcp_url)
+        ```
+        """
         raise NotImplementedError(f"step type {self.type!r} does not implement execute()")
 
     # -- declarations ----------------------------------------------------------------------
