@@ -38,6 +38,7 @@ class RetryConfig(BaseModel):
 
     # ``go_to_step_id`` is accepted on input only; the stored form says ``retry_from_step_id``.
     retry_from_step_id: str = Field(validation_alias=AliasChoices("retry_from_step_id", "go_to_step_id"))
+    # retries at most
     max_retries: int = 1
 
     @model_validator(mode="before")
@@ -84,11 +85,17 @@ class TaskStep(BaseModel):
     reads: ClassVar[dict[str, str]] = {}
     writes: ClassVar[dict[str, str]] = {}
 
+    # the step's id: unique in the task, its node name and what `depends_on` names
     id: str
+    # the step type (the headings below)
     type: str
+    # the step's version, kept in the stored form
     version: int | None = None
+    # `true`: a failure stops the row and fails the run; `false`: it is recorded and the row goes on
     fail_task_on_error: bool = True
+    # the steps this one runs after (see above)
     depends_on: list[Any] | None = None
+    # retry this step's failure from itself or from an ancestor
     retry_config: RetryConfig | None = None
 
     @field_validator("depends_on", mode="before")
