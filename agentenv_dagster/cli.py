@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import click
 from pydantic import ValidationError
 
-from .compiler import CompileReport, compile_paths, discover, load_plan, step_registry
+from .compiler import CompileReport, compile_paths, discover, load_extensions, load_plan, step_registry
 from .config import AgentEnvConfig, ConfigError, load_config
 from .context import TaskStepContext
 from .errors import SpecError, TaskLoadError
@@ -273,8 +273,11 @@ def _execute(plan: TaskPlan, config: AgentEnvConfig, output_dir: Path | None, in
 
 
 def _config() -> AgentEnvConfig:
+    """The project's config, its custom criteria registered (tasks are read after this)."""
     try:
-        return load_config()
+        config = load_config()
+        load_extensions(config)
+        return config
     except ConfigError as exc:
         _bad_input(str(exc))
 

@@ -6,12 +6,13 @@ a problem is fatal (strict: ``validate``, CI) or skipped and reported (the code 
 
 from __future__ import annotations
 
+import importlib
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-from .config import AgentEnvConfig
+from .config import AgentEnvConfig, ConfigError
 from .errors import SpecError, TaskLoadError
 from .naming import job_name, node_name
 from .plan import TaskPlan
@@ -30,10 +31,22 @@ class SkippedTask(Exception):
 
 def step_registry(config: AgentEnvConfig) -> StepRegistry:
     """Built-in steps plus ``[task_steps] impls``, importable from the project root (as a
-    Dagster code location's working directory is)."""
-    if config.task_steps.impls and str(config.root) not in sys.path:
-        sys.path.append(str(config.root))
+    Dagster code location's working directory is). The project's custom criteria are
+    registered on the way (:func:`load_extensions`), since steps parse criteria."""
+    load_extensions(config)
     return BUILTIN_STEPS.with_impls(config.task_steps.impls)
+
+
+def load_extensions(config: AgentEnvConfig) -> None:
+    """Make the project root importable and import ``[criteria] modules``, whose
+    ``@criterion`` classes register themselves. Importing again is a no-op."""
+    if (config.task_steps.impls or config.criteria.modules) and str(config.root) not in sys.path:
+        sys.path.append(str(config.root))
+    for module in config.criteria.modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"[criteria] modules entry {module!r} cannot be imported: {exc}") from exc
 
 
 def load_document(

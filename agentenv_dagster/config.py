@@ -44,10 +44,17 @@ class ProviderConfig(_Section):
     schema: a forced tool call, or a JSON-schema response format for servers whose models
     cannot be forced to call a tool."""
 
+    # how the provider is spoken to: the Messages API, or Chat Completions
     protocol: Literal["anthropic", "openai"] = "openai"
+    # the API endpoint (`env:NAME` reads a variable); unset: the provider's default
     base_url: str | None = None
+    # the key, as a reference (`env:NAME`), read when a model is called
     api_key: str | None = None
+    # how a judge is made to answer in its schema: a forced tool call, or a JSON-schema response
+    # format
     verdict: Literal["tool", "json_schema"] = "tool"
+    # the request field that caps a reply's tokens (OpenAI's newer models want
+    # `max_completion_tokens`)
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
 
     def resolved_base_url(self) -> str | None:
@@ -120,11 +127,20 @@ class ModelConfig(_Section):
     ``openai-compatible/llama3``); a bare name is an Anthropic model. ``base_url`` and
     ``api_key`` here are the ``anthropic`` provider's."""
 
+    # the Anthropic API endpoint (any Messages-API compatible server); unset: `ANTHROPIC_BASE_URL`
+    # or Anthropic's
     base_url: str | None = None
+    # the Anthropic key, as a reference; with none, rubrics are recorded as not graded
     api_key: str | None = "env:ANTHROPIC_API_KEY"
+    # the model of every role that `roles` does not name (`provider/model`, or a bare Anthropic
+    # name)
     default: str = DEFAULT_JUDGE_MODEL
+    # reserved for request parameters of every model call; no model call reads it yet
     params: dict[str, Any] = Field(default_factory=dict)
+    # a model per role: `judge` (rubrics, LLM judges) and `agent` (the tool-use agent)
     roles: dict[str, str] = Field(default_factory=dict)
+    # providers by name: the built-in `anthropic`, `openai`, `openai-compatible` with fields
+    # changed, or new ones
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     # USD per million tokens, {"<model>": {"input": 3.0, "output": 15.0}}: what turns usage
     # into cost (run_limits.max_usd). No price, no cost: the cap is skipped, as upstream. A
@@ -192,8 +208,11 @@ class ModelConfig(_Section):
 class EnvEntry(_Section):
     """A registered env: a built-in kind served locally, or a live endpoint (``mcp_url``)."""
 
+    # a built-in env kind served locally (`email`, `item-store`)
     kind: str | None = None
+    # the env version a deploy asks for
     version: str = "1"
+    # a live env's MCP endpoint, instead of a local kind
     mcp_url: str | None = None
 
 
@@ -204,16 +223,23 @@ class AgentEntry(_Section):
     """A registered agent. ``claude-code`` and ``codex`` are the real coding agents (their
     CLIs in the sandbox folder); the permission/tool fields are theirs (Coder Eval ``agent:``)."""
 
+    # `replay` (scripted, offline), `anthropic` (a tool-use loop on a model), or a real coding CLI
     kind: Literal["replay", "anthropic", "claude-code", "codex"]
     script: str | None = None          # replay: a JSON file of episodes (relative to the config root)
     episodes: list[dict[str, Any]] | None = None  # replay: inline episodes
+    # replay: how long each answer waits (to simulate a slow agent)
     delay_seconds: float = 0.0
+    # the model (`provider/model`); unset: `[model]`'s for the `agent` role
     model: str | None = None
     max_turns: int = 20                # claude-code/codex: only when set (else the CLI's own default)
+    # the agent card's description
     description: str | None = None
     path_prepend: list[str] = Field(default_factory=list)  # workspace folders put first on the agent's PATH
+    # claude-code: the permission mode of its tool calls
     permission_mode: Literal["default", "acceptEdits", "plan", "bypassPermissions"] = "acceptEdits"
+    # claude-code/codex: the only tools the agent may use
     allowed_tools: list[str] | None = None
+    # claude-code/codex: tools the agent may not use
     disallowed_tools: list[str] | None = None
     sdk_options: dict[str, Any] = Field(default_factory=dict)  # claude-code: more ClaudeAgentOptions fields
     system_prompt_mode: Literal["append", "replace"] = "append"  # claude-code: on the claude_code preset, or instead
@@ -224,12 +250,16 @@ class AgentEntry(_Section):
 
 
 class AgentsConfig(_Section):
+    # the agent a `deploy_agent` step without `a2a_agent_id` deploys
     default_a2a_agent_id: str = "a2a-default"
+    # the judge agent of a rubric that names none (`judge_a2a_agent_id` of `rubrics_verifier`)
     judge_a2a_agent_id: str = "a2a-default"
+    # agents by id (`[agents.registry.<id>]`): what `a2a_agent_id` and Coder Eval agents resolve to
     registry: dict[str, AgentEntry] = Field(default_factory=dict)
 
 
 class EnvsConfig(_Section):
+    # envs by id (`[envs.registry.<id>]`): what `deploy_env`'s `env_id` resolves to
     registry: dict[str, EnvEntry] = Field(default_factory=dict)
 
 
@@ -239,12 +269,20 @@ class StoresConfig(_Section):
     a distributed deployment reaches. ``bucket``, ``prefix`` and ``endpoint_url`` (moto,
     MinIO) may be ``env:NAME`` references; credentials come from boto3's usual chain."""
 
+    # runs' ledgers and streams, artifact versions, objects and stored task versions (relative to
+    # the project root)
     state_dir: str = ".agentenv/state"
+    # read-only folders of bundled artifacts (version 1 of each), searched in order
     artifact_dirs: list[str] = Field(default_factory=lambda: ["artifacts"])
+    # where artifacts, objects and the contexts between ops live: the state folder, or S3
     backend: Literal["filesystem", "s3"] = "filesystem"
+    # s3: the bucket (a reference like `env:AGENTENV_S3_BUCKET` is fine)
     bucket: str | None = None
+    # s3: the key prefix of everything this project writes
     prefix: str = "agentenv"
+    # s3: a non-AWS endpoint (moto, MinIO)
     endpoint_url: str | None = None
+    # s3: the bucket's region; unset: boto3's default
     region: str | None = None
     # run folders (sandboxes, contexts, server logs) older than this many days are removed
     # when a later run or the code location starts; 0 keeps them all
@@ -263,7 +301,9 @@ EXECUTORS = ("agentenv", "in_process", "multiprocess", "celery", "k8s")
 class CeleryConfig(_Section):
     """The Celery executor's broker and result backend (``env:NAME?default`` references)."""
 
+    # the Celery broker URL (Redis)
     broker: str = "env:AGENTENV_CELERY_BROKER?redis://127.0.0.1:6379/0"
+    # the Celery result backend URL
     backend: str = "env:AGENTENV_CELERY_BACKEND?redis://127.0.0.1:6379/1"
     include: list[str] = Field(default_factory=list)  # modules every worker imports
 
@@ -276,7 +316,10 @@ class DagsterConfig(_Section):
     (``dagster_k8s.k8s_job_executor``: a Kubernetes Job per step, ``[dagster.k8s]`` is its
     config). The ``AGENTENV_DAGSTER_EXECUTOR`` environment variable overrides ``executor``."""
 
+    # the executor of every job; unset: `agentenv`, or `in_process` for a chain-shaped task without
+    # rows
     executor: Literal["agentenv", "in_process", "multiprocess", "celery", "k8s"] | None = None
+    # the Celery executor's settings (`[dagster.celery]`)
     celery: CeleryConfig = Field(default_factory=CeleryConfig)
     k8s: dict[str, Any] = Field(default_factory=dict)  # job_namespace, job_image, env_secrets, ...
 
@@ -288,7 +331,19 @@ class DagsterConfig(_Section):
 
 
 class TaskStepsConfig(_Section):
+    """Custom step types, beside the built-in ones."""
+
+    # ``module.path:ClassName`` of each custom step type (a ``TaskStep`` subclass with its own
+    # ``type_name``), importable from the project root.
     impls: list[str] = Field(default_factory=list)
+
+
+class CriteriaConfig(_Section):
+    """Custom Coder Eval criterion types, beside the built-in ones."""
+
+    # Modules to import before tasks are read, each registering its criteria with
+    # ``@criterion("<type>")``; importable from the project root.
+    modules: list[str] = Field(default_factory=list)
 
 
 CRON_ALIASES = ("@hourly", "@daily", "@weekly", "@monthly", "@yearly", "@annually", "@midnight")
@@ -299,8 +354,11 @@ class ScheduleEntry(_Section):
     """A task's cron schedule (``[schedules]``): ``task_id = "0 6 * * *"``, or a table
     ``{cron, timezone, default_status}``. Schedules start stopped unless said otherwise."""
 
+    # five cron fields (`0 6 * * 1-5`) or an alias (`@daily`)
     cron: str
+    # the timezone the cron is read in
     timezone: str = "UTC"
+    # whether the schedule starts running when the code location loads
     default_status: Literal["running", "stopped"] = "stopped"
 
     @field_validator("cron")
@@ -337,12 +395,21 @@ class ConversationsConfig(_Section):
 
 
 class AgentEnvConfig(_Section):
+    # models for judges, the tool-use agent and simulated users (`[model]`)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    # where a conversation's user is (`[conversations]`)
     conversations: ConversationsConfig = Field(default_factory=ConversationsConfig)
+    # the agent registry and defaults (`[agents]`)
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
+    # the env registry (`[envs]`)
     envs: EnvsConfig = Field(default_factory=EnvsConfig)
+    # where runs keep their state, artifacts and contexts (`[stores]`)
     stores: StoresConfig = Field(default_factory=StoresConfig)
+    # custom step types (`[task_steps]`)
     task_steps: TaskStepsConfig = Field(default_factory=TaskStepsConfig)
+    # custom Coder Eval criteria (`[criteria]`)
+    criteria: CriteriaConfig = Field(default_factory=CriteriaConfig)
+    # how jobs execute (`[dagster]`)
     dagster: DagsterConfig = Field(default_factory=DagsterConfig)
     # task id -> its cron schedule (a Dagster schedule of the task's job)
     schedules: dict[str, Annotated[ScheduleEntry, BeforeValidator(_cron_string_to_entry)]] = Field(default_factory=dict)

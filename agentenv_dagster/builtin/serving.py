@@ -109,8 +109,8 @@ async def _serve(app, args: argparse.Namespace, on_ready) -> None:
     if on_ready is not None:
         on_ready(url)
     # SIGTERM is a run's teardown, which waits for the server to end: end now (``_end``), not
-    # after uvicorn's graceful shutdown, which ticks in 0.1 s steps (~0.15-0.2 s a server, on
-    # every run's teardown) and lets requests the torn-down run no longer waits on finish.
+    # after uvicorn's graceful shutdown, which polls in steps (a delay on every run's teardown,
+    # for every server) and lets requests the torn-down run no longer waits on finish.
     loop = asyncio.get_running_loop()
     spared = {asyncio.current_task(), serving}
     loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(_end(spared)))

@@ -145,7 +145,9 @@ class StopEarly(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # `stop`: end the run as soon as the armed criteria are sure to pass
     on_pass: Literal["continue", "stop"] = "continue"
+    # still undecided after this many tool calls: the criterion counts as failed
     decide_within: int | None = Field(default=None, ge=1)
 
 
@@ -163,10 +165,15 @@ class Criterion(BaseModel):
     # Reads or walks the sandbox synchronously: ``evaluate`` runs it on a worker thread.
     blocking: ClassVar[bool] = False
 
+    # the criterion type
     type: str
+    # what the criterion checks, as reports show it
     description: str
+    # its weight in the task's score; 0 = informational, never gates
     weight: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    # the score at which it passes
     pass_threshold: float = Field(default=0.9, ge=0, le=1)
+    # gates on the dataset's aggregate (`accuracy`, `macro_f1`, `mean`, ...)
     suite_thresholds: dict[str, float] | None = None
 
     @model_validator(mode="before")
@@ -226,6 +233,17 @@ class Criterion(BaseModel):
             return self.result(0.0, details="Check failed", error=f"{type(exc).__name__}: {exc}")
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:
+        """Grade the run from what ``ctx`` holds (the sandbox folder, the agent's tool calls
+        and final text, the row); return ``self.result(score, details=...)``. A fault raised
+        here scores 0.0 with the error recorded; raise ``CheckerMisuseError`` for a task
+        definition that cannot be checked.
+
+        ```python
+        async def check(self, ctx):
+            found = (ctx.sandbox_dir / self.path).is_file()
+            return self.result(1.0 if found else 0.0, details=f"{self.path} {'exists' if found else 'is missing'}")
+        ```
+        """
         raise NotImplementedError(f"criterion type '{self.type}' does not implement check()")
 
     def result(self, score: float | None, details: str = "", error: str | None = None, **extra: Any) -> CriterionResult:

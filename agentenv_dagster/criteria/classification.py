@@ -70,9 +70,13 @@ class ClassificationMatch(ClassificationCriterion):
 
     blocking = True
 
+    # the sandbox file holding the agent's label
     path: SandboxPath
+    # the right label (usually `${row.label}`)
     expected_label: str
+    # the labels there are; any other answer counts as a wrong label of its own
     allowed_labels: list[str] = Field(min_length=1)
+    # compare labels case-sensitively
     case_sensitive: bool = False
 
     def labels(self) -> list[str] | None:
@@ -125,8 +129,11 @@ class SkillTriggered(ClassificationCriterion):
 
     requires_agent = True
 
+    # the skill whose use is checked
     skill_name: str
+    # the skill this row expects (`""` on rows that expect none)
     expected_skill: str
+    # arm early stop on this criterion
     stop_early: StopEarly | None = None
 
     def labels(self) -> list[str] | None:

@@ -20,6 +20,7 @@ class FileCriterion(Criterion):
 
     blocking = True
 
+    # a sandbox path, or a glob naming exactly one file
     path: SandboxPath
 
     def read(self, ctx: CriterionContext) -> tuple[str, str] | None:
@@ -70,6 +71,7 @@ class FileExists(Criterion):
 
     blocking = True
 
+    # a sandbox path, or a glob that must match at least one
     path: SandboxPath
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:
@@ -84,7 +86,9 @@ class FileExists(Criterion):
 class FileContains(FileCriterion):
     """Fractional: share of ``includes`` present, of ``excludes`` absent, averaged when both."""
 
+    # strings the file must contain
     includes: list[str]
+    # strings the file must not contain
     excludes: list[str] | None = None
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:
@@ -109,8 +113,11 @@ def content_parts(text: str, includes: list[str] | None, excludes: list[str] | N
 class PatternRule(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # a regular expression
     pattern: str
+    # `false`: the pattern must not match
     must_match: bool = True
+    # Python `re` flags, as a number
     flags: int = 0
 
 
@@ -118,8 +125,11 @@ class PatternRule(BaseModel):
 class FileCheck(FileCriterion):
     """Fractional: existence, then the mean of the active include, exclude and pattern checks."""
 
+    # strings the file must contain
     includes: list[str] = []
+    # strings the file must not contain
     excludes: list[str] = []
+    # regular expressions the file must (or must not) match
     patterns: list[PatternRule] = []
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:
@@ -150,8 +160,11 @@ class FileCheck(FileCriterion):
 class FileMatchesRegex(FileCriterion):
     """Binary: ``pattern`` (with Python ``re`` flag bits) is found, or with ``must_match: false`` is not."""
 
+    # a regular expression searched in the file
     pattern: str
+    # `false`: the pattern must not match
     must_match: bool = True
+    # Python `re` flags, as a number
     flags: int = 0
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:

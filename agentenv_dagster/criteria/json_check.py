@@ -55,8 +55,11 @@ class Assertion(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # a JMESPath expression into the document
     expression: str
+    # how the value is compared
     operator: Operator = "equals"
+    # the value compared with (write `null` explicitly)
     expected: Any = None
 
     @model_validator(mode="after")
@@ -89,7 +92,9 @@ class JsonCheck(FileCriterion):
     A failing schema zeroes the criterion even when assertions would pass: values of a document
     of the wrong shape are not worth checking."""
 
+    # a JSON Schema file in the sandbox the document must conform to
     json_schema: SandboxPath | None = None
+    # JMESPath assertions on the document
     assertions: list[Assertion] = []
 
     async def check(self, ctx: CriterionContext) -> CriterionResult:

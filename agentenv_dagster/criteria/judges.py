@@ -51,16 +51,27 @@ LEGACY_AGENT_KEYS = ("model", "permission_mode", "allowed_tools", "disallowed_to
 class JudgeCriterion(Criterion):
     """What both judges are shown, and how much of it."""
 
+    # what the judge grades against
     prompt: str
+    # `false` leaves the criterion out (not graded)
     enabled: bool = True
+    # sandbox files (globs) the judge is shown
     files: list[str] = []
+    # show the judge the reference solution, when the task has one
     include_reference: bool = True
+    # show the judge the agent's final answer
     include_agent_output: bool = False
+    # show the judge the agent's tool calls
     include_tool_calls: bool = False
+    # show the judge the conversation
     include_dialog: bool = False
+    # the conversation shown at most
     max_dialog_chars: int = Field(default=80_000, gt=0)
+    # each file shown at most
     max_file_chars: int = Field(default=20_000, gt=0)
+    # keep the judge's exchange beside task.json (`judge-N.yaml`)
     capture_transcript: bool = True
+    # the transcript kept at most
     max_transcript_chars: int = Field(default=100_000, gt=0)
     pass_threshold: float = Field(default=0.7, ge=0, le=1)
 

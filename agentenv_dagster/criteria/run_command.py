@@ -30,11 +30,18 @@ def stdout_matches(mode: str, expected: str, stdout: str) -> bool:
 
 @criterion("run_command")
 class RunCommand(Criterion):
+    # a shell command run in the sandbox (in the container under docker); `$REFERENCE_DIR` and
+    # `$TASK_DIR` are set
     command: str
+    # seconds before the command is killed (a score of 0)
     timeout: float = Field(default=30, gt=0)
+    # the exit code that passes
     expected_exit_code: int = 0
+    # the output that passes, compared by `stdout_match`
     expected_stdout: str | None = None
+    # how `expected_stdout` is compared: equal (trimmed), contained, or a regular expression
     stdout_match: Literal["exact", "contains", "regex"] = "exact"
+    # the score is the number the command prints (0 to 1)
     score_from_stdout: bool = False
 
     @model_validator(mode="after")

@@ -77,12 +77,19 @@ class CommandExecuted(Criterion):
 
     requires_agent = True
 
+    # count calls of this tool only (`Bash`, `Write`, an MCP tool ...)
     tool_name: str | None = None
+    # count calls whose command (or arguments) match this regular expression
     command_pattern: str | None = None
+    # leave out calls that match this regular expression
     exclude_pattern: str | None = None
+    # matching calls needed; with `max_count` unset the score is the share of it reached
     min_count: int = Field(default=1, ge=0)
+    # matching calls allowed at most (the score is then pass/fail on the range)
     max_count: int | None = Field(default=None, ge=0)
+    # count only calls that succeeded
     require_success: bool = False
+    # arm early stop on this criterion
     stop_early: StopEarly | None = None
 
     @model_validator(mode="after")

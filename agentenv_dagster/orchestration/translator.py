@@ -1,7 +1,8 @@
 """TaskTranslator: every naming and mapping decision from a task plan to Dagster specs.
 
 Like dagster-dbt's translator, users subclass it and override a small ``get_*`` method
-instead of forking the compiler.
+instead of forking the compiler, then pass it to ``build_definitions`` or
+``build_repository``.
 """
 
 from __future__ import annotations
@@ -33,17 +34,70 @@ log = logging.getLogger("agentenv_dagster")
 
 
 class TaskTranslator:
+    """How task plans become Dagster definitions: names, tags, pools, retries, partitions,
+    asset keys, checks and code versions. Subclass it and override what you need:
+
+    ```python
+    from agentenv_dagster import build_repository
+    from agentenv_dagster.orchestration.translator import TaskTranslator
+
+    class TeamTranslator(TaskTranslator):
+        def get_job_name(self, plan):
+            return "eval_" + super().get_job_name(plan)
+
+    defs = build_repository("tasks", translator=TeamTranslator())
+    ```
+
+    A method's result must stay a valid Dagster name or spec: a task whose definitions Dagster
+    refuses becomes a ``<file>__invalid`` job that says why.
+    """
+
     def get_job_name(self, plan: TaskPlan) -> str:
+        """The task's job name: the task id with characters outside ``[A-Za-z0-9_]`` mapped to
+        ``_`` (``reply-to-dana`` → ``reply_to_dana``). Two tasks with one job name are a
+        compile error. Asset keys are made from the task id by the ``get_*_asset_key``
+        methods, so renaming jobs keeps the assets' history.
+
+        ```python
+        def get_job_name(self, plan):
+            return f"eval_{super().get_job_name(plan)}"
+        ```
+        """
         return job_name(plan.task_id)
 
     def get_graph_name(self, plan: TaskPlan) -> str:
-        """The task's op graph, the one node of its job (its steps are the graph's nodes)."""
+        """The task's op graph, the one node of its job (its steps are the graph's nodes):
+        ``reply_to_dana_steps`` for the job ``reply_to_dana``; op step keys read
+        ``reply_to_dana_steps.<step id>``.
+
+        ```python
+        def get_graph_name(self, plan):
+            return self.get_job_name(plan) + "_graph"
+        ```
+        """
         return f"{self.get_job_name(plan)}_steps"
 
     def get_node_name(self, step: TaskStep) -> str:
+        """A step's node in the graph: its id made a valid Dagster name (``ask-user`` →
+        ``ask_user``). Node names must stay unique within a task.
+
+        ```python
+        def get_node_name(self, step):
+            return f"{step.type}__{super().get_node_name(step)}"
+        ```
+        """
         return node_name(step.id)
 
     def get_job_tags(self, plan: TaskPlan) -> dict[str, str]:
+        """Tags every run of the task's job carries: task id, version, content hash, format and
+        (for a stored task with a seed) its seed. Keep these keys when overriding: sensors,
+        retries and re-execution read them.
+
+        ```python
+        def get_job_tags(self, plan):
+            return {**super().get_job_tags(plan), "team": "support"}
+        ```
+        """
         return {
             TAG_TASK_ID: plan.task_id,
             TAG_TASK_VERSION: str(plan.document.version or "unversioned"),
@@ -53,14 +107,41 @@ class TaskTranslator:
         }
 
     def get_job_description(self, plan: TaskPlan) -> str:
+        """The job's description in the UI, e.g. ``agent-env task `reply_to_dana` from
+        `tasks/reply_to_dana.json` (7 steps)``.
+
+        ```python
+        def get_job_description(self, plan):
+            return super().get_job_description(plan) + " Owner: support."
+        ```
+        """
         return f"{plan.document.format} task `{plan.task_id}` from `{plan.document.source}` ({len(plan.steps)} steps)"
 
     def get_op_tags(self, step: TaskStep) -> dict[str, str]:
+        """Tags of a step's node (``agentenv/step_type``). Executors read node tags, so this is
+        where per-step settings such as Kubernetes resources go:
+
+        ```python
+        def get_op_tags(self, step):
+            tags = super().get_op_tags(step)
+            if step.type == "prompt_agent":
+                tags["dagster-k8s/config"] = '{"container_config": {"resources": {"limits": {"memory": "4Gi"}}}}'
+            return tags
+        ```
+        """
         return {TAG_STEP_TYPE: step.type}
 
     def get_pool(self, plan: TaskPlan, step: TaskStep) -> str | None:
         """The Dagster pool of a step that talks to an agent: one per agent id (and model),
-        so a rate limit set on it (``dagster instance concurrency set``) holds across runs."""
+        so a rate limit set on it (``dagster instance concurrency set``) holds across runs.
+        ``agentenv_agent_claude_code`` for a ``prompt_agent`` of the agent ``claude-code``;
+        None (no pool) for other steps.
+
+        ```python
+        def get_pool(self, plan, step):
+            return "llm_calls" if step.type in ("prompt_agent", "rubrics_verifier") else None
+        ```
+        """
         agents = [n.name for n in step.names_read() if n.kind == AGENT]
         if step.type != "prompt_agent" or not agents:
             return None
@@ -75,7 +156,16 @@ class TaskTranslator:
 
     def get_retry_policy(self, step: TaskStep) -> dg.RetryPolicy | None:
         """``retry_config`` naming the step itself retries the op in place; one naming an
-        ancestor is a re-execution of the span in a child run (``retries.py``)."""
+        ancestor is a re-execution of the span in a child run (``retries.py``), so it has no
+        policy here.
+
+        ```python
+        def get_retry_policy(self, step):
+            if step.type == "prompt_agent":  # every prompt: twice more, 10 s apart
+                return dg.RetryPolicy(max_retries=2, delay=10)
+            return super().get_retry_policy(step)
+        ```
+        """
         config = step.retry_config
         if config and config.retry_from_step_id == step.id and config.max_retries > 0:
             return dg.RetryPolicy(max_retries=config.max_retries)
@@ -83,7 +173,16 @@ class TaskTranslator:
 
     def get_partitions_def(self, plan: TaskPlan) -> dg.PartitionsDefinition | None:
         """A dataset task's rows as static partitions (a row id is a partition key); a task
-        under an experiment, its variants x rows (``<row>|<variant>``), or its variants alone."""
+        under an experiment, its variants x rows (``<row>|<variant>``), or its variants alone;
+        None for a task without rows. Partition keys are what row-level launches, backfills
+        and the suite read, so an override should keep the row ids as keys.
+
+        ```python
+        def get_partitions_def(self, plan):
+            partitions = super().get_partitions_def(plan)
+            return None if plan.task_id.startswith("smoke-") else partitions
+        ```
+        """
         document = plan.document
         if document.variant_steps is not None:
             variants = dg.StaticPartitionsDefinition(list(document.variant_steps))
@@ -95,26 +194,68 @@ class TaskTranslator:
         return dg.StaticPartitionsDefinition(list(rows)) if rows else None
 
     def get_group_name(self, plan: TaskPlan) -> str:
+        """The asset group of the task's assets in the UI: its job name.
+
+        ```python
+        def get_group_name(self, plan):
+            return "evals"  # every task's assets in one group
+        ```
+        """
         return job_name(plan.task_id)
 
     # -- assets ----------------------------------------------------------------------------
     def get_verification_asset_key(self, task_id: str, verifier_id: str) -> dg.AssetKey:
+        """A verification's asset: ``verifications/<job>/<verifier_id>``.
+
+        ```python
+        def get_verification_asset_key(self, task_id, verifier_id):
+            return super().get_verification_asset_key(task_id, verifier_id).with_prefix("evals")
+        ```
+        """
         return dg.AssetKey(["verifications", job_name(task_id), verifier_id])
 
     def get_collection_asset_key(self, task_id: str, step_id: str) -> dg.AssetKey:
+        """What a ``collect_artifacts`` step gathers: ``artifacts/<job>/<step id>``.
+
+        ```python
+        def get_collection_asset_key(self, task_id, step_id):
+            return dg.AssetKey(["outputs", job_name(task_id), step_id])
+        ```
+        """
         return dg.AssetKey(["artifacts", job_name(task_id), step_id])
 
     def get_suite_asset_key(self, task_id: str) -> dg.AssetKey:
+        """A dataset task's rolled-up rows: ``suites/<job>``.
+
+        ```python
+        def get_suite_asset_key(self, task_id):
+            return super().get_suite_asset_key(task_id).with_prefix("evals")
+        ```
+        """
         return dg.AssetKey(["suites", job_name(task_id)])
 
     def get_loaded_artifact_asset_key(self, artifact_id: str) -> dg.AssetKey:
-        """A stored artifact: what steps load, and what a step writing it by name materializes."""
+        """A stored artifact: what steps load, and what a step writing it by name materializes:
+        ``artifacts/<artifact_id>``, shared by every task that names it.
+
+        ```python
+        def get_loaded_artifact_asset_key(self, artifact_id):
+            return dg.AssetKey(["datasets", artifact_id])
+        ```
+        """
         return dg.AssetKey(["artifacts", artifact_id])
 
     def produced_asset_keys(self, task_id: str, step: TaskStep) -> list[tuple[str, str, dg.AssetKey]]:
         """(kind, name, key) of the assets a step materializes, from its declared writes. A
         stored artifact the step names (a snapshot's universe) is that artifact's own asset,
-        the one ``load_artifact`` reads, in place of a task-scoped one."""
+        the one ``load_artifact`` reads, in place of a task-scoped one. It calls the
+        ``get_*_asset_key`` methods; override those rather than this.
+
+        ```python
+        translator.produced_asset_keys("reply-to-dana", plan.step_by_id["sent"])
+        # [("verification", "sent", AssetKey(["verifications", "reply_to_dana", "sent"]))]
+        ```
+        """
         written = list(step.names_written())
         named = any(n.kind == ARTIFACT for n in written)
         keys = []
@@ -130,7 +271,13 @@ class TaskTranslator:
     def get_step_assets_tag(self, plan: TaskPlan, step: TaskStep) -> str:
         """The asset keys a step's op reports, and the checks of its verifications, carried as
         a node tag so a run uses the translator that built the job (ops are shared; the node
-        knows its step)."""
+        knows its step). Derived from ``produced_asset_keys``; not meant to be overridden.
+
+        ```python
+        json.loads(translator.get_step_assets_tag(plan, plan.step_by_id["sent"]))["checks"]
+        # ["passed"]
+        ```
+        """
         produced = self.produced_asset_keys(plan.task_id, step)
         return json.dumps({
             "produced": [[kind, name, key.path] for kind, name, key in produced],
@@ -145,7 +292,13 @@ class TaskTranslator:
     def get_step_asset_outputs(self, plan: TaskPlan, step: TaskStep) -> list[tuple[dg.AssetKey, str]]:
         """The task-scoped assets a step's node materializes (its verification, or what it
         collects), each with its description. Stored artifacts a step writes are shared by
-        tasks (``get_artifact_specs``), not the task's own."""
+        tasks (``get_artifact_specs``), not the task's own.
+
+        ```python
+        def get_step_asset_outputs(self, plan, step):
+            return [(key, f"{text} Owner: support.") for key, text in super().get_step_asset_outputs(plan, step)]
+        ```
+        """
         outputs = []
         for kind, _, key in self.produced_asset_keys(plan.task_id, step):
             if kind != ARTIFACT:
@@ -154,16 +307,37 @@ class TaskTranslator:
         return outputs
 
     def get_results_asset_key(self, plan: TaskPlan) -> dg.AssetKey:
-        """Each row's outcome (its status, and each step's): what the task's last node writes."""
+        """Each row's outcome (its status, and each step's): what the task's last node writes,
+        ``results/<job>``.
+
+        ```python
+        def get_results_asset_key(self, plan):
+            return dg.AssetKey(["runs", self.get_job_name(plan)])
+        ```
+        """
         return dg.AssetKey(["results", self.get_job_name(plan)])
 
     def get_asset_tags(self, plan: TaskPlan) -> dict[str, str]:
+        """Tags on every asset of the task (``agentenv_task_id: <job>``), for the catalog's
+        filters.
+
+        ```python
+        def get_asset_tags(self, plan):
+            return {**super().get_asset_tags(plan), "format": plan.document.format}
+        ```
+        """
         return {TAG_TASK_ID.replace("/", "_"): self.get_job_name(plan)}
 
     def get_code_version(self, plan: TaskPlan, config: AgentEnvConfig) -> str:
         """What decides the task's scores, hashed: its content, the registry entries of the
         agents and envs it deploys, and the model settings (agent, judge, roles) — when any of
-        them changes, Dagster shows the task's assets as stale. No key is part of it."""
+        them changes, Dagster shows the task's assets as stale. No key is part of it.
+
+        ```python
+        def get_code_version(self, plan, config):  # a new grader release makes every score stale
+            return super().get_code_version(plan, config) + "-grader2"
+        ```
+        """
         deployed = sorted({getattr(step, "a2a_agent_id", None) or "" for step in plan.steps
                            if step.type == "deploy_agent"})
         envs = sorted({getattr(step, "env_id", None) or "" for step in plan.steps if step.type == "deploy_env"})
@@ -179,7 +353,13 @@ class TaskTranslator:
     def get_artifact_specs(self, plans: list[TaskPlan]) -> list[dg.AssetSpec]:
         """One spec per stored artifact any task loads or writes, so a universe one task
         snapshots and another loads is one asset: downstream of what the writing step had
-        loaded, upstream of what the loading task produces."""
+        loaded, upstream of what the loading task produces.
+
+        ```python
+        def get_artifact_specs(self, plans):
+            return [spec.replace_attributes(owners=["team:data"]) for spec in super().get_artifact_specs(plans)]
+        ```
+        """
         upstream: dict[str, set[str]] = {}
         writers: dict[str, list[str]] = {}
         for plan in plans:
@@ -205,7 +385,13 @@ class TaskTranslator:
         """The checks each verifier declares (``passed``; Coder Eval adds one per gating
         criterion) on its verification asset, partitioned as it is: a row's check is evaluated
         on that row, and the UI shows which rows passed and which fell short. (Partitioned
-        checks are a Dagster preview, whose warning is left out: the project pins Dagster.)"""
+        checks are a Dagster preview, whose warning is left out: the project pins Dagster.)
+
+        ```python
+        def get_check_specs(self, plan):  # make every check blocking
+            return [spec._replace(blocking=True) for spec in super().get_check_specs(plan)]
+        ```
+        """
         partitions = self.get_partitions_def(plan)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", dg.PreviewWarning)

@@ -88,27 +88,26 @@ def _row_href(variant_id: str, task_id: str, replicate_index: int, page: str = R
 
 
 def prepare_reports(out_dir: Path | str, variant_id: str, task_ids: list[str], replicate_index: int) -> None:
-    """What the reports need, done ahead: the folders these tasks' task.json go in (the shard
-    runs write them as they end), and the templates compiled. While a dataset's shard runs go
-    on, this process is idle; a thousand rows' folders cost ~0.8 s of CPU on a small disk (two
-    `mkdir` a row) and the templates ~0.1 s, which would otherwise follow the runs."""
+    """What the reports need, done ahead: the folders these tasks' task.json go in (the
+    runs write them as they end), and the templates compiled. While a dataset's runs go on,
+    this process is idle; done then, the folders (two ``mkdir`` a row) and the compiling do not
+    follow the runs."""
     for task_id in task_ids:
         report_folder(out_dir, variant_id, task_id, replicate_index).mkdir(parents=True, exist_ok=True)
     compile_templates(*TEMPLATES)
 
 
 def compile_templates(*templates: str) -> None:
-    """These templates compiled now, ahead of their first use in this process (~25 ms each)."""
+    """These templates compiled now, ahead of their first use in this process."""
     for template in templates:
         _environment().get_template(template)
 
 
 class RenderedRows:
     """Each result's parts of run.md and task.html (its summary rows, its sections), rendered
-    once: :meth:`add` them as the results come (a dataset's command adds each shard run's rows
-    as that run ends, while the later runs go on), and the reports then join them. A thousand
-    rows' parts are ~70 ms of CPU, which would otherwise follow the last run. A result is
-    rendered as it is when added."""
+    once: :meth:`add` them as the results come (a dataset's command adds each run's rows
+    as that run ends, while the later runs go on), and the reports then join them, so little
+    rendering is left after the last run. A result is rendered as it is when added."""
 
     def __init__(self) -> None:
         self._parts: dict[int, tuple[EvaluationResult, dict[str, str]]] = {}  # by id(result), with it

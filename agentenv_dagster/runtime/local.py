@@ -122,7 +122,7 @@ class Ledger:
 
     def record_hosted(self, host: str, urls: dict[str, str]) -> None:
         """Agents deployed into the run's agent ``host`` (instance id -> URL), in one file: a
-        dataset's batch of agents with a file each spent ~0.6 ms an agent, a third of its op."""
+        file per agent made writing the ledger a large share of a dataset's agent op."""
         entries = {instance_id: _ledger_entry("agent", url=url, host=host) for instance_id, url in urls.items()}
         if len(entries) == 1:
             self._write(*next(iter(entries.items())))
@@ -566,7 +566,7 @@ class HostBatch:
     """Deployments into one agent host, sent together: what is asked for in one turn of the
     event loop goes in one ``POST /agents`` (a thousand rows cost a few hundred requests), all
     of them over one client and its kept connection (a client and a connection each cost
-    more than the request: ~60% of a dataset's agent op went there). ``record`` is given
+    more than the request itself). ``record`` is given
     each batch's ``(body, answer)`` pairs before anyone waiting sees an answer."""
 
     def __init__(self, host_url: str,
@@ -655,8 +655,9 @@ def _server_alive(entry: dict[str, Any]) -> bool:
 
 @functools.cache
 def _http() -> httpx.Client:
-    """One client for the agent hosts of this process (a client per call costs ~20 ms). They
-    listen on 127.0.0.1 over plain HTTP, so it loads no CA bundle (a second of CPU here)."""
+    """One client for the agent hosts of this process (building a client costs more than a
+    call). They listen on 127.0.0.1 over plain HTTP, so it loads no CA bundle, whose loading
+    is the most expensive part of a new client."""
     return httpx.Client(timeout=30, verify=False)
 
 

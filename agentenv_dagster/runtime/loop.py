@@ -1,8 +1,8 @@
 """The event loop every op and every embedded server runs on: uvloop where it is installed.
 
 A dataset op drives thousands of HTTP round trips on one loop, and an agent host answers
-them on another; uvloop's loop costs measurably less CPU for each (the 1,000-row fan-out
-benchmark: ~20 % less CPU in all). Without uvloop (Windows) the standard loop does the same.
+them on another; uvloop's loop spends less CPU on each (figures: docs/performance.md).
+Without uvloop (Windows) the standard loop does the same.
 """
 
 from __future__ import annotations

@@ -87,13 +87,14 @@ def s3_location(config: "AgentEnvConfig") -> S3Location:
 
 @functools.lru_cache(maxsize=None)
 def _client(endpoint_url: str | None, region: str | None):
-    """One boto3 client per endpoint (clients are thread-safe; building one costs ~50 ms)."""
+    """One boto3 client per endpoint: clients are thread-safe, and building one costs far
+    more than a request."""
     import boto3
 
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region)
 
 
-os.register_at_fork(after_in_child=_client.cache_clear)  # a forked shard run opens its own connections
+os.register_at_fork(after_in_child=_client.cache_clear)  # a forked process opens its own connections
 
 
 # The endpoint of each bucket a store in this process was built for, so a bare ``s3://`` URL

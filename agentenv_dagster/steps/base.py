@@ -39,6 +39,7 @@ class RetryConfig(BaseModel):
 
     # ``go_to_step_id`` is accepted on input only; the stored form says ``retry_from_step_id``.
     retry_from_step_id: str = Field(validation_alias=AliasChoices("retry_from_step_id", "go_to_step_id"))
+    # retries at most
     max_retries: int = 1
 
     @model_validator(mode="before")
@@ -56,7 +57,28 @@ class RetryConfig(BaseModel):
 
 
 class TaskStep(BaseModel):
-    """Base of every step type. Unknown fields are refused, so a typo fails at compile time."""
+    """Base of every step type. Unknown fields are refused, so a typo fails at compile time.
+
+    A step type declares its fields, its ``type_name``, the context names it reads and writes
+    (field -> kind: ``ENV``, ``AGENT``, ``SANDBOX``, ``PROMPT``, ``VERIFICATION``,
+    ``PRODUCER``, ``ARTIFACT``) and ``execute``:
+
+    ```python
+    class ReplyLengthVerifier(TaskStep):
+        type_name = "reply_length_verifier"
+        reads = {"prompt_id": PROMPT}           # an ancestor must produce this prompt
+        writes = {"verifier_id": VERIFICATION}  # the asset verifications/<job>/<verifier_id>
+
+        prompt_id: str
+        verifier_id: str
+        max_words: int = 120
+
+        async def execute(self, ctx, rt):
+            words = len(ctx.find_prompt_response(self.prompt_id).response.split())
+            score = float(words <= self.max_words)
+            ctx.metadata_map("verifications")[self.verifier_id] = {"score": score, "graded": True, "results": []}
+    ```
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, allow_inf_nan=False)
 
@@ -64,11 +86,17 @@ class TaskStep(BaseModel):
     reads: ClassVar[dict[str, str]] = {}
     writes: ClassVar[dict[str, str]] = {}
 
+    # the step's id: unique in the task, its node name and what `depends_on` names
     id: str
+    # the step type (the headings below)
     type: str
+    # the step's version, kept in the stored form
     version: int | None = None
+    # `true`: a failure stops the row and fails the run; `false`: it is recorded and the row goes on
     fail_task_on_error: bool = True
+    # the steps this one runs after (see above)
     depends_on: list[Any] | None = None
+    # retry this step's failure from itself or from an ancestor
     retry_config: RetryConfig | None = None
 
     @field_validator("id")
@@ -86,6 +114,17 @@ class TaskStep(BaseModel):
         agent host, say). Best effort: what fails here is the first row's to report."""
 
     async def execute(self, ctx: "TaskStepContext", rt: "StepRuntime") -> None:
+        """Run the step for one row: read what ancestors wrote from ``ctx`` (the merged
+        context of this row's ancestors), act through ``rt`` (providers, artifacts, judges,
+        HTTP clients, the run's log) and record the outcome in ``ctx``. Raising fails the
+        step (the row stops when ``fail_task_on_error`` is true).
+
+        ```python
+        async def execute(self, ctx, rt):
+            env = ctx.find_env(self.env_id)
+            rt.log.info("resetting %s", env.mcp_url)
+        ```
+        """
         raise NotImplementedError(f"step type {self.type!r} does not implement execute()")
 
     # -- declarations ----------------------------------------------------------------------

@@ -20,15 +20,25 @@ class CollectArtifactsStep(TaskStep):
     reads = {"agent_name": AGENT}
     writes = {SELF: PRODUCER}
 
+    # the agent whose files are collected
     agent_name: str = DEFAULT_AGENT_NAME
+    # the folder collected in the agent
     base_path: str = "/app/artifact"
+    # the seed key (`metadata.seed[<key>]`) that lists the paths to collect, when set
     artifacts_key: str = "expected_artifacts"
+    # paths to collect (relative to `base_path`); unset: everything
     artifact_paths: list[str] = []
+    # collect from this env instead
     env_id: str | None = None
+    # accepted for agent-env compatibility; not used here
     manifest_step_id: str | None = None
+    # file names left out
     exclude_basenames: list[str] = []
+    # collect from this sandbox instead
     sandbox_name: str | None = None
+    # collect from this container of the sandbox
     container_name: str | None = None
+    # a suffix of the stored artifact universe's id
     universe_id_suffix: str | None = None
 
     @field_validator("universe_id_suffix")

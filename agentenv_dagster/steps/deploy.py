@@ -23,19 +23,34 @@ from .sandbox import deployed_sandbox, sandbox_passthrough
 class DeployEnvStep(TaskStep):
     writes = {"env_id": ENV}
 
+    # the env to deploy: an id of the env registry (`email`, `item-store`, or
+    # `[envs.registry.<id>]`)
     env_id: str
+    # the env version; unset: the latest
     env_version: str | int | None = None
+    # an artifact the env starts with, when the env accepts one
     artifact_id: ArtifactId | None = None
+    # that artifact's version; unset: the latest
     artifact_version: int | None = None
+    # the env ends by itself after this many seconds (the last line of defence)
     ttl_seconds: int = DEFAULT_TTL_SECONDS
+    # the env's disk, for providers that size one
     disk_size_gb: int = 10
+    # `consistent` serialises the env's tool calls
     gateway_mode: Literal["performance", "consistent"] = "performance"
+    # CPUs, for providers that size the env
     cpu: float | None = None
+    # memory, for providers that size the env
     memory_mb: int | None = None
+    # the provider's sandbox kind, when it has several
     sandbox_type: str | None = None
+    # the provider's env state kind
     env_state_type: str | None = None
+    # a saved env state to start from
     env_state_instance_id: str | None = None
+    # the provider's scheduling priority
     priority: int | None = None
+    # free-form metadata recorded with the deployment
     metadata: dict[str, Any] = {}
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
@@ -58,26 +73,47 @@ class DeployAgentStep(TaskStep):
     reads = {"env_ids": ENV, "sandbox_name": SANDBOX}
     writes = {"agent_name": AGENT}
 
+    # the envs whose MCP servers the agent gets
     env_ids: list[str] = []
+    # which deployment of an env, when it was deployed more than once
     env_step_id: str | None = None
+    # the agent to deploy: an id of the agent registry; unset: `[agents] default_a2a_agent_id`
     a2a_agent_id: str | None = None
+    # the agent version
     a2a_agent_version: int | None = None
+    # the name later steps use for this agent (`prompt_agent`'s `agent_name`)
     agent_name: str = DEFAULT_AGENT_NAME
+    # the agent card's description
     agent_description: str | None = None
+    # variables set in the agent's environment
     env_vars: dict[str, str] = {}
+    # skills installed into the agent
     skills: list[dict[str, Any]] = []
+    # the agent's system prompt
     system_prompt: str | None = None
+    # the agent's disk, for providers that size one
     disk_size_gb: int | None = None
+    # a LiteLLM proxy the agent's model calls go through
     litellm_base_url: str | None = None
+    # the provider's sandbox kind
     sandbox_type: str | None = None
+    # the agent ends by itself after this many seconds
     ttl_seconds: int | None = None
+    # CPUs, for providers that size the agent
     cpu: float | None = None
+    # memory, for providers that size the agent
     memory_mb: int | None = None
+    # the provider's scheduling priority
     priority: int | None = None
+    # the provider's network policy for the agent
     network_policy: str | dict[str, Any] | None = None
+    # the agent's role in a multi-agent task
     role: str | None = None
+    # a deployed sandbox the agent works in
     sandbox_name: str | None = None
+    # give the agent a Docker engine, where the provider can
     enable_docker: bool = False
+    # free-form metadata recorded with the deployment
     metadata: dict[str, Any] = {}
     agent_config: dict[str, Any] = {}  # ours: inline settings over the registry entry (Coder Eval `agent:`)
 

@@ -37,17 +37,29 @@ class LoadArtifactStep(TaskStep):
         "artifact_ids": ARTIFACT,
     }
 
+    # load into this env (through its data plane)
     env_id: str | None = None
+    # which deployment of the env, when it was deployed more than once
     env_step_id: str | None = None
+    # the artifacts to load, `[{id, version}]`
     artifacts: list[ArtifactRef] | None = None
+    # one artifact to load (instead of `artifacts`)
     artifact_id: ArtifactId | None = None
+    # its version; unset: the latest
     artifact_version: int | None = None
+    # files to download into an agent or sandbox (a URL, or `{url, filename}`)
     urls: list[str | dict[str, str]] | None = None
+    # load what a `collect_artifacts` or `snapshot_env` step produced
     artifact_from_step_id: str | None = None
+    # legacy form of `artifact_from_step_id`
     collected_artifacts_step_id: str | None = None
+    # where the files go in the agent, sandbox or container
     destination_path: str | None = None
+    # load into this deployed agent
     agent_name: str | None = None
+    # load into this deployed sandbox
     sandbox_name: str | None = None
+    # load into this container of the sandbox
     container_name: str | None = None
     snapshot_after_load: bool | None = None
 

@@ -48,29 +48,52 @@ class PromptAgentStep(TaskStep):
     reads = {"agent_name": AGENT, "user_agent_name": AGENT, "turn_criteria_sandbox": SANDBOX}
     writes = {"prompt_key": PROMPT}
 
+    # the prompt text (`<token>`s filled from the seed)
     prompt: str | None = None
+    # the prompt as A2A message parts, instead of `prompt`
     parts: list[dict[str, Any]] | None = None
+    # the name of the response, for verifiers (`prompt_id` of a verifier)
     prompt_id: str | None = None
+    # the deployed agent to prompt
     agent_name: str = DEFAULT_AGENT_NAME
+    # seconds the agent may take to answer
     timeout_seconds: float = 600
+    # how often a long-running answer is polled
     poll_interval_seconds: float = 2
+    # where the turn's trajectory is written in the object store
     trajectory_output_prefix: str | None = None
+    # the model the agent uses for this prompt (agent-config)
     model: str | None = None
+    # model parameters for this prompt (agent-config)
     model_params: dict[str, Any] | None = None
+    # the system prompt for this prompt (agent-config)
     system_prompt: str | None = None
+    # the agent's turns for this prompt at most
     max_turns: int | None = None
+    # a structured answer's format, passed to the agent
     output_format: Any = None
+    # the agent's thinking budget (agent-config)
     max_thinking_tokens: int | None = None
+    # the agent's effort setting (agent-config)
     effort: str | None = None
+    # the agent harness to use, for agents that offer several
     harness: str | None = None
+    # tools offered to the agent beside its envs'
     agentenv_tools: list[Any] | None = None
+    # an A2A context to continue
     context_id: str | None = None
+    # turns of a conversation with a user; 1 = a single prompt
     max_conversation_turns: int = 1
+    # the deployed agent that plays the user in a conversation
     user_agent_name: str = "human_agent"
     user_a2a_url: str | None = None
+    # the user agent's answer format
     user_output_format: Any = None
+    # the model the user agent runs on
     user_model: str | None = None
+    # seconds the user agent may take to answer
     user_agent_timeout_seconds: float = 600
+    # snapshot the env after the prompt (agent-env's snapshot settings)
     snapshot_config: dict[str, Any] | None = None
     # ours: the user agent writes the opener (no prompt); a stop token in a user message makes
     # it the last one; agent + user tokens at or over max_total_tokens end the dialog; criteria

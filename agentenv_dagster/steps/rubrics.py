@@ -60,24 +60,43 @@ class RubricsVerifierStep(TaskStep):
     reads = {"prompt_id": PROMPT, "agent_name": AGENT}
     writes = {"verifier_key": VERIFICATION}
 
+    # the rubric: `{id, criterion, weight}` items a judge grades
     criteria: list[dict[str, Any]]
+    # the response graded
     prompt_id: str
+    # the judge's model; unset: `[model.roles] judge`
     default_model: str | None = None
+    # the judge's API endpoint
     default_model_api_base: str | None = None
+    # how the items' grades become the score
     score_aggregator: ScoreAggregator = "all_pass"
+    # the verification's name (its asset); unset: the step id
     verifier_id: str | None = None
+    # the agent whose trajectory the judge reads
     agent_name: str | None = None
+    # grade with a judge agent over A2A rather than a model call
     use_agent_judge: bool = True
+    # show the judge the agent's trajectory
     use_trajectory: bool = True
+    # which parts of the trajectory the judge sees
     trajectory_filter: dict[str, Any] | str | None = None
+    # the judge agent; unset: `[agents] judge_a2a_agent_id`
     judge_a2a_agent_id: str | None = None
+    # the judge agent's sandbox kind
     judge_sandbox_type: str | None = None
+    # the judge agent's scheduling priority
     judge_priority: int | None = None
+    # the judge's thinking budget
     max_thinking_tokens: int | None = None
+    # the judge's effort setting
     effort: str | None = None
+    # seconds the judge may take
     judge_timeout_seconds: float = 1000
+    # how the judge answers: binary per item, or a scale
     output_format: OutputFormat = "rubric_binary"
+    # instructions added to the judge's prompt
     grading_policy_prompt: str | None = None
+    # facts the judge is told (name -> value)
     context_facts_for_judge: dict[str, str] | None = None
 
     @field_validator("criteria")

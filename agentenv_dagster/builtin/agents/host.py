@@ -1,7 +1,8 @@
 """One process that serves many embedded agents, each under its own URL.
 
-Starting a Python server per agent costs about half a second of CPU, which a dataset of a
-thousand rows cannot pay on a small machine. A run therefore starts one host and deploys
+Starting a Python server per agent costs an interpreter's start and imports for every row,
+which a dataset of a thousand rows cannot pay on a small machine. A run therefore starts one
+host and deploys
 each agent into it: ``POST /agents`` with the agent's id, sandbox folder and config (what
 the single-agent process reads from ``--config-file``) serves a full agent — card,
 JSON-RPC, agentenv extensions, its own sandbox and MCP registrations — under
@@ -150,8 +151,8 @@ class AgentHost:
 
     def _card(self, name: str, description: str) -> tuple[AgentCard, str]:
         """The card for a name and description, and its JSON, built once: building one, and
-        a2a's conversion to JSON, validate every proto field (~0.3 and ~5 ms); an agent's copy
-        differs only in its URL."""
+        a2a's conversion to JSON, validate every proto field, while an agent's copy differs
+        only in its URL."""
         key = (name, description)
         if key not in self._cards:
             card = build_card(name, description)

@@ -2,11 +2,10 @@
 
 a2a-sdk moves every event of a task through queues that must be shut down. On 3.13 it uses
 ``asyncio.Queue``; before 3.13, which has no ``shutdown``, it uses culsans, a queue safe
-across threads as well, built on aiologic's locks: ~20% of an agent host's CPU samples a
-message, though the agent's queues are only ever used from its event loop. ``install()``
-(called in an agent's own process, before a2a's modules that bind the queue are imported)
-gives a2a this queue in its place: ``asyncio.Queue`` with 3.13's ``shutdown`` semantics,
-~12% less of the host's CPU a message.
+across threads as well, built on aiologic's locks, whose cost shows in every message,
+though the agent's queues are only ever used from its event loop. ``install()`` (called in
+an agent's own process, before a2a's modules that bind the queue are imported) gives a2a
+this queue in its place: ``asyncio.Queue`` with 3.13's ``shutdown`` semantics.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ class AgentConfig(Strict):
     # The agent honours the stop_early watcher's cooperative stop (a run can arm stop_early).
     supports_cooperative_stop: ClassVar[bool] = False
 
+    # the agent kind; may be left to an experiment layer
     type: str | None = None
 
     @model_validator(mode="before")
@@ -65,13 +66,22 @@ class CodingAgentConfig(AgentConfig):
 
     merge_exclusive_groups: ClassVar[tuple[tuple[str, ...], ...]] = (("system_prompt", "system_prompt_file"),)
 
+    # the model the agent runs on; unset: the CLI's or `[model]`'s default
     model: str | None = None
+    # how the agent's tool calls are permitted
     permission_mode: PermissionMode = "acceptEdits"
+    # the only tools the agent may use
     allowed_tools: list[str] | None = None
+    # tools the agent may not use
     disallowed_tools: list[str] | None = None
+    # local plugins loaded into the agent
     plugins: list[LocalPlugin] | None = None
+    # the agent's system prompt (exclusive with `system_prompt_file`)
     system_prompt: str | None = None
+    # a file holding the system prompt, relative to the task YAML
     system_prompt_file: str | None = None
+    # patterns left out of the workspace copy an agent judge reads (`!name` keeps a default-ignored
+    # one)
     ignore_patterns: list[str] = Field(
         default_factory=list, validation_alias=AliasChoices("ignore_patterns", "additional_ignore_patterns")
     )
@@ -107,9 +117,13 @@ class ClaudeCodeAgentConfig(CodingAgentConfig):
     supports_cooperative_stop = True
 
     type: Literal["claude-code"]
+    # `append` to Claude Code's own system prompt, or `replace` it
     system_prompt_mode: Literal["append", "replace"] = "append"
+    # Claude Code settings: a file path or the settings inline
     claude_settings: str | dict[str, Any] | None = None
+    # more ClaudeAgentOptions fields (the ones the framework sets are refused)
     sdk_options: dict[str, Any] = Field(default_factory=dict)
+    # which Claude Code settings files are read (default: `project`)
     setting_sources: list[Literal["user", "project", "local"]] | None = None
 
     @field_validator("sdk_options")
@@ -171,10 +185,15 @@ REPLAY_ACTION_KINDS = ("tool", "write_file", "sleep")
 class ReplayAction(Strict):
     """One scripted step: an MCP tool call, a file write, or a pause."""
 
+    # a tool to call (`Write`, `Bash`, `Read`, `Skill`, or an env's MCP tool)
     tool: str | None = None
+    # the tool call's arguments
     arguments: dict[str, Any] | None = None
+    # a sandbox file to write directly (with `content`)
     write_file: str | None = None
+    # what `write_file` writes
     content: str | None = None
+    # seconds to wait
     sleep: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
@@ -192,8 +211,10 @@ class ReplayAction(Strict):
 class ReplayEpisode(Strict):
     """Played when ``match`` (a regex) is found in the prompt — our replay agent's shape."""
 
+    # a regular expression on the prompt: the first episode that matches is played
     match: str
     reply: str | dict[str, Any]  # an object is sent as JSON (a simulator's {message, done})
+    # the tool calls and writes, in order
     actions: list[ReplayAction] = Field(default_factory=list)
 
     @field_validator("match")
@@ -212,8 +233,11 @@ class ReplayAgentConfig(AgentConfig):
     supports_cooperative_stop = True
 
     type: Literal["replay"]
+    # a JSON file of episodes, relative to the task YAML
     script: str | None = None
+    # the episodes inline
     episodes: list[ReplayEpisode] | None = None
+    # how long each answer waits (to simulate a slow agent)
     delay_seconds: float = Field(default=0.0, ge=0)
 
     @model_validator(mode="after")
@@ -229,8 +253,11 @@ class AnthropicAgentConfig(AgentConfig):
     supports_cooperative_stop = True
 
     type: Literal["anthropic"]
+    # the model (`provider/model`); unset: `[model]`'s for the `agent` role
     model: str | None = None
+    # model calls per prompt at most
     max_turns: int = Field(default=20, gt=0)
+    # the agent's system prompt
     system_prompt: str | None = None
 
 

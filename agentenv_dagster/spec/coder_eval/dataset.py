@@ -25,11 +25,17 @@ ROW_ID_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
 class Dataset(Strict):
+    # JSONL files of rows, relative to the task YAML (exclusive with `rows`)
     paths: list[str] | None = None
+    # the rows inline (exclusive with `paths`)
     rows: list[dict[str, Any]] | None = None
+    # the row field that is the row's id (and partition key)
     id_field: str = "id"
+    # run at most this many rows of each stratum
     sample_per_stratum: int | None = Field(default=None, ge=1)
+    # the row field whose values are the strata
     stratify_field: str = "expected_skill"
+    # the seed of the stratified draw (unset: a new draw every run)
     sample_seed: int | None = None
     # Newer upstream: the row field ``--split`` selects on (unlabelled rows: absent, null, "").
     split_field: str = "split"

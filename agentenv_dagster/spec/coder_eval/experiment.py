@@ -90,16 +90,27 @@ PromptMutations = Annotated[list[PromptMutation] | None, BeforeValidator(_parse_
 
 
 class ExperimentVariant(Strict):
+    # the variant's id: a partition key and a report folder
     variant_id: safe_id("variant_id")
+    # what the variant changes
     description: str = ""
+    # agent fields merged over the task's (and the defaults')
     agent: dict[str, Any] | None = None
+    # simulation fields merged over the task's
     simulation: dict[str, Any] | None = None
+    # run each row this many times
     repeats: int | None = Field(default=None, ge=1)
+    # more template sources, after the task's and the defaults'
     template_sources: TemplateSources = None
+    # changes to the task's prompt: prefix, suffix, replace, template, rephrase
     prompt_mutations: PromptMutations = None
+    # the prompt instead of the task's
     initial_prompt: str | None = None
+    # a file holding the prompt instead of the task's
     initial_prompt_file: str | None = None
+    # run limits instead of the task's
     run_limits: RunLimits | None = None
+    # the sandbox driver instead of the task's
     driver: Literal["tempdir", "docker"] | None = None
 
     @model_validator(mode="after")
@@ -114,22 +125,36 @@ class ExperimentVariant(Strict):
 
 
 class ExperimentDefaults(Strict):
+    # run each row this many times, in every variant
     repeats: int | None = Field(default=None, ge=1)
+    # agent fields merged over every task's
     agent: dict[str, Any] | None = None
+    # simulation fields merged over every task's
     simulation: dict[str, Any] | None = None
+    # more template sources for every task
     template_sources: TemplateSources = None
+    # changes to every task's prompt
     prompt_mutations: PromptMutations = None
+    # commands after every task's own `post_run`
     post_run: list[PostRunCommand] | None = None
+    # commands before every task's own `pre_run`
     pre_run: list[PreRunCommand] | None = None
+    # run limits for every task
     run_limits: RunLimits | None = None
+    # the sandbox driver of every task
     driver: Literal["tempdir", "docker"] | None = None
+    # sandbox fields merged over every task's
     sandbox: SandboxConfig | None = None
 
 
 class ExperimentDefinition(Strict):
+    # the experiment's id: part of its job's name (`<task>__<experiment>`)
     experiment_id: str
+    # what the experiment compares
     description: str = ""
+    # settings every variant starts from
     defaults: ExperimentDefaults | None = None
+    # the variants; the first is the baseline the reports compare with
     variants: list[ExperimentVariant]
 
     @field_validator("experiment_id")

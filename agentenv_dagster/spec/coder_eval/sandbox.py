@@ -46,18 +46,25 @@ RECORDED_CALLS_LOG = "calls.jsonl"
 
 
 class ResourceLimits(Strict):
+    # seconds a sandbox command may take
     timeout: int = 300
+    # docker: the container's memory limit
     max_memory_mb: int | None = None
+    # docker: the container's CPU limit
     max_cpus: float | None = Field(default=None, gt=0)
+    # docker: the container's process limit
     max_pids: int | None = Field(default=None, gt=0)
+    # reserved (not enforced)
     max_disk_mb: int | None = None
 
 
 class PythonEnvConfig(Strict):
+    # pip packages installed into the sandbox's virtualenv
     env_packages: list[str] = Field(default_factory=list)
 
 
 class NodeEnvConfig(Strict):
+    # npm packages installed into the sandbox
     env_packages: list[str] = Field(default_factory=list)
 
 
@@ -71,13 +78,21 @@ class DockerBuildConfig(Strict):
 
 
 class DockerDriverConfig(Strict):
+    # the container image (build it locally: `scripts/docker_engine.sh image`)
     image: str = DEFAULT_DOCKER_IMAGE
+    # a Dockerfile to build the image from, relative to the task YAML
     dockerfile_path: str | None = None
+    # how the Dockerfile is built
     build: DockerBuildConfig = Field(default_factory=DockerBuildConfig)
+    # the container's network: `bridge`, `none`, or model APIs only
     network: Literal["bridge", "none", "llm_only"] = "bridge"
+    # where the sandbox folder is mounted in the container (`auto`: the image's)
     working_dir: str | None = None
+    # host variables passed into the container
     env_passthrough: list[str] = Field(default_factory=lambda: list(DEFAULT_ENV_PASSTHROUGH))
+    # more host variables passed in (added across experiment layers)
     env_passthrough_extra: Annotated[list[str], APPEND] = Field(default_factory=list)
+    # more `host:container` mounts
     extra_mounts: list[str] = Field(default_factory=list)
 
     def passthrough_names(self) -> list[str]:
@@ -118,10 +133,15 @@ class RecordedCli(Strict):
     """A shimmed executable that logs its calls to ``cli_mocks/calls.jsonl`` and answers from
     ``responses`` (falling back to its own fields)."""
 
+    # the executable to shim (a bare name)
     tool: str
+    # the exit code when no response matches
     exit_code: int = 1
+    # the output when no response matches
     stdout: str = ""
+    # the error output when no response matches
     stderr: str = ""
+    # answers by argv pattern; the first match wins
     responses: list[RecordedCliResponse] = Field(default_factory=list)
 
     @field_validator("tool")
@@ -137,14 +157,23 @@ class RecordedCli(Strict):
 
 
 class SandboxConfig(Strict):
+    # `tempdir` (a folder on the host) or `docker` (a container per task)
     driver: Literal["tempdir", "docker"] = "tempdir"
+    # the container's settings (with `driver: docker`)
     docker: DockerDriverConfig = Field(default_factory=DockerDriverConfig)
+    # a Python virtualenv in the sandbox (`null`: none)
     python: PythonEnvConfig | None = Field(default_factory=PythonEnvConfig)
+    # npm packages in the sandbox
     node: NodeEnvConfig | None = None
+    # time, memory, CPU and process limits
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    # what the workspace starts with: template folders, starter files, a repo
     template_sources: Annotated[TemplateSources, APPEND] = None
+    # sandbox folders put first on the agent's PATH (their files made executable)
     mock_path_dirs: list[str] | None = None
+    # executables replaced by recording shims (what `cli_called` grades)
     record_cli: list[RecordedCli] | None = None
+    # more patterns left out when copying templates (`!name` keeps a default-ignored one)
     ignore_patterns: list[str] = Field(
         default_factory=list, validation_alias=AliasChoices("ignore_patterns", "additional_ignore_patterns")
     )

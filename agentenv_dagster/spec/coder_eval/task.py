@@ -36,15 +36,25 @@ MOVED_TOP_LEVEL_KEYS = {
 class SimulationConfig(Strict):
     """A multi-turn dialog with a simulated user instead of one prompt."""
 
+    # turn the simulated user on
     enabled: bool = False
+    # who the simulated user is
     persona: str
+    # what the simulated user wants from the agent
     goal: str
+    # rules the simulated user keeps to
     constraints: list[str] = Field(default_factory=list)
+    # the dialog's turns at most
     max_turns: int = Field(default=8, ge=1, le=100)
+    # what the simulated user says to end the dialog
     stop_token: str = Field(default="<<<END>>>", min_length=1)
+    # end the dialog once the criteria pass (needs per-turn checks)
     stop_on_criteria_pass: bool = False
+    # a token budget for the whole dialog
     max_total_tokens: int | None = Field(default=None, gt=0)
+    # run the dialog this many times (replicates)
     n_trials: int = Field(default=1, ge=1, le=100)
+    # when the criteria run: at the dialog's end, after every turn, or both
     check_criteria: Literal["end_of_dialog", "every_turn", "both"] = "end_of_dialog"
     # ours: who plays the user (upstream: a tools-disabled Claude Code agent on the agent's
     # route). Default: the ``anthropic`` agent on the configured model; ``replay`` runs offline.
@@ -100,13 +110,16 @@ class ReferenceSource(Strict):
 class PostRunCommand(Strict):
     """Runs after grading; never changes the verdict."""
 
+    # a shell command, run in the sandbox
     command: str
+    # seconds before the command is killed
     timeout: int = Field(default=30, ge=1, le=300)
 
 
 class PreRunCommand(PostRunCommand):
     """Runs before the agent; a failure aborts the task (ERROR) unless ``fail_on_error: false``."""
 
+    # a failing command aborts the task as an ERROR
     fail_on_error: bool = True
 
 
@@ -115,23 +128,42 @@ class TaskDefinition(BaseModel):
 
     model_config = ConfigDict(allow_inf_nan=False)
 
+    # the task's id: its job name (sanitized) and its rows' prefix (`<task_id>/<row_id>`)
     task_id: safe_id("task_id")  # it names the task's records and artifacts
+    # what the task asks, for reports and the UI
     description: str
+    # the prompt (`${row.field}` filled from a dataset row); exclusive with `initial_prompt_file`
     initial_prompt: str | None = None
+    # a file holding the prompt, relative to the task YAML
     initial_prompt_file: str | None = None
+    # kebab-case tags, optionally `key:value` (`schedule:daily` gives the task a schedule)
     tags: list[str] = Field(default_factory=list)
+    # listed but never run, unless `--include-skipped`
     skip: bool = False
+    # the agent under test, chosen by `type`; may be left to an experiment layer
     agent: AgentField = None
+    # the workspace the agent works in: a temp folder or a container, and what is in it
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    # the checks that grade the run (at least one); weight 0 = informational
     success_criteria: Annotated[list[SerializeAsAny[BaseModel]], BeforeValidator(parse_success_criteria)]
+    # caps on turns, time, tool calls, tokens and cost
     run_limits: RunLimits | None = None
+    # a reference solution: never shown to the agent, given to criteria as `$REFERENCE_DIR`
     reference: ReferenceSource | None = None
+    # the tool calls a good run needs, for `commands_efficiency` and the reports
     expected_commands: int | None = Field(default=None, ge=1)
+    # commands run in the sandbox before the agent; a failure aborts the task unless `fail_on_error:
+    # false`
     pre_run: Annotated[list[PreRunCommand], APPEND] = Field(default_factory=list)
+    # commands run after grading; they never change the verdict
     post_run: Annotated[list[PostRunCommand], APPEND] = Field(default_factory=list)
+    # rows to run the task over, one row-task each (a partition per row in Dagster)
     dataset: Dataset | None = None
+    # set on a dataset's row-tasks (the dataset task's id); not written by authors
     suite_id: str | None = None
+    # set on a dataset's row-tasks (the row's id); not written by authors
     row_id: str | None = None
+    # a multi-turn dialog with a simulated user instead of one prompt
     simulation: SimulationConfig | None = None
 
     @model_validator(mode="before")
