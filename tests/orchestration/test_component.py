@@ -19,12 +19,12 @@ import dagster as dg
 import pytest
 import yaml
 from dagster.components.testing import create_defs_folder_sandbox
+from projects import REPO, leaked_servers, make_dg_project, make_project
 from test_coder_eval_run import WORDS_TASK
 from test_experiment_partitions import COMPARE
 
 from agentenv_dagster import TaskFolderComponent, build_definitions, build_repository
 from agentenv_dagster.errors import TaskLoadError
-from projects import REPO, leaked_servers, make_dg_project, make_project
 
 COMPONENT = "agentenv_dagster.TaskFolderComponent"
 SCHEDULE = '[schedules]\nreply_to_dana = "0 6 * * *"\n'
@@ -142,10 +142,10 @@ def test_an_unknown_attribute_is_reported_at_its_line_of_the_defs_yaml(sandbox):
 @pytest.mark.parametrize(("attribute", "value", "message"), [
     ("executor", "threads", "ValueError: Input should be 'agentenv', 'in_process', 'multiprocess', 'celery' or 'k8s'"),
     ("strict", "maybe", "ValueError: Input should be a valid boolean, unable to interpret input"),
-    ("translator", "agentenv_nowhere:Prefixed", "ValueError: translator 'agentenv_nowhere:Prefixed' cannot be "
-                                                "imported: No module named 'agentenv_nowhere'"),
-    ("translator", "dagster:Definitions", "ValueError: translator 'dagster:Definitions' is not a subclass of "
-                                          "agentenv_dagster TaskTranslator"),
+    ("translator", "agentenv_nowhere:Prefixed", ("ValueError: translator 'agentenv_nowhere:Prefixed' cannot be "
+                                                 "imported: No module named 'agentenv_nowhere'")),
+    ("translator", "dagster:Definitions", ("ValueError: translator 'dagster:Definitions' is not a subclass of "
+                                           "agentenv_dagster TaskTranslator")),
     ("tasks_dir", "nowhere", "ValueError: no such folder: {folder}/nowhere"),
 ])
 def test_a_bad_value_is_reported_at_its_line_of_the_defs_yaml(project, sandbox, attribute, value, message):
@@ -198,7 +198,7 @@ def cli(project: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     (project / ".dagster_home").mkdir(exist_ok=True)
     python_path = os.pathsep.join(filter(None, [str(project), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
-        [*command, *args[1:]], cwd=project, capture_output=True, text=True, timeout=300,
+        [*command, *args[1:]], cwd=project, capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), "PYTHONPATH": python_path, **env},
     )
 
