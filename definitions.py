@@ -1,7 +1,11 @@
 """The Dagster code location of this checkout: one job per task document in tasks/.
 
-Lazy (``build_repository``): the task folder is compiled when Dagster first asks for a
-definition. ``build_definitions(...)`` returns the same definitions as an eager ``Definitions``.
+``dagster dev -w workspace.yaml`` and ``dagster job execute -f definitions.py`` load this file;
+``dg dev``, ``dg check defs`` and ``dg list defs`` load the dg project ``evals/``, whose
+component (``evals/defs/tasks/defs.yaml``) declares the same folder with the same defaults, so
+both build the same definitions. Lazy (``build_repository``): the task folder is compiled when
+Dagster first asks for a definition. ``AGENTENV_STRICT=1`` makes a broken task file fail the
+load instead of becoming a ``<file>__invalid`` job.
 """
 
 from pathlib import Path

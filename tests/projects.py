@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from agentenv_dagster.runtime.local import Ledger
@@ -52,6 +53,22 @@ def make_project(
         for name, document in tasks.items():
             text = document if isinstance(document, str) else json.dumps(document)
             (tasks_dir / name).write_text(text)
+    return root
+
+
+def make_dg_project(root: Path, **options) -> Path:
+    """``make_project`` as this checkout is a ``dg`` project: its ``evals/`` package (the task
+    folder component in ``evals/defs/tasks/defs.yaml``), the ``[tool.dg]`` of its
+    ``pyproject.toml``, and its ``definitions.py`` and ``workspace.yaml``."""
+    make_project(root, **options)
+    shutil.copytree(REPO / "evals", root / "evals", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("definitions.py", "workspace.yaml"):
+        shutil.copy(REPO / name, root / name)
+    dg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["dg"]
+    project = "".join(f"{key} = {json.dumps(value)}\n" for key, value in dg["project"].items())
+    (root / "pyproject.toml").write_text(
+        f'[project]\nname = "evals"\nversion = "0"\n\n[tool.dg]\ndirectory_type = "{dg["directory_type"]}"\n\n'
+        f"[tool.dg.project]\n{project}")
     return root
 
 

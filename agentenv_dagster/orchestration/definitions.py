@@ -3,18 +3,19 @@
 Staged like kedro-dagster: compile the files, then plans -> each task's assets and job
 (``task_job``), its checks and suite, config -> resources. A file that does not compile
 becomes a placeholder job that explains the problem (lenient, the default) or stops the
-load (``strict=True``, for CI).
+load (``strict=True`` or ``AGENTENV_STRICT=1``, for CI).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import dagster as dg
 
 from ..compiler import compile_location
-from ..config import AgentEnvConfig, load_config
+from ..config import EXECUTORS, AgentEnvConfig, load_config
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..plan import TaskPlan
@@ -30,6 +31,7 @@ from .task_job import build_task
 from .translator import TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
+STRICT_ENV = "AGENTENV_STRICT"
 
 
 def build_job(
@@ -54,12 +56,18 @@ def build_definitions(
     project_dir: str | Path | None = None,
     translator: TaskTranslator | None = None,
     strict: bool = False,
+    experiments: dict[str, list[str]] | None = None,
+    executor: str | None = None,
 ) -> dg.Definitions:
-    """The code location of every task document under ``tasks_dir``."""
+    """The code location of every task document under ``tasks_dir``. ``experiments`` (file ->
+    Coder Eval task ids) and ``executor`` replace the config's ``[experiments]`` and ``[dagster]
+    executor``. Strict (``strict`` or ``AGENTENV_STRICT=1``): a file that does not compile
+    raises :class:`TaskLoadError`, one ``<file>: step '<id>': <message>`` line per problem."""
     tasks_dir = Path(tasks_dir).resolve()
     project_dir = Path(project_dir).resolve() if project_dir else tasks_dir.parent
     translator = translator or TaskTranslator()
-    config = load_config(project_dir)
+    strict = strict or strict_from_env()
+    config = with_overrides(load_config(project_dir), experiments=experiments, executor=executor)
     report = compile_location(tasks_dir, config)
     resources = location_resources(config)
     plans, jobs, suites, assets, checks = [], [], [], [], []
@@ -91,6 +99,30 @@ def build_definitions(
                  *suites_sensor(suites)],
         schedules=task_schedules(plans, config, jobs, translator),
     )
+
+
+def strict_from_env() -> bool:
+    """``AGENTENV_STRICT``: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``/unset."""
+    value = os.environ.get(STRICT_ENV, "")
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.strip().lower() in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{STRICT_ENV}={value[:40]!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+
+
+def with_overrides(
+    config: AgentEnvConfig, *, experiments: dict[str, list[str]] | None, executor: str | None,
+) -> AgentEnvConfig:
+    """The config with a code location's own ``[experiments]`` and ``[dagster] executor``."""
+    if executor is not None and executor not in EXECUTORS:
+        raise ValueError(f"executor '{executor}': expected one of {', '.join(EXECUTORS)}")
+    update = {}
+    if experiments is not None:
+        update["experiments"] = {str(file): list(task_ids) for file, task_ids in experiments.items()}
+    if executor is not None:
+        update["dagster"] = config.dagster.model_copy(update={"executor": executor})
+    return config.model_copy(update=update) if update else config
 
 
 def location_resources(config: AgentEnvConfig) -> dict:
