@@ -29,11 +29,11 @@ from ..steps.base import TaskStep
 from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
-from .retries import carry_retries, self_retry_pending
-from .rows import REPLICATE_TAG, ROWS, node_assets, plan_of, row_seed, run_keys, step_fields
+from .retries import carry_retries, live_deployers, self_retry_pending
+from .rows import REPLICATE_TAG, ROWS, node_assets, node_step_key, plan_of, row_seed, run_keys, step_fields, task_graph_of
 from .step_events import asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata
 from .streams import Row, StreamRef, StreamWriter, joined, records, side_by_side, stop_requested
-from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_TYPE, TAG_TASK_ID
+from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ID, TAG_STEP_TYPE, TAG_TASK_ID
 
 IO_MANAGER_KEY = "task_context_io_manager"
 TEARDOWN_OP = FINAL_STEP
@@ -93,6 +93,7 @@ def run_step_op(
     io: ContextIOManagerBase = getattr(context.resources, IO_MANAGER_KEY)
     refuse_changed_task(context)
     step = resource.parse_step(step_type, step_fields(context))
+    refuse_ended_deployments(context, step)
     out = StreamWriter(io, context.run_id, str(context.op_handle))
     if "result" in context.selected_output_names:
         yield dg.Output(out.ref, "result")  # the ops below may start: they read the rows as they land
@@ -382,6 +383,24 @@ def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
 
 def _row(key: str) -> str:
     return f" (row '{key}')" if key else ""
+
+
+def refuse_ended_deployments(context, step: TaskStep) -> None:
+    """A re-execution of some steps reads its parent's contexts, but what the parent deployed
+    ended with it: a step that uses an env, agent or sandbox its own run does not deploy again
+    is refused at once, with the steps to select."""
+    selected = context.run.step_keys_to_execute
+    plan = plan_of(context)
+    if not context.run.parent_run_id or selected is None or plan is None or step.id not in plan.step_by_id:
+        return
+    nodes = {node.tags.get(TAG_STEP_ID): node.name for node in task_graph_of(context.job_def).nodes}
+    ended = sorted(d for d in live_deployers(plan, step.id)
+                   if nodes.get(d) and node_step_key(context.job_def, nodes[d]) not in selected)
+    if ended:
+        raise dg.Failure(description=(
+            f"step '{step.id}' uses what step(s) {', '.join(repr(d) for d in ended)} deployed in run "
+            f"{context.run.parent_run_id}, which ended with that run: re-execute from "
+            f"'{ended[0]}' (select it and the steps after it), or re-execute all"))
 
 
 def refuse_changed_task(context) -> None:

@@ -57,11 +57,17 @@ def retry_span(plan: TaskPlan, step_id: str) -> list[str]:
     while True:
         grown = selected | {s.id for s in plan.steps if plan.ancestors(s.id) & selected}
         for member in list(grown):
-            used = {(n.kind, n.name) for n in plan.step_by_id[member].names_read() if n.kind in LIVE}
-            grown |= {a for a in plan.ancestors(member) if used & plan.written_by(plan.step_by_id[a])}
+            grown |= live_deployers(plan, member)
         if grown == selected:
             return [s.id for s in plan.steps if s.id in selected]
         selected = grown
+
+
+def live_deployers(plan: TaskPlan, step_id: str) -> set[str]:
+    """The ancestors of ``step_id`` that deployed an env, agent, sandbox or container it uses:
+    a run that ends them cannot lend them to a later run."""
+    used = {(n.kind, n.name) for n in plan.step_by_id[step_id].names_read() if n.kind in LIVE}
+    return {a for a in plan.ancestors(step_id) if used & plan.written_by(plan.step_by_id[a])}
 
 
 def span_tags(plan: TaskPlan, step: TaskStep, translator: TaskTranslator) -> dict[str, str]:

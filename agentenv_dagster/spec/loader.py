@@ -60,6 +60,8 @@ class TaskDocument:
     # variant's ``repeats``, or its trials in a simulation), by variant (``""``: the task
     # itself); absent is 1.
     replicates: dict[str, int] | None = None
+    # What the task is about, in its author's words (Coder Eval ``description``).
+    description: str | None = None
 
     def step_documents(self) -> list[dict[str, Any]]:
         return [step.to_document() for step in self.steps]

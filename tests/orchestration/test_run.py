@@ -53,6 +53,15 @@ def test_reply_to_dana_runs_end_to_end_offline(project):
         assert checks[(TONE, "passed")].passed is False
         assert checks[(TONE, "passed")].severity == dg.AssetCheckSeverity.WARN
 
+        # the check's Execute button: it re-reads the evaluation, and still says why it was not graded
+        check_only = defs.resolve_implicit_global_asset_job_def().get_subset(
+            asset_selection=set(), asset_check_selection={dg.AssetCheckKey(TONE, "passed")})
+        again = check_only.execute_in_process(instance=instance)
+        reread = _checks(again)[(TONE, "passed")]
+        assert reread.passed is False and reread.severity == dg.AssetCheckSeverity.WARN
+        assert "needs an API key" in reread.metadata["reason"].value
+        assert reread.metadata["from_run"].value == result.run_id
+
         observation = instance.fetch_observations(dg.AssetKey(["artifacts", "inbox"]), limit=1).records
         assert observation[0].asset_observation.metadata["version"].value == 1
 
