@@ -85,7 +85,7 @@ def _validation_document(files: list[Path], report: CompileReport) -> dict[str, 
               help="Coder Eval dataset: rows whose step runs at the same time, in each step")
 @click.option("--max-sandboxes", type=click.IntRange(min=1), default=None,
               help="Coder Eval dataset: rows holding their sandbox, container and agent at once (a row "
-              "releases them as it leaves the run) [default: the task's dataset.max_sandboxes, else --rows-in-flight]")
+              "releases them as it leaves the run) [default: the task's dataset.max_sandboxes, else twice --rows-in-flight]")
 @click.option("--failed-only", is_flag=True,
               help="Coder Eval dataset: only the rows that did not pass last time (failed partitions, "
               "unreached or failing verifications); Dagster's run tag agentenv/rows=failed does the same")

@@ -84,7 +84,8 @@ class AgentEnvResource(dg.ConfigurableResource):
     rows_in_flight: int = Field(default=32, ge=1, description="rows whose step runs at once, in each op")
     max_sandboxes: int | None = Field(
         default=None, ge=1, description="rows that hold their deployed sandboxes, containers, envs and agents at "
-        "once (a row releases them as it leaves the run); default: rows_in_flight")
+        "once (a row releases them as it leaves the run); default: twice rows_in_flight, so that as many rows "
+        "can be graded as have their agents working")
 
     def load_config(self, judge: JudgeResource | None = None) -> AgentEnvConfig:
         config = load_config(Path(self.project_dir))
@@ -129,8 +130,9 @@ class AgentEnvResource(dg.ConfigurableResource):
     def live_rows_bound(self, task_bound: int | None = None) -> int:
         """How many rows may hold their deployments at once: this resource's ``max_sandboxes``
         (the CLI's flag, the launchpad), else the task's own (``task_bound``), else
-        ``rows_in_flight``."""
-        return self.max_sandboxes or task_bound or self.rows_in_flight
+        twice ``rows_in_flight``: the rows whose agents work, and as many whose grading (which
+        may still use the sandbox) runs meanwhile, so that grading never idles an agent lane."""
+        return self.max_sandboxes or task_bound or 2 * self.rows_in_flight
 
     def step_runtime(
         self, run_id: str, task_id: str, logger: logging.Logger, *, judge: JudgeResource,
