@@ -1,4 +1,4 @@
-"""One op definition per step type, reused by every task through node aliases.
+"""The op of a step: one definition per step type, copied per step with its description.
 
 An op streams: it yields its Output (its row stream, ``streams.py``) as it starts, then runs
 its step for each row as that row arrives from the ops above it (a root op: as the run admits
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import signal
 import threading
 import time
@@ -32,7 +33,7 @@ from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, live_deployers, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, node_step_key, plan_of, row_seed, run_keys, step_fields, task_graph_of
 from .step_events import asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata
-from .streams import Row, StreamRef, StreamWriter, joined, records, side_by_side, stop_requested
+from .streams import Row, StreamRef, StreamWriter, joined, records, running_side_by_side, side_by_side, stop_requested
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ID, TAG_STEP_TYPE, TAG_TASK_ID
 
 IO_MANAGER_KEY = "task_context_io_manager"
@@ -273,22 +274,28 @@ class _Departures:
 
 
 class _Outbox:
-    """What an op's rows hand its generator (which alone may yield Dagster events)."""
+    """What an op's rows hand its generator (which alone may yield Dagster events), across
+    threads: the rows run on the op's event loop thread, the generator in the op's thread."""
 
     def __init__(self) -> None:
-        self.items: list[Any] = []
-        self.ready = asyncio.Event()
+        self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def put(self, item: Any) -> None:
-        self.items.append(item)
-        self.ready.set()
+        self.items.put(item)
 
-    async def take(self, main: asyncio.Task) -> list[Any]:
-        if not self.items and not main.done():
-            await _first_of(self.ready.wait(), main)
-        self.ready.clear()
-        items, self.items = self.items, []
-        return items
+    def take(self) -> list[Any]:
+        """At least one item (blocking until there is one), and whatever else is waiting."""
+        while True:  # a timeout now and then: the main thread's signal handlers run meanwhile
+            try:
+                items = [self.items.get(timeout=STOP_POLL_SECONDS)]
+                break
+            except queue.Empty:
+                continue
+        while True:
+            try:
+                items.append(self.items.get_nowait())
+            except queue.Empty:
+                return items
 
 
 async def _first_of(awaited: Awaitable[Any], task: asyncio.Task) -> None:
@@ -303,41 +310,81 @@ async def _first_of(awaited: Awaitable[Any], task: asyncio.Task) -> None:
 STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
 
 
+_MAIN_ENDED = object()  # what the loop thread puts in the outbox last
+
+
 def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
             to_events: Callable[[list[Any]], Iterator[Any]]) -> Iterator[Any]:
-    """Run ``main`` on an event loop of the op's own, handing what it puts in its outbox to
-    ``to_events`` between the loop's turns (Dagster takes events from the op's thread only);
-    returns once ``main`` has ended, raising what it raised. The loop runs only while the op
-    waits for its rows, so storing an event pauses this op's rows, not the run's.
+    """Run ``main`` on an event loop in a thread of the op's own, handing what it puts in its
+    outbox to ``to_events`` in the op's thread (Dagster takes events from there only); returns
+    once ``main`` has ended, raising what it raised. Storing an event takes the op's thread,
+    never the loop: the op's rows go on meanwhile.
 
     Asked to stop (the run terminated: SIGINT in the main thread, ``streams.request_stop`` from
     the executor), ``main`` is cancelled and unwinds; then the interruption is raised."""
     loop = new_event_loop()
     outbox = _Outbox()
-    task = loop.create_task(main(outbox))
-    watcher = loop.create_task(_until_stopped(run_id, task))
+    ended: list[BaseException | None] = []
+    started = threading.Event()
+    tasks: list[asyncio.Task] = []
+
+    async def supervised() -> None:
+        task = asyncio.create_task(main(outbox))
+        tasks.append(task)
+        started.set()
+        watcher = asyncio.create_task(_until_stopped(run_id, task))
+        try:
+            await asyncio.wait({task})
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        ended.append(task.exception() if not task.cancelled() else asyncio.CancelledError())
+
+    beside = side_by_side()
+
+    def run_loop() -> None:
+        if beside:  # the loop's thread is the step's: it runs beside the other ops too
+            running_side_by_side()
+        try:
+            loop.run_until_complete(supervised())
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        except BaseException as exc:  # noqa: BLE001 - handed to the op's thread
+            ended.append(exc)
+        finally:
+            started.set()
+            loop.close()
+            outbox.put(_MAIN_ENDED)
+
+    def cancel(*_: Any) -> None:
+        started.wait()
+        if tasks and not loop.is_closed():
+            loop.call_soon_threadsafe(tasks[0].cancel)
+
     interrupted: list[Any] = []
     handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     if callable(handler):
-        signal.signal(signal.SIGINT, lambda signum, frame: (interrupted.append(frame), task.cancel()))
+        signal.signal(signal.SIGINT, lambda signum, frame: (interrupted.append(frame), cancel()))
+    thread = threading.Thread(target=run_loop, name=f"{threading.current_thread().name} rows", daemon=True)
+    thread.start()
     try:
-        while True:
-            items = loop.run_until_complete(outbox.take(task))
+        done = False
+        while not done:
+            items = outbox.take()
+            done = items[-1] is _MAIN_ENDED
+            if done:
+                items.pop()
             if items:
                 yield from to_events(items)
-            if task.done() and not outbox.items:
-                break
         if interrupted:
             handler(signal.SIGINT, interrupted[0])  # raises, unless the process defers interrupts
-        task.result()
+        if ended and ended[0] is not None:
+            raise ended[0]
     finally:
         if callable(handler):
             signal.signal(signal.SIGINT, handler)
-        for pending in (task, watcher):
-            pending.cancel()
-        loop.run_until_complete(asyncio.gather(task, watcher, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        if thread.is_alive():  # the generator was closed early: its rows end with it
+            cancel()
+            thread.join()
 
 
 async def _until_stopped(run_id: str, task: asyncio.Task) -> None:
