@@ -8,17 +8,15 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import uuid
 
-import psutil
 import pytest
 
 from projects import REPO, dagster_daemon, leaked_servers, make_project
-from services import wait_until
+import services
 
 pytestmark = pytest.mark.slow
 
@@ -161,43 +159,22 @@ def test_the_run_queue_holds_a_task_to_two_runs_and_its_agent_pool_to_its_limit(
     assert leaked_servers(root / ".agentenv" / "state") == []
 
 
-@pytest.fixture
-def celery_worker(tmp_path, pg, s3, redis_url):
-    """A project whose jobs use the Celery executor, and a `dagster-celery` worker for it on
-    loopback; stopped afterwards (the celery process first, then the dagster-celery parent)."""
+def celery_project(tmp_path, pg, s3, redis_url):
+    """A project whose jobs use the Celery executor, with the broker and backend on
+    ``redis_url`` and deploy/celery.yaml as its workers' settings; its environment."""
     root = s3_project(tmp_path, s3, extra='\n[dagster]\nexecutor = "celery"\n')
     env = environment(root, pg, s3, AGENTENV_CELERY_BROKER=f"{redis_url}/0", AGENTENV_CELERY_BACKEND=f"{redis_url}/1")
     shutil.copy(REPO / "deploy" / "celery.yaml", root / "celery.yaml")
-    log = open(tmp_path / "worker.log", "w")
-    parent = subprocess.Popen(
-        [shutil.which("dagster-celery") or "dagster-celery", "worker", "start", "-A", "dagster_celery.app",
-         "-y", "celery.yaml", "-n", f"agentenv-test-{os.getpid()}", "--", "--concurrency=2"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    processes: list[psutil.Process] = []
-    try:
-        wait_until(lambda: "ready." in (tmp_path / "worker.log").read_text() or parent.poll() is not None,
-                   "the celery worker", timeout=90, interval=0.25)
-        assert parent.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+    return root, env
+
+
+@pytest.fixture
+def celery_worker(tmp_path, pg, s3, redis_url):
+    """A Celery project and a `dagster-celery` worker for it on loopback; stopped afterwards
+    (the celery process first, then the dagster-celery parent)."""
+    root, env = celery_project(tmp_path, pg, s3, redis_url)
+    with services.celery_worker(root, env, tmp_path / "worker.log", name=f"agentenv-test-{os.getpid()}"):
         yield root, env
-    finally:
-        try:
-            processes = psutil.Process(parent.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            processes = []
-        for child in psutil.Process(parent.pid).children() if parent.poll() is None else []:
-            child.send_signal(signal.SIGTERM)  # celery's warm shutdown ends its pool first
-        psutil.wait_procs(processes, timeout=30)
-        if parent.poll() is None:
-            parent.terminate()
-        try:
-            parent.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(parent.pid, signal.SIGKILL)
-            parent.wait(timeout=10)
-        log.close()
-    assert not [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], \
-        "celery worker processes left running"
 
 
 def test_reply_to_dana_under_the_celery_executor(celery_worker, pg, s3):
