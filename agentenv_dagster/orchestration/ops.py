@@ -92,7 +92,9 @@ def run_step_op(
     resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
     io: ContextIOManagerBase = getattr(context.resources, IO_MANAGER_KEY)
     refuse_changed_task(context)
-    step = resource.parse_step(step_type, step_fields(context))
+    node, graph = context.op_handle.name, context.op_handle.parent
+    step = resource.parse_step(step_type, step_fields(context), node,
+                               f"ops.{graph}.config.steps.{node}" if graph is not None else f"ops.{node}.config.step")
     out = StreamWriter(io, context.run_id, str(context.op_handle))
     if "result" in context.selected_output_names:
         yield dg.Output(out.ref, "result")  # the ops below may start: they read the rows as they land
