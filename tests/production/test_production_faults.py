@@ -111,3 +111,27 @@ def test_a_step_lost_with_its_killed_worker_runs_again_on_a_restarted_one_and_th
     assert "step 'reply' (prompt_agent) failed: All connection attempts failed" in failed[REPLY]
     assert f"Steps failed: ['{REPLY}']" in failed[None]  # the run worker ended the run itself
     assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_a_dataset_job_launched_with_no_partition_runs_the_dataset_s_selection(tmp_path, pg, s3, redis_url):
+    """`dagster job launch -j triage_tickets` names no partition: the run takes the dataset's
+    selection (here every row), on the Celery worker, instead of failing with pydantic's dump
+    of an empty step."""
+    root, env = celery_project(tmp_path, pg, s3, redis_url)
+    shutil.copy(REPO / "workspace.yaml", root / "workspace.yaml")
+    run_id = str(uuid.uuid4())
+    launched = subprocess.run([sys.executable, "-m", "dagster", "job", "launch", "-w", "workspace.yaml",
+                               "-j", "triage_tickets", "--run-id", run_id],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=180)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    with dagster_daemon(root, tmp_path / "daemon.log", env), \
+            services.celery_worker(root, env, tmp_path / "worker.log", name="rows"):
+        services.wait_until(lambda: run_status(pg, run_id) in ("SUCCESS", "FAILURE", "CANCELED"), "the run",
+                            timeout=240, interval=1)
+    assert run_status(pg, run_id) == "SUCCESS", failures(pg, run_id)
+    rows = pg.query("SELECT event FROM event_logs WHERE run_id = %s AND dagster_event_type = 'ASSET_MATERIALIZATION'",
+                    run_id)
+    verified = {json.loads(event)["dagster_event"]["event_specific_data"]["materialization"]["partition"]
+                for (event,) in rows if '"verifications"' in event}
+    assert verified == {"t1", "t2", "t3", "t4", "t5", "t6"}
+    assert leaked_servers(root / ".agentenv" / "state") == []
