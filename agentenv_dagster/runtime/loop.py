@@ -8,8 +8,8 @@ uvloop refuses to start a process while a loop in another thread is starting one
 with another loop to spawn a process", MagicStack/uvloop#508), and the ops of a run each run
 a loop in a thread of the run's process (``orchestration/executors.py``): independent
 verifiers that each run a script would fail one another. So the loops made here start their
-processes one at a time across the process (:data:`SPAWNING`); a start takes a few
-milliseconds, and only the start is serialized, not the processes' lives.
+processes one at a time across the process (:data:`SPAWNING`): only the start (fork and
+exec) is serialized, not the processes' lives.
 """
 
 from __future__ import annotations

@@ -222,6 +222,19 @@ class CeleryWorker:
         except psutil.NoSuchProcess:
             return []
 
+    def pool(self) -> list:
+        """The pool processes that run the worker's tasks (the children of celery's main
+        process)."""
+        import psutil
+
+        def celery(process) -> bool:
+            with contextlib.suppress(psutil.Error):
+                return "celery" in " ".join(process.cmdline())
+            return False
+
+        mains = [p for p in self.processes()[1:] if celery(p) and p.ppid() == self.process.pid]
+        return [child for main in mains for child in main.children() if celery(child)]
+
     def kill(self) -> None:
         """SIGKILL the worker and its pool at once, as a lost machine or the OOM killer would:
         nothing of it runs a shutdown, acknowledges or requeues a task."""

@@ -18,7 +18,7 @@ import pytest
 import services
 from agentenv_dagster.runtime.local import Ledger
 from projects import REPO, dagster_daemon, leaked_servers
-from test_production_profile import celery_project, run_status
+from test_production_profile import bucket_run_ids, celery_project, run_status
 
 pytestmark = pytest.mark.slow
 
@@ -29,6 +29,9 @@ RESTORE_SECONDS = 2  # this test's unacked_restore_interval
 # runs; then it must fail (its agent died with the worker) and the run end: a minute's margin
 # for the worker's start and the step's
 BOUND_SECONDS = VISIBILITY_SECONDS + RESTORE_SECONDS + 60
+# a step whose pool process died is back on the queue at once: a new pool process, the step's
+# start and failure and the run's end take seconds, not a visibility timeout
+REQUEUE_BOUND_SECONDS = 60
 REPLY = "reply_to_dana_steps.reply"
 
 
@@ -99,7 +102,6 @@ def test_a_step_lost_with_its_killed_worker_runs_again_on_a_restarted_one_and_th
             status = run_status(pg, run_id)
             assert status == "FAILURE", f"the run is {status} {took:.0f} s after its worker was killed"
             assert took <= BOUND_SECONDS, f"the run failed {took:.0f} s after its worker was killed"
-            print(f"the run failed {took:.0f} s after its worker was killed")
         run_dir = root / ".agentenv" / "state" / "runs" / run_id
         services.wait_until(lambda: Ledger.of_run(run_dir).closed, "the run's ledger closed (teardown sensor)",
                             timeout=90, interval=1)
@@ -134,4 +136,37 @@ def test_a_dataset_job_launched_with_no_partition_runs_the_dataset_s_selection(t
     verified = {json.loads(event)["dagster_event"]["event_specific_data"]["materialization"]["partition"]
                 for (event,) in rows if '"verifications"' in event}
     assert verified == {"t1", "t2", "t3", "t4", "t5", "t6"}
+    assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_a_step_whose_worker_process_is_killed_runs_again_at_once_and_the_run_fails(tmp_path, pg, s3, redis_url):
+    """SIGKILL of the pool process running the agent step while its worker lives on (what the
+    OOM killer does): the worker puts the step back on the queue at once
+    (task_reject_on_worker_lost) and runs it again in a new pool process. Every step ran in
+    the killed process (one a worker), so the agent died with it: the step fails the second
+    time and the run ends FAILURE, without waiting for any visibility timeout."""
+    root, env = celery_project(tmp_path, pg, s3, redis_url)
+    config = root / ".agentenv" / "config.toml"
+    script = 'script = "agents/reply_to_dana.replay.json"\n'
+    config.write_text(config.read_text().replace(script, script + f"delay_seconds = {AGENT_SLEEPS}\n"))
+    with services.celery_worker(root, env, tmp_path / "worker.log", name="only", concurrency=1) as worker:
+        run = subprocess.Popen([sys.executable, "-m", "dagster", "job", "execute", "-f", "definitions.py",
+                                "-j", "reply_to_dana"], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            run_id = services.wait_until(lambda: next(iter(bucket_run_ids(s3, root)), None), "the run", timeout=120)
+            services.wait_until(lambda: celery_executions(pg, run_id, REPLY), "the agent step", timeout=240,
+                                interval=0.5)
+            (process,) = worker.pool()
+            process.kill()
+            assert run.wait(timeout=REQUEUE_BOUND_SECONDS) != 0  # (the run ends within the bound, failed)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait(timeout=30)
+    assert run_status(pg, run_id) == "FAILURE"
+    assert [w.split("@")[0] for w in celery_executions(pg, run_id, REPLY)] == ["only", "only"]
+    failed = failures(pg, run_id)
+    assert set(failed) == {REPLY, None}, failed
+    assert "step 'reply' (prompt_agent) failed: All connection attempts failed" in failed[REPLY]
     assert leaked_servers(root / ".agentenv" / "state") == []
