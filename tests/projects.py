@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -174,6 +175,8 @@ def dagster_daemon(root: Path, log_path: Path, env: dict[str, str] | None = None
         finally:
             terminate(daemon.pid, grace_seconds=20)
             daemon.wait(timeout=30)
+            with contextlib.suppress(ProcessLookupError):  # a code server it started may outlive it
+                os.killpg(daemon.pid, signal.SIGKILL)
 
 
 def in_forked_child(report) -> str:

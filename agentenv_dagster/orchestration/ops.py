@@ -93,7 +93,9 @@ def run_step_op(
     resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
     io: ContextIOManagerBase = getattr(context.resources, IO_MANAGER_KEY)
     refuse_changed_task(context)
-    step = resource.parse_step(step_type, step_fields(context))
+    node, graph = context.op_handle.name, context.op_handle.parent
+    step = resource.parse_step(step_type, step_fields(context), node,
+                               f"ops.{graph}.config.steps.{node}" if graph is not None else f"ops.{node}.config.step")
     refuse_ended_deployments(context, step)
     out = StreamWriter(io, context.run_id, str(context.op_handle))
     if "result" in context.selected_output_names:
@@ -232,16 +234,21 @@ class _RowsOfOp:
 
     def finish(self) -> None:
         """End the stream; fail the op when every row that reached it stopped here. Under an
-        executor that runs one step at a time, Dagster then skips every step below, the
-        teardown op too: what the run deployed ends here."""
+        executor that runs one step at a time, Dagster then skips every step below a failed
+        one, the teardown op too: what the run deployed ends with the last step that still
+        runs (this one, unless a step independent of the failure is still to run)."""
         self.out.end()
         stopped = self.stopped_here
         self.context.log.info(f"step '{self.step.id}': {self.passed} row(s) passed"
                               + (f", {len(stopped)} stopped here" if stopped else ""))
-        if stopped and not self.passed:
+        failing = bool(stopped and not self.passed)
+        ended = self.resource.teardown(self.context.run_id) \
+            if not side_by_side() and _one_step_at_a_time(self.context) \
+            and _last_to_run_after_a_failure(self.context, self.step.id, failing) else []
+        if ended and not failing:
+            self.context.log.info(f"the run's failed steps skip the rest of it: ended {len(ended)} deployment(s)")
+        if failing:
             first = self.first_failure
-            ended = [] if side_by_side() or not _one_step_at_a_time(self.context) else \
-                self.resource.teardown(self.context.run_id)
             raise dg.Failure(
                 description=str(first) if len(stopped) == 1 else f"{len(stopped)} rows failed; the first: {first}",
                 metadata={"error_type": first.record["error_type"], "torn_down": ended,
@@ -408,6 +415,28 @@ def _results_asset(context: dg.OpExecutionContext) -> tuple[dg.AssetKey, dict[st
 def _one_step_at_a_time(context: dg.OpExecutionContext) -> bool:
     """Whether the run's executor runs its steps one after another in this process."""
     return context.job_def.executor_def.name in ONE_STEP_AT_A_TIME
+
+
+_STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
+
+
+def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, failing: bool) -> bool:
+    """Under a one-step-at-a-time executor: whether a step of the run has failed (this one,
+    when ``failing``) and no other step of it is still to run but those Dagster will skip
+    (descendants of a failed step, the teardown op among them). A step independent of the
+    failure still runs after it, against the run's deployments: they must not end before."""
+    plan = plan_of(context)
+    if plan is None:  # (a job not built from a task plan: nothing to wait for is known)
+        return failing
+    ends = context.instance.get_records_for_run(context.run_id, of_type=_STEP_ENDS).records
+    ended = {r.event_log_entry.step_key: r.event_log_entry.dagster_event_type for r in ends}
+    key = {step.id: _sibling(context, node_name(step.id)) for step in plan.steps}
+    failed = {s for s, k in key.items() if ended.get(k) == dg.DagsterEventType.STEP_FAILURE}
+    failed |= {step_id} if failing else set()
+    selected = context.run.step_keys_to_execute
+    still_to_run = [s for s, k in key.items() if s != step_id and k not in ended
+                    and (selected is None or k in selected) and not plan.ancestors(s) & failed]
+    return bool(failed) and not still_to_run
 
 
 def _sibling(context: dg.OpExecutionContext, name: str) -> str:

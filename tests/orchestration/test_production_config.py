@@ -130,8 +130,12 @@ def test_production_profile_fails_dead_runs_and_requeues_lost_celery_steps(monke
     settings = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())["run_monitoring"]
     assert process_config(dagster_instance_config_schema(), {"run_monitoring": settings}).success
     assert settings["enabled"] is True and settings["max_resume_run_attempts"] == 0
+    assert settings["max_runtime_seconds"] == 86400  # the last bound on any run (docs/production.md)
     monkeypatch.setenv("AGENTENV_CELERY_BROKER", "redis://127.0.0.1:6379/0")
     monkeypatch.setenv("AGENTENV_CELERY_BACKEND", "redis://127.0.0.1:6379/1")
     celery = get_validated_config(str(REPO / "deploy" / "celery.yaml"))
-    assert celery["config_source"] == {"task_acks_late": True, "task_reject_on_worker_lost": True,
-                                       "worker_prefetch_multiplier": 1}
+    assert celery["config_source"] == {
+        "task_acks_late": True, "task_reject_on_worker_lost": True, "worker_prefetch_multiplier": 1,
+        # a step lost with its whole worker comes back to a running one (docs/production.md, "Faults")
+        "broker_transport_options": {"visibility_timeout": 21600, "unacked_restore_interval": 60,
+                                     "unacked_restore_throttle": 1}}
