@@ -430,13 +430,19 @@ def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, f
         return failing
     ends = context.instance.get_records_for_run(context.run_id, of_type=_STEP_ENDS).records
     ended = {r.event_log_entry.step_key: r.event_log_entry.dagster_event_type for r in ends}
-    key = {step.id: _sibling(context, node_name(step.id)) for step in plan.steps}
+    key = step_keys(context)
     failed = {s for s, k in key.items() if ended.get(k) == dg.DagsterEventType.STEP_FAILURE}
     failed |= {step_id} if failing else set()
     selected = context.run.step_keys_to_execute
     still_to_run = [s for s, k in key.items() if s != step_id and k not in ended
                     and (selected is None or k in selected) and not plan.ancestors(s) & failed]
     return bool(failed) and not still_to_run
+
+
+def step_keys(context: dg.OpExecutionContext) -> dict[str, str]:
+    """The step key of each step of the op's task, by step id (its node's tag)."""
+    return {step_id: node_step_key(context.job_def, node.name) for node in task_graph_of(context.job_def).nodes
+            if (step_id := node.tags.get(TAG_STEP_ID))}
 
 
 def _sibling(context: dg.OpExecutionContext, name: str) -> str:
@@ -469,9 +475,8 @@ def refuse_ended_deployments(context, step: TaskStep) -> None:
     plan = plan_of(context)
     if not context.run.parent_run_id or selected is None or plan is None or step.id not in plan.step_by_id:
         return
-    nodes = {node.tags.get(TAG_STEP_ID): node.name for node in task_graph_of(context.job_def).nodes}
-    ended = sorted(d for d in live_deployers(plan, step.id)
-                   if nodes.get(d) and node_step_key(context.job_def, nodes[d]) not in selected)
+    keys = step_keys(context)
+    ended = sorted(d for d in live_deployers(plan, step.id) if d in keys and keys[d] not in selected)
     if ended:
         raise dg.Failure(description=(
             f"step '{step.id}' uses what step(s) {', '.join(repr(d) for d in ended)} deployed in run "
