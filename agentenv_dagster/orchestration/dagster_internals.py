@@ -170,10 +170,7 @@ from dagster._core.definitions.job_base import InMemoryJob  # noqa: E402
 from dagster._core.definitions.reconstruct import ReconstructableRepository  # noqa: E402
 from dagster._core.execution.api import create_execution_plan, execute_run  # noqa: E402
 from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin  # noqa: E402
-from dagster._core.workspace.autodiscovery import (  # noqa: E402
-    loadable_targets_from_python_file,
-    loadable_targets_from_python_module,
-)
+from dagster._core.code_pointer import load_python_file, load_python_module  # noqa: E402
 from dagster._core.workspace.load import location_origins_from_yaml_paths  # noqa: E402
 
 
@@ -206,9 +203,15 @@ def location_job(workspace: str, job_name: str) -> LocationJob | None:
 
 
 def _attribute(target) -> str:
-    found = (loadable_targets_from_python_file(target.python_file, target.working_directory) if target.python_file
-             else loadable_targets_from_python_module(target.module_name, target.working_directory))
-    return found[0].attribute
+    """The module attribute holding the location's definitions (what Dagster's autodiscovery
+    finds, without the imports of its other cases)."""
+    module = (load_python_file(target.python_file, target.working_directory) if target.python_file
+              else load_python_module(target.module_name, target.working_directory))
+    found = [name for name, value in vars(module).items() if isinstance(value, (dg.Definitions, dg.RepositoryDefinition))]
+    if len(found) != 1:
+        raise dg.DagsterInvariantViolationError(
+            f"{target.python_file or target.module_name}: expected one Definitions or repository, found {found}")
+    return found[0]
 
 
 def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str],
