@@ -166,7 +166,7 @@ def dagster_daemon(root: Path, log_path: Path, env: dict[str, str] | None = None
     ``env`` replaces the environment (an instance that reads its settings from it)."""
     with open(log_path, "a") as log:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"], cwd=root,
+            [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", "workspace.yaml"], cwd=root,
             env={**(env or os.environ), "DAGSTER_HOME": str(root / ".dagster_home"), "PYTHONPATH": str(root)},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

@@ -6,19 +6,14 @@ planned materializations (Dagster shows those as failed partitions).
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Iterator
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationPlanned,
-    AssetCheckEvaluationTargetMaterializationData,
-)
-from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
 
 from ..context import TaskStepContext
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.scoring import verification_passed
+from .dagster_internals import AssetCheckEvaluationTargetMaterializationData, evaluation_target, report_planned
 from .rows import UNPARTITIONED, node_assets, task_graph_of
 from .translator import TAG_CODE_VERSION
 from .usage import usage_metadata
@@ -32,20 +27,7 @@ def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
     those rows."""
     partitions = context.job_def.partitions_def
     rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
-    step_key = str(context.op_handle)
-    events = []
-    subset = partitions.subset_with_partition_keys(rows) if partitions is not None and rows else None
-    for asset_key, checks in unreached_assets(context.job_def, context.op_handle.name):
-        events += [DagsterEvent.build_asset_materialization_planned_event(
-            context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
-        events += [DagsterEvent(  # as Dagster's run planning builds it
-            event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
-            message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
-            event_specific_data=AssetCheckEvaluationPlanned(
-                asset_key=asset_key, check_name=check, partitions_subset=subset),
-            step_key=step_key) for check in checks if rows]
-    for event in events:
-        context.instance.report_dagster_event(event, run_id=context.run_id, log_level=logging.DEBUG)
+    report_planned(context, unreached_assets(context.job_def, context.op_handle.name), rows)
 
 
 def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
@@ -236,8 +218,7 @@ def _latest_materializations(
         records = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1)).records
         for record in reversed(records):  # newest wins
-            latest[record.partition_key] = AssetCheckEvaluationTargetMaterializationData(
-                storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
+            latest[record.partition_key] = evaluation_target(record)
     return latest
 
 
