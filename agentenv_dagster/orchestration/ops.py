@@ -31,7 +31,9 @@ from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, plan_of, row_seed, run_keys, step_fields
-from .step_events import asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata
+from .step_events import (
+    asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata, row_page_link,
+)
 from .streams import Row, StreamRef, StreamWriter, joined, records, side_by_side, stop_requested
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_TYPE, TAG_TASK_ID
 
@@ -129,6 +131,7 @@ class _RowsOfOp:
         replicate = context.run.tags.get(REPLICATE_TAG)
         self.replicate = int(replicate) if replicate is not None else None
         self.tags = code_version_tags(context)
+        self.row_page = row_page_link(context)
         self.passed = 0
         self.stopped_here: list[str] = []
         self.first_failure: StepFailed | None = None
@@ -223,7 +226,7 @@ class _RowsOfOp:
                                          f"{_row(key)}: {outcome.failure['error']}")
             passed[key] = ctx
             yield from asset_events(self.assets, outcome.step, ctx, key or None, prices=self.prices,
-                                    replicate=self.replicate, tags=self.tags)
+                                    replicate=self.replicate, tags=self.tags, row_page=self.row_page(key))
         if stopped:
             report_unreached(self.context, stopped)
         yield from check_evaluations(self.context.instance, self.assets, passed)
