@@ -140,7 +140,7 @@ def execute_plan(
     if location is not None:
         run_config = {**run_config, "resources": {RESOURCE_KEY: {"config": {
             "project_dir": str(config.root), **overrides}}}}  # run config replaces a resource's whole config
-    run_config = {**console_config(), **run_config}  # Dagster's event lines on the console, or not
+    run_config = {**console_config(job_def), **run_config}  # Dagster's event lines on the console, or not
     run_tags = {**(tags or {}), **run_tags}
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:

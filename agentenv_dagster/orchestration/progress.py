@@ -279,14 +279,17 @@ class _Lines(_View):
 
 
 class _Live(_View):
-    """A terminal: a ``rich`` progress display, a line per run, left on screen when it ends."""
+    """A terminal: a ``rich`` progress display, a line per run, left on screen when it ends.
+    It leaves the process's stdout and stderr alone (no redirection): what the run prints goes
+    where Dagster's log capture sends it."""
 
     def __init__(self, stream: IO[str]) -> None:
         self.progress = Progress(
             SpinnerColumn(finished_text=" "), TextColumn("{task.description}"), BarColumn(bar_width=24),
             TextColumn("{task.fields[amount]}"), TextColumn("{task.fields[counts]}"),
             TextColumn("{task.fields[running]}", style="dim"), TextColumn("{task.fields[clock]}"),
-            console=Console(file=stream), refresh_per_second=4,
+            console=Console(file=stream, force_terminal=True, width=_width(stream)), refresh_per_second=4,
+            redirect_stdout=False, redirect_stderr=False,
         )
         self.tasks: dict[str, TaskID] = {}
 
@@ -328,13 +331,37 @@ class _Live(_View):
         }
 
 
+def _width(stream: IO[str]) -> int | None:
+    """The terminal's width, read once: while a run's logs are captured, rich cannot find its
+    terminal among the standard streams. None (rich's own guess) when it has none."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or None
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _own_handle(stream: IO[str]) -> IO[str]:
+    """A handle of the display's own on ``stream``'s file (a duplicate descriptor): while a run
+    executes, Dagster points the process's stdout and stderr at the run's captured logs (the
+    UI's stdout/stderr of the run), and the progress belongs on the terminal, not in them."""
+    try:
+        descriptor = os.dup(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # no file behind it (a test's buffer)
+        return stream
+    return open(descriptor, "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
+                errors="replace")
+
+
 class Reporter:
     """One command's progress: every run it watches, shown as ``mode`` says, then summed up."""
 
     def __init__(self, mode: Mode, stream: IO[str]) -> None:
         self.mode = mode
         self.tallies: list[RunTally] = []
-        self._view = _Live(stream) if mode == Mode.LIVE else _Lines(stream) if mode == Mode.LINES else _View()
+        self._stream = _own_handle(stream) if mode in (Mode.LIVE, Mode.LINES) else stream
+        self._owned = self._stream is not stream
+        self._view = (_Live(self._stream) if mode == Mode.LIVE else _Lines(self._stream) if mode == Mode.LINES
+                      else _View())
 
     def console_config(self) -> Mapping[str, Any]:
         """The run config of Dagster's console logger: quiet unless ``--verbose``."""
@@ -393,6 +420,8 @@ class Reporter:
     def close(self) -> None:
         if isinstance(self._view, _Live):
             self._view.close()
+        if self._owned:
+            self._stream.close()
 
     def summary_lines(self) -> list[str]:
         """Each run's status and counts with its page in the Dagster UI, then the assets the runs
@@ -422,11 +451,14 @@ def reporting(mode: Mode, stream: IO[str] | None = None) -> Iterator[Reporter]:
         reporter.close()
 
 
-def console_config() -> Mapping[str, Any]:
+def console_config(job_def: dg.JobDefinition | None = None) -> Mapping[str, Any]:
     """What a run's config says of Dagster's console logger: nothing outside a command that
-    reports progress (Dagster's default, every event); quiet in one, unless ``--verbose``."""
+    reports progress (Dagster's default, every event), nor for a job with loggers of its own
+    and no console; quiet in such a command, unless ``--verbose``."""
     reporter = _REPORTER.get()
-    return reporter.console_config() if reporter is not None else {}
+    if reporter is None or (job_def is not None and job_def.loggers and "console" not in job_def.loggers):
+        return {}
+    return reporter.console_config()
 
 
 @contextmanager
