@@ -191,7 +191,8 @@ class RunTally:
 
     def summary(self) -> list[str]:
         """The run in the final summary: status, counts, its page in the UI, its first failure."""
-        counts = f", {self.rows} rows: {self.counts()}" if self.by_rows else ""
+        undone = self.rows - len(self.outcomes)
+        counts = f", {self.rows} rows: {self.counts()}" + (f", {undone} not done" if undone else "") if self.by_rows else ""
         lines = [f"    {self.label}: {self.status or 'NOT FINISHED'}{counts}", f"      run:    {run_url(self.run_id)}"]
         if self.failure and self.status != "SUCCESS":
             lines.append(f"      failed: {self.failure}")
@@ -256,25 +257,26 @@ class _Lines(_View):
 
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
-        self.shown: dict[str, tuple[int, float]] = {}  # by run: tenth done, when last shown
+        self.shown: dict[str, tuple[int, float, str]] = {}  # by run: the tenth done, when, the line
 
     def started(self, tally: RunTally) -> None:
         unit = f"{tally.rows} rows" if tally.by_rows else "1 row"
-        self._print(f"{tally.label}: run {tally.run_id} started, {unit}")
-        self.shown[tally.run_id] = (0, time.monotonic())
+        self._print(tally, 0, f"{tally.label}: run {tally.run_id} started, {unit}")
 
     def update(self, tally: RunTally) -> None:
-        tenth, when = self.shown.get(tally.run_id, (0, time.monotonic()))
+        tenth, when, _ = self.shown[tally.run_id]
         done, total, _ = tally.amount()
-        now_tenth = math.floor(10 * done / total) if total else 0
-        if (now_tenth > tenth and now_tenth < 10) or time.monotonic() - when >= LINE_EVERY_SECONDS:
-            self._print(tally.line())
-            self.shown[tally.run_id] = (max(tenth, now_tenth), time.monotonic())
+        now = math.floor(10 * done / total) if total else 0
+        if tally.status is None and (tenth < now < 10 or time.monotonic() - when >= LINE_EVERY_SECONDS):
+            self._print(tally, max(tenth, now), tally.line())
 
     def finished(self, tally: RunTally) -> None:
-        self._print(tally.line())
+        line = tally.line()
+        if line != self.shown[tally.run_id][2]:
+            self._print(tally, 10, line)
 
-    def _print(self, line: str) -> None:
+    def _print(self, tally: RunTally, tenth: int, line: str) -> None:
+        self.shown[tally.run_id] = (tenth, time.monotonic(), line)
         print(line, file=self.stream, flush=True)
 
 

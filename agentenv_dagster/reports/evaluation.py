@@ -148,10 +148,11 @@ def row_outcome(context: TaskStepContext) -> RowOutcome:
 
 
 def _status(context: TaskStepContext, entry: dict[str, Any], response) -> tuple[FinalStatus, str | None]:
-    """The task's status and error: a fatal step's failure, else the agent's (its prompt step
+    """The task's status and error: a fatal step's failure (of this attempt: not one a retry
+    re-ran), else the agent's (its prompt step
     failed before it had a response: the agent was never heard, as when upstream's agent
     invocation raises), else the criteria's verdict."""
-    fatal = [f for f in context.metadata.get("failed_steps") or [] if f.get("is_fatal")]
+    fatal = [f for f in context.metadata.get("failed_steps") or [] if f.get("is_fatal") and not f.get("retried")]
     if fatal:
         return FinalStatus.ERROR, f"step '{fatal[0]['step_id']}' failed: {fatal[0]['error']}"
     unheard = context.failure_of("prompt_agent") if response is None else None

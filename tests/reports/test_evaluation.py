@@ -30,6 +30,8 @@ FELL_SHORT = {"score": 0.5}
     (context({"a": PASSED}, [{"error_type": "NoScriptedReply"}]), "errored"),
     (context({"a": PASSED}, failed_steps=[{"step_id": "env", "error": "down", "is_fatal": True}]), "errored"),
     (context({"a": PASSED}, failed_steps=[{"step_id": "note", "error": "x", "is_fatal": False}]), "passed"),
+    (context({"a": PASSED}, failed_steps=[{"step_id": "b", "error": "x", "is_fatal": True, "retried": True}]),
+     "passed"),  # a retry ran the step again, and it passed
     (context({"a": PASSED}, failed_steps=[{"step_id": "ask", "step_type": "prompt_agent", "error": "x"}]), "errored"),
 ])
 def test_a_row_s_outcome_is_its_worst_verdict(row, outcome):
