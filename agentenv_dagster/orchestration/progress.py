@@ -8,10 +8,9 @@ shows none of it; ``--verbose`` shows Dagster's own event lines instead. At the 
 run's status and counts, its page in the Dagster UI and the assets it materialized.
 
 All of it is read back from what the run records in the Dagster instance: a thread polls the
-run's event log while the run executes (each row's ``results`` materialization and its
-``outcome``, steps starting and ending, assets materialized, the run's end). The display so
-says no more than the UI would, and shows only counts, run ids, step ids and asset keys. The
-modes change only Dagster's console logger; the events always go into the instance.
+run's event log while the run executes (``run_tally.py``). The display so says no more than
+the UI would, and shows only counts, run ids, step ids and asset keys. The modes change only
+Dagster's console logger; the events always go into the instance.
 """
 
 from __future__ import annotations
@@ -22,22 +21,20 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import IO, Any, Iterator, Mapping
-from urllib.parse import quote
+from typing import IO, Any
 
 import dagster as dg
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 
-from ..redaction import redact_text
-from .io_manager import FINAL_STEP
 from .retries import TAG_RETRIED_BY
 from .rows import REPLICATE_TAG, VARIANT_TAG
+from .run_tally import UI_URL_ENV, RunTally, asset_url, clock, read_new_events, ui_url
 
 
 class Mode(StrEnum):
@@ -55,40 +52,11 @@ def choose_mode(*, quiet: bool, verbose: bool, stream: IO[str]) -> Mode:
     return Mode.LIVE if stream.isatty() else Mode.LINES
 
 
-UI_URL_ENV = "AGENTENV_UI_URL"
-DEFAULT_UI_URL = "http://127.0.0.1:3000"  # `dagster dev`'s own host and port
-
-
-def ui_url() -> str:
-    """Where the Dagster UI of the project's instance is: ``AGENTENV_UI_URL``, else the address
-    ``dagster dev -w workspace.yaml`` serves by default (this process cannot know another)."""
-    return (os.environ.get(UI_URL_ENV) or DEFAULT_UI_URL).rstrip("/")
-
-
-def run_url(run_id: str) -> str:
-    return f"{ui_url()}/runs/{run_id}"
-
-
-def asset_url(key: str) -> str:
-    """An asset's page in the UI, from its key as ``a/b/c``."""
-    return f"{ui_url()}/assets/{'/'.join(quote(part, safe='') for part in key.split('/'))}"
-
-
 POLL_SECONDS = 0.5
 LINE_EVERY_SECONDS = 30.0  # not a terminal: at least this often while a run goes on
-FAILURE_CHARS = 300  # of a failure's message in the summary
 # Dagster's console logger on the console's default config, quietened: its event lines stay
 # in the event log (the UI shows them) and out of the terminal
 QUIET_CONSOLE: Mapping[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-_WATCHED = {
-    dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE,
-    dg.DagsterEventType.STEP_SKIPPED, dg.DagsterEventType.ASSET_MATERIALIZATION, dg.DagsterEventType.RUN_SUCCESS,
-    dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED,
-}
-_RUN_ENDS = {dg.DagsterEventType.RUN_SUCCESS: "SUCCESS", dg.DagsterEventType.RUN_FAILURE: "FAILURE",
-             dg.DagsterEventType.RUN_CANCELED: "CANCELED"}
-_STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
-OUTCOMES = ("passed", "failed", "errored", "not graded")  # a row's, as its results materialization says
 _COLOURS = {"passed": "green", "failed": "red", "errored": "yellow", "not graded": "blue"}
 
 
@@ -98,148 +66,6 @@ def run_label(job_name: str, tags: Mapping[str, str]) -> str:
     replicate = tags.get(REPLICATE_TAG)
     return job_name + (f" [{variant}]" if variant and variant != "default" else "") + (
         f" #{replicate}" if replicate and replicate != "0" else "")
-
-
-@dataclass
-class RunTally:
-    """One run's progress, as its event log tells it."""
-
-    run_id: str
-    label: str
-    rows: int  # the rows the run carries
-    started: float = field(default_factory=time.monotonic)
-    ended: float | None = None
-    outcomes: dict[str, str] = field(default_factory=dict)  # by row (partition key; "" unpartitioned)
-    steps: dict[str, bool] = field(default_factory=dict)  # step id -> ended
-    steps_planned: int | None = None
-    assets: dict[str, None] = field(default_factory=dict)  # keys as a/b/c, in the order first materialized
-    status: str | None = None  # SUCCESS, FAILURE or CANCELED once the run ended
-    failure: str | None = None  # the first failure: where and what
-    cursor: str | None = None
-
-    def take(self, entry: dg.EventLogEntry) -> None:
-        kind = entry.dagster_event_type
-        step = entry.step_key.rsplit(".", 1)[-1] if entry.step_key else None
-        if kind == dg.DagsterEventType.STEP_START and step:
-            self.steps[step] = False
-        elif kind in _STEP_ENDS and step:
-            self.steps[step] = True
-            if kind == dg.DagsterEventType.STEP_FAILURE and self.failure is None:
-                self.failure = f"step {step}: {_failure_message(entry)}"
-        elif kind == dg.DagsterEventType.ASSET_MATERIALIZATION:
-            materialization = entry.asset_materialization
-            self.assets.setdefault(materialization.asset_key.to_user_string())
-            outcome = _value(materialization.metadata.get("outcome"))
-            if step == FINAL_STEP and outcome in OUTCOMES:
-                self.outcomes[materialization.partition or ""] = outcome
-        elif kind in _RUN_ENDS:
-            self.status = _RUN_ENDS[kind]
-            self.ended = time.monotonic()
-            if self.status != "SUCCESS" and self.failure is None:
-                self.failure = _first_line(entry.message or "")
-
-    @property
-    def by_rows(self) -> bool:
-        """Whether progress counts rows (a dataset's run), else steps (one row)."""
-        return self.rows > 1
-
-    def amount(self) -> tuple[int, int | None, str]:
-        """Done, out of, and of what."""
-        if self.by_rows:
-            return len(self.outcomes), self.rows, "rows"
-        return sum(self.steps.values()), self.steps_planned, "steps"
-
-    def count(self) -> dict[str, int]:
-        """Rows done by outcome; "not graded" only when some are."""
-        counted = {outcome: 0 for outcome in OUTCOMES}
-        for outcome in self.outcomes.values():
-            counted[outcome] += 1
-        return {outcome: n for outcome, n in counted.items() if n or outcome != "not graded"}
-
-    def counts(self) -> str:
-        return ", ".join(f"{n} {outcome}" for outcome, n in self.count().items())
-
-    def running(self) -> list[str]:
-        return [step for step, ended in self.steps.items() if not ended] if self.status is None else []
-
-    def elapsed(self) -> float:
-        return (self.ended or time.monotonic()) - self.started
-
-    def eta(self) -> float | None:
-        """Seconds left at the pace so far, once a row is done (rows only: steps differ too much)."""
-        done = len(self.outcomes)
-        if not self.by_rows or self.status is not None or not done or done >= self.rows:
-            return None
-        return self.elapsed() / done * (self.rows - done)
-
-    def line(self) -> str:
-        """The run's progress as one line of text."""
-        done, total, unit = self.amount()
-        parts = [f"{self.label}: {done}/{total} {unit}" + (f" ({math.floor(100 * done / total)}%)" if total else "")
-                 if total is not None else f"{self.label}: {done} {unit} done"]
-        if self.by_rows:
-            parts.append(self.counts())
-        elif self.outcomes:
-            parts.append(next(iter(self.outcomes.values())))
-        if running := self.running():
-            parts.append(f"running: {', '.join(running)}")
-        eta = self.eta()
-        parts.append(f"elapsed {_clock(self.elapsed())}" + (f", ETA {_clock(eta)}" if eta is not None else ""))
-        if self.status:
-            parts.append(self.status)
-        return "; ".join(parts)
-
-    def summary(self) -> list[str]:
-        """The run in the final summary: status, counts, its page in the UI, its first failure."""
-        undone = self.rows - len(self.outcomes)
-        counts = f", {self.rows} rows: {self.counts()}" + (f", {undone} not done" if undone else "") if self.by_rows else ""
-        lines = [f"    {self.label}: {self.status or 'NOT FINISHED'}{counts}", f"      run:    {run_url(self.run_id)}"]
-        if self.failure and self.status != "SUCCESS":
-            lines.append(f"      failed: {self.failure}")
-        return lines
-
-
-def _failure_message(entry: dg.EventLogEntry) -> str:
-    """A step failure's description, else its error's message without the error's class."""
-    data = entry.dagster_event.step_failure_data if entry.dagster_event else None
-    described = data.user_failure_data.description if data and data.user_failure_data else None
-    if described or not (data and data.error):
-        return _first_line(described or entry.message or "")
-    error = data.error
-    return _first_line(error.message.split(f"{error.cls_name}: ", 1)[-1] if error.cls_name else error.message)
-
-
-def _first_line(text: str) -> str:
-    """A message's first line, short, with every known secret masked."""
-    line = redact_text(text.strip().splitlines()[0] if text.strip() else "")
-    return line if len(line) <= FAILURE_CHARS else line[:FAILURE_CHARS - 1] + "…"
-
-
-def _value(metadata_value: Any) -> Any:
-    return getattr(metadata_value, "value", metadata_value)
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def read_new_events(instance: dg.DagsterInstance, tally: RunTally) -> None:
-    """Take into ``tally`` what its run recorded since the last read."""
-    if tally.steps_planned is None:
-        run = instance.get_run_by_id(tally.run_id)
-        if run is None:
-            return  # not created yet
-        if run.execution_plan_snapshot_id:
-            tally.steps_planned = len(instance.get_execution_plan_snapshot(
-                run.execution_plan_snapshot_id).step_keys_to_execute)
-    while True:
-        page = instance.get_records_for_run(tally.run_id, cursor=tally.cursor, of_type=_WATCHED)
-        for record in page.records:
-            tally.take(record.event_log_entry)
-        tally.cursor = page.cursor
-        if not page.has_more:
-            return
 
 
 class _View:
@@ -328,7 +154,7 @@ class _Live(_View):
             "amount": f"{done}/{total if total is not None else '?'} {unit}",
             "counts": counts,
             "running": escape(f"running: {', '.join(running)}") if running else "",
-            "clock": _clock(tally.elapsed()) + (f" ETA {_clock(eta)}" if eta is not None else "") + (
+            "clock": clock(tally.elapsed()) + (f" ETA {clock(eta)}" if eta is not None else "") + (
                 f" {status}" if status else ""),
         }
 
@@ -385,7 +211,7 @@ class Reporter:
             follower.join()
             try:
                 self._catch_up(instance, self.tallies[-1])  # what the run recorded last
-            except Exception:  # noqa: BLE001 - the display never fails the command
+            except Exception:  # noqa: BLE001, S110 - the display never fails the command
                 pass
             self._view.finished(self.tallies[-1])
 
@@ -405,7 +231,7 @@ class Reporter:
         while not stop.wait(POLL_SECONDS):
             try:
                 tally = self._catch_up(instance, tally)
-            except Exception:  # noqa: BLE001 - a read that failed is tried again at the next poll
+            except Exception:  # noqa: BLE001, S112 - a read that failed is tried again at the next poll
                 continue
             self._view.update(tally)
 

@@ -19,9 +19,9 @@ from urllib.parse import unquote, urlparse
 
 import dagster as dg
 import pytest
+from projects import FIXTURES, leaked_servers, make_project
 
 from agentenv_dagster.reports.render import row_page_url
-from projects import FIXTURES, leaked_servers, make_project
 
 DEBUG_LINE = re.compile(r" - dagster - DEBUG - ")
 RUN_LINE = re.compile(r"^run (\S+) of job '(\w+)': (SUCCESS|FAILURE)$")
@@ -32,9 +32,10 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 def cli(project: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     environment = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home"), **(env or {})}
     environment.pop("ANTHROPIC_API_KEY", None)
-    environment.pop("AGENTENV_UI_URL", None) if "AGENTENV_UI_URL" not in (env or {}) else None
+    if "AGENTENV_UI_URL" not in (env or {}):
+        environment.pop("AGENTENV_UI_URL", None)
     return subprocess.run([sys.executable, "-m", "agentenv_dagster.cli", *args], cwd=project, env=environment,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -113,13 +114,14 @@ def test_a_dataset_run_s_lines_count_its_rows_as_its_results_do(project, tickets
     assert not DEBUG_LINE.search(done.stdout + done.stderr)
     first, *progress = done.stderr.splitlines()
     run_id = re.fullmatch(r"tickets: run (\S+) started, 4 rows", first).group(1)
+    assert all(ROWS_LINE.match(line) for line in progress), done.stderr
     counts = [tuple(map(int, ROWS_LINE.match(line).groups()[:5])) for line in progress]
-    assert counts and all(d == p + f + e and pct == 100 * d // 4 for d, pct, p, f, e in counts)
-    assert [c[0] for c in counts] == sorted(c[0] for c in counts)  # rows done only go up
+    assert counts and all(d == p + f + e and pct == 100 * d // 4 for d, pct, p, f, e in counts), done.stderr
+    assert [c[0] for c in counts] == sorted(c[0] for c in counts), done.stderr  # rows done only go up
     summary = json.loads((out / "run.json").read_text())
     final = (summary["tasks_succeeded"], summary["tasks_failed"], summary["tasks_error"])
-    assert counts[-1] == (4, 100, *final) == (4, 100, 2, 1, 1)
-    assert progress[-1].endswith("; SUCCESS")  # the Dagster run succeeded: a wrong label is not a failed step
+    assert counts[-1] == (4, 100, *final) == (4, 100, 2, 1, 1), done.stderr
+    assert progress[-1].endswith("; SUCCESS"), done.stderr  # the Dagster run succeeded: a wrong label is not a failed step
     with instance_of(project) as instance:
         outcomes = {r.asset_materialization.partition: r.asset_materialization.metadata["outcome"].value
                     for r in instance.get_records_for_run(
