@@ -208,16 +208,17 @@ def _attribute(target) -> str:
 
 
 def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str],
-             location: LocationJob | None = None) -> str:
+             location: LocationJob | None = None, run_id: str | None = None) -> str:
     """Create a run of ``job_def`` (of the code location's job, with its origins, when
-    ``location`` is given) and execute it in this process with the job's executor; its id."""
+    ``location`` is given), with id ``run_id`` when given, and execute it in this process with
+    the job's executor; its id."""
     if location is not None:
         job_def = location.job_def
     plan = create_execution_plan(job_def, run_config, tags=tags)
     origins = {} if location is None else {
         "remote_job_origin": location.remote_origin,
         "job_code_origin": location.repository.get_reconstructable_job(job_def.name).get_python_origin()}
-    run = instance.create_run_for_job(job_def=job_def, execution_plan=plan, run_config=run_config,
+    run = instance.create_run_for_job(job_def=job_def, execution_plan=plan, run_config=run_config, run_id=run_id,
                                       tags={**job_def.run_tags, **tags}, **origins)
     execute_here(job_def, run, instance)
     return run.run_id

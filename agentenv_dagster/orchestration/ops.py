@@ -32,7 +32,9 @@ from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, live_deployers, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, node_step_key, plan_of, row_seed, run_keys, step_fields, task_graph_of
-from .step_events import asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata
+from .step_events import (
+    asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata, row_page_link,
+)
 from .streams import Row, StreamRef, StreamWriter, joined, records, running_side_by_side, side_by_side, stop_requested
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ID, TAG_STEP_TYPE, TAG_TASK_ID
 
@@ -133,6 +135,7 @@ class _RowsOfOp:
         replicate = context.run.tags.get(REPLICATE_TAG)
         self.replicate = int(replicate) if replicate is not None else None
         self.tags = code_version_tags(context)
+        self.row_page = row_page_link(context)
         self.passed = 0
         self.stopped_here: list[str] = []
         self.first_failure: StepFailed | None = None
@@ -227,7 +230,7 @@ class _RowsOfOp:
                                          f"{_row(key)}: {outcome.failure['error']}")
             passed[key] = ctx
             yield from asset_events(self.assets, outcome.step, ctx, key or None, prices=self.prices,
-                                    replicate=self.replicate, tags=self.tags)
+                                    replicate=self.replicate, tags=self.tags, row_page=self.row_page(key))
         if stopped:
             report_unreached(self.context, stopped)
         yield from check_evaluations(self.context.instance, self.assets, passed)

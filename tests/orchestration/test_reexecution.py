@@ -125,11 +125,7 @@ def test_re_executing_a_step_whose_env_ended_with_its_run_is_refused_with_what_t
     with the parent run: the step is refused (not a connection error) and says what to select."""
     monkeypatch.setenv("AGENTENV_DAGSTER_EXECUTOR", "in_process")
     project = make_project(tmp_path / "p")
-    (project / "jobs.py").write_text(
-        "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
-        "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def('reply_to_dana')\n"
-    )
-    recon = ReconstructableJob.for_file(str(project / "jobs.py"), "job")
+    recon = task_job(project, "jobs", "reply_to_dana")
     with dg.instance_for_test() as instance:
         with dg.execute_job(recon, instance=instance) as first:
             assert first.success
