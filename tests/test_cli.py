@@ -98,6 +98,7 @@ def test_run_exit_codes(project):
     assert "Env 'no-such-env' is not registered" in failed.stdout
 
 
+@pytest.mark.slow
 def test_task_create_adds_versions_and_task_run_regrades_a_saved_context(project, tmp_path):
     first = cli(project, "task", "create", "tasks/reply_to_dana.json", "--id", "dana")
     second = cli(project, "task", "create", "tasks/reply_to_dana.json", "--id", "dana")

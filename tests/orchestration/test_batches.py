@@ -244,6 +244,7 @@ def test_a_run_that_names_no_rows_takes_the_dataset_s_stratified_sample(project)
     assert sorted(r.task_id for r in done.results) == sorted(f"words/{k}" for k in drawn)
 
 
+@pytest.mark.slow
 def test_the_cli_reruns_only_the_failed_rows(project):
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=""))
     first = cli(project, "run", "tasks/words.yaml", "--output-dir", "out")
@@ -289,6 +290,7 @@ def most_at_once(contexts: dict[str, dict], step_id: str) -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_the_cli_runs_a_dataset_with_bounded_rows_in_flight(project):
     slow = WORDS_TASK.format(extra="").replace("type: replay", "type: replay\n  delay_seconds: 0.3")
     (project / "tasks" / "words.yaml").write_text(slow)

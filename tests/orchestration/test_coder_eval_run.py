@@ -117,6 +117,7 @@ def test_a_coder_eval_task_is_a_job_with_a_check_per_gating_criterion(project):
     assert evaluations == dict.fromkeys(checks, True)
 
 
+@pytest.mark.slow
 def test_agent_errors_pre_run_and_datasets(project, tmp_path):
     (project / "tasks" / "rows.yaml").write_text(textwrap.dedent("""
         task_id: rows
@@ -595,6 +596,7 @@ def test_row_values_fill_only_the_prompt_and_criteria_and_must_exist(project):
         load_plan(path, load_config(project))
 
 
+@pytest.mark.slow
 def test_an_experiment_runs_every_variant_and_replicate_with_the_layered_merge(project, tmp_path):
     experiments = tmp_path / "experiments"
     experiments.mkdir()

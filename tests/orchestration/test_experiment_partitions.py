@@ -76,6 +76,7 @@ def test_a_run_that_names_no_partition_runs_the_variant_its_tag_names(project):
     assert "an experiment job runs one variant a run" in failure.event_specific_data.error.message
 
 
+@pytest.mark.slow
 def test_the_cli_runs_an_experiment_as_the_partitions_of_its_job(project):
     with dg.instance_for_test() as instance:
         done = run_coder_eval_task(project / "tasks" / "words.yaml", load_config(project), instance=instance,
@@ -108,6 +109,7 @@ TALK = """  - variant_id: talk
 """
 
 
+@pytest.mark.slow
 def test_variants_that_lower_to_other_steps_are_a_job_of_their_own(project, caplog):
     (project / "experiments" / "compare.yaml").write_text(COMPARE + TALK)
     (project / ".agentenv" / "config.toml").write_text(
@@ -142,6 +144,7 @@ def test_variants_that_lower_to_other_steps_are_a_job_of_their_own(project, capl
 SUITE = dg.AssetKey(["suites", "words__compare"])
 
 
+@pytest.mark.slow
 def test_each_variant_s_rows_are_a_suite_a_partition_of_the_experiment_s_suite_asset(project):
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=", suite_thresholds: {mean: 0.5}"))
     defs = build_definitions(project / "tasks", strict=True)
@@ -172,6 +175,7 @@ def test_each_variant_s_rows_are_a_suite_a_partition_of_the_experiment_s_suite_a
     assert {c.check_name: c.passed for c in strict.get_asset_check_evaluations()} == {"criterion_1_mean": False}
 
 
+@pytest.mark.slow
 def test_the_cli_writes_a_suite_per_variant_and_exits_1_when_one_falls_short(project):
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=", suite_thresholds: {mean: 0.5}"))
     done = cli(project, "run", "tasks/words.yaml", "--experiment", "experiments/compare.yaml", "--output-dir", "o")
@@ -261,6 +265,7 @@ def test_the_example_dataset_task_and_its_experiment_run_as_the_readme_says(tmp_
     assert leaked_servers(root / ".agentenv" / "state") == []
 
 
+@pytest.mark.slow
 def test_the_daemon_rolls_a_suite_up_again_after_its_rows_ran(project):
     """The suites' automation sensor (running by default) requests a variant's suite once
     rows of that variant were updated, and only then."""
@@ -281,6 +286,7 @@ def test_the_daemon_rolls_a_suite_up_again_after_its_rows_ran(project):
     assert again.total_requested == 0  # requested once
 
 
+@pytest.mark.slow
 def test_a_variant_s_suite_counts_every_replicate_as_upstream_s_does(project):
     (project / "experiments" / "compare.yaml").write_text(
         COMPARE.replace("  - variant_id: base\n", "  - variant_id: base\n    repeats: 2\n"))

@@ -118,6 +118,7 @@ def test_under_the_default_executor_the_others_grade_and_only_the_failure_is_rep
         assert_only_the_broken_check_failed(instance, run.run_id, root / ".agentenv" / "state")
 
 
+@pytest.mark.slow
 def test_under_the_in_process_executor_the_deployments_end_after_the_last_independent_step(tmp_path):
     """One step after another: the broken check fails first, Dagster skips what descends
     from it (the teardown op), and the 13 others still run; the last of them ends the run's

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 from test_coder_eval_run import cli
 
 from projects import REPO, leaked_servers, make_project
@@ -24,6 +26,7 @@ AB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_folder_of_tasks_runs_every_task_x_variant_into_one_report(tmp_path):
     root = make_project(tmp_path / "p", tasks={
         "hello.yaml": HELLO, "later.yaml": LATER, "ab.yaml": AB,  # an experiment: not a task
@@ -51,6 +54,7 @@ def test_a_folder_of_tasks_runs_every_task_x_variant_into_one_report(tmp_path):
     assert leaked_servers(root / ".agentenv" / "state") == []
 
 
+@pytest.mark.slow
 def test_a_path_without_tasks_exits_1_and_a_missing_path_one_id_twice_or_two_agent_env_files_exit_2(tmp_path):
     root = make_project(tmp_path / "p", tasks={"hello.yaml": HELLO, "again.yaml": HELLO})
     (root / "empty").mkdir()

@@ -71,6 +71,7 @@ def test_a_row_is_graded_as_soon_as_its_own_agent_answers(project, tmp_path):
     assert [(r.task_id, r.final_status.value) for r in done.results] == [("rows/slow", "SUCCESS"), ("rows/fast", "SUCCESS")]
 
 
+@pytest.mark.slow
 def test_at_most_max_sandboxes_rows_hold_their_deployments_at_once(project, tmp_path):
     rows = ", ".join(f"{{id: r{i}}}" for i in range(8))
     (project / "tasks" / "rows.yaml").write_text(textwrap.dedent(f"""

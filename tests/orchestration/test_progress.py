@@ -63,6 +63,7 @@ def run_id_of(done: subprocess.CompletedProcess) -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_off_a_terminal_a_run_shows_lines_of_progress_not_dagster_s_events_and_ends_with_its_addresses(project):
     done = cli(project, "run", "tasks/reply_to_dana.json", env={"AGENTENV_UI_URL": "http://ui.example:8080/"})
     assert done.returncode == 0, done.stdout + done.stderr
@@ -97,6 +98,7 @@ def test_verbose_shows_dagster_s_event_lines_instead_of_the_progress(project):
     assert f"      run:    http://127.0.0.1:3000/runs/{run_id}" in done.stdout.splitlines()
 
 
+@pytest.mark.slow
 def test_quiet_prints_the_summary_alone(project):
     done = cli(project, "run", "tasks/reply_to_dana.json", "--quiet")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -13,6 +13,7 @@ import time
 
 import dagster as dg
 import httpx
+import pytest
 
 from agentenv_dagster.config import load_config
 from agentenv_dagster.orchestration.reaper import prune_old_runs, reap_dead_runs
@@ -43,6 +44,7 @@ def wait_for(predicate, what: str, seconds: float):
     raise AssertionError(f"no {what} within {seconds}s")
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_cli_mid_prompt_ends_its_servers_and_the_reaping_fails_the_run(tmp_path):
     project = make_project(tmp_path / "p", tasks={"slow.json": TASK}, extra_config=SLOW_AGENT)
     state = project / ".agentenv" / "state"

@@ -120,6 +120,7 @@ def test_regrading_reruns_only_the_rubric_of_a_finished_run(tmp_path, fake_messa
     assert leaked_servers(project / ".agentenv" / "state") == []
 
 
+@pytest.mark.slow
 def test_re_executing_a_step_whose_env_ended_with_its_run_is_refused_with_what_to_select(tmp_path, monkeypatch):
     """`sent` reads the email env's state; re-executed alone, the env it would talk to ended
     with the parent run: the step is refused (not a connection error) and says what to select."""

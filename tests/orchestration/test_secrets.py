@@ -10,12 +10,15 @@ from pathlib import Path
 
 from fakes.messages_api import tool_use_reply
 
+import pytest
+
 from projects import REPO, leaked_servers, make_project
 
 JUDGE_KEY = "sk-ant-judge-SECRET-4f1c"
 OVERRIDE_KEY = "sk-litellm-SECRET-9b2e"
 
 
+@pytest.mark.slow
 def test_secrets_never_reach_run_storage_event_log_or_context(tmp_path, fake_messages_api):
     steps = json.loads((REPO / "tasks" / "reply_to_dana.json").read_text())
     next(s for s in steps if s["id"] == "tone")["use_agent_judge"] = False
