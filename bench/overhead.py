@@ -14,15 +14,18 @@ turns:
     ``DefaultRunCoordinator``, so no daemon is needed) is sent the job through
     ``DagsterGraphQLClient.submit_job_execution`` and polled until the run succeeds; the
     default run launcher has the code server start the run's process;
-(d) **UI floor**: the same launch of a job of Dagster alone, from a second code location of
+(d) **UI whole**: the same launch from a second code location of the same tasks whose
+    ``definitions.py`` is ``build_definitions(tasks/)``: its run worker builds every task's
+    job, not just the one it runs (what ``build_repository``'s one-job build saves a run);
+(e) **UI floor**: the same launch of a job of Dagster alone, from a third code location of
     that webserver: the task's graph (a node per step and the teardown, the same edges) of
     ops that do nothing, on the in-process executor. What any Dagster launch of that shape
-    costs, so (c) - (d) - (a) is what agentenv_dagster adds.
+    costs, so (c) - (e) - (a) is what agentenv_dagster adds.
 
 Each run starts once every process the one before started (servers, a run worker) has
 ended. It prints each median against the walker's, wall time and CPU seconds (of every process of
 that way: this one, the CLI, the webserver and code servers, the run worker and the
-servers each started; steadier than wall time on a busy machine), then where the time of (b) and (c) goes, from
+servers each started; steadier than wall time on a busy machine), then where the time of (b)-(e) goes, from
 the timestamps of each run's event log (medians): ``to worker`` (UI: submit to the run
 worker's "Started process for run": the run created, the code server's spawned process,
 ``import dagster``, the instance), ``to RUN_START`` (the code location imported and the job
@@ -74,6 +77,13 @@ run_coordinator:
   class: DefaultRunCoordinator
 """
 TASKS_LOCATION = "agentenv_tasks"  # as workspace.yaml names it
+WHOLE_LOCATION = "agentenv_whole"
+WHOLE_DEFINITIONS = """from pathlib import Path
+
+from agentenv_dagster import build_definitions
+
+defs = build_definitions(Path(__file__).parent / "tasks")
+"""
 FLOOR_LOCATION = "dagster_floor"
 FLOOR_JOB = "floor"
 FLOOR_DEFINITIONS = """import dagster as dg
@@ -135,15 +145,20 @@ def time_cli(project: Path, task: Path, home: Path, instance: dg.DagsterInstance
     return elapsed, phases(instance, run.run_id, started_at, started_at + elapsed)
 
 
-def add_floor_location(project: Path, plan) -> None:
-    """``floor.py`` (the task's graph of ops that do nothing) as a second code location."""
+def add_location(project: Path, name: str, source: str) -> None:
+    """``<name>.py`` holding ``source``, a code location of the project's workspace."""
+    (project / f"{name}.py").write_text(source)
+    with open(project / "workspace.yaml", "a") as workspace:
+        workspace.write(f"  - python_file:\n      relative_path: {name}.py\n      working_directory: .\n"
+                        f"      location_name: {name}\n")
+
+
+def floor_definitions(plan) -> str:
+    """A location of one job: the task's graph of ops that do nothing."""
     node = TaskTranslator().get_node_name
     edges = {node(step): [node(plan.step_by_id[d]) for d in plan.edges[step.id]] for step in plan.steps}
     edges["teardown_run"] = [node(plan.step_by_id[s]) for s in plan.sinks]
-    (project / "floor.py").write_text(FLOOR_DEFINITIONS.format(edges=edges))
-    with open(project / "workspace.yaml", "a") as workspace:
-        workspace.write(f"  - python_file:\n      relative_path: floor.py\n      working_directory: .\n"
-                        f"      location_name: {FLOOR_LOCATION}\n")
+    return FLOOR_DEFINITIONS.format(edges=edges)
 
 
 def time_ui(client: DagsterGraphQLClient, location: dict, job: str, instance: dg.DagsterInstance) -> tuple[float, dict]:
@@ -186,7 +201,8 @@ def main() -> None:
             (tasks_dir / f"copy_{i:05d}.json").write_text(json.dumps(copy))
         task_files = len(list(tasks_dir.iterdir()))
         job = TaskTranslator().get_job_name(plan)
-        add_floor_location(project, plan)
+        add_location(project, WHOLE_LOCATION, WHOLE_DEFINITIONS)
+        add_location(project, FLOOR_LOCATION, floor_definitions(plan))
         homes = {name: Path(tmp) / f"home_{name}" for name in ("cli", "ui")}
         for home in homes.values():
             home.mkdir()
@@ -206,6 +222,7 @@ def main() -> None:
                     "walker": lambda: (time_walker(plan, config), None),
                     "CLI": lambda: time_cli(project, task, homes["cli"], cli_instance),
                     "UI": lambda: time_ui(client, locations[TASKS_LOCATION], job, ui_instance),
+                    "UI whole": lambda: time_ui(client, locations[WHOLE_LOCATION], job, ui_instance),
                     "UI floor": lambda: time_ui(client, locations[FLOOR_LOCATION], FLOOR_JOB, ui_instance),
                 }
                 for way in ways.values():  # warm: bytecode, the first server starts
@@ -241,7 +258,7 @@ def main() -> None:
         print(f"{name:<10}{wall:>8.2f}{ratio}{cpu:>8.2f}{cpu / walker_cpu:>7.2f}")
     print("where the time goes (s, medians):")
     print(f"{'way':<10}" + "".join(f"{phase:>13}" for phase in PHASES))
-    for name in ("CLI", "UI", "UI floor"):
+    for name in ("CLI", "UI", "UI whole", "UI floor"):
         medians = [statistics.median(p[phase] for _, _, p in runs[name]) for phase in PHASES]
         print(f"{name:<10}" + "".join(f"{m:>13.2f}" for m in medians))
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import dagster as dg
-from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from agentenv_dagster import build_definitions, build_repository
 from agentenv_dagster.orchestration import definitions
+from agentenv_dagster.orchestration.dagster_internals import location_job
 from agentenv_dagster.orchestration.location import declared_task_id
 from agentenv_dagster.orchestration.translator import TaskTranslator
 from projects import REPO, make_project
@@ -47,14 +47,14 @@ def test_a_lazy_location_builds_only_the_job_asked_for(tmp_path, monkeypatch):
     assert dg.AssetKey(["verifications", "task_2", "sent"]) in repo.asset_graph.get_all_asset_keys()
 
 
-def test_a_run_process_loading_definitions_py_builds_its_job_only(tmp_path, monkeypatch):
-    """What a run worker does: reconstruct the job from ``definitions.py`` by name."""
+def test_a_process_loading_the_workspace_for_one_job_builds_that_job_only(tmp_path, monkeypatch):
+    """What a run worker and the CLI's ``run`` do: load ``definitions.py`` and ask for a job by name."""
     root = make_project(tmp_path / "p", tasks={f"t{i}.json": stored(f"task_{i}") for i in range(4)})
-    (root / "definitions.py").write_text((REPO / "definitions.py").read_text())
+    for name in ("definitions.py", "workspace.yaml"):
+        (root / name).write_text((REPO / name).read_text())
     built = counting_builds(monkeypatch)
-    recon = ReconstructableRepository.for_file(str(root / "definitions.py"), "defs", str(root))
-    job = recon.get_reconstructable_job("task_2").get_definition()
-    assert job.name == "task_2" and built == ["task_2"]
+    found = location_job(str(root / "workspace.yaml"), "task_2")
+    assert found.job_def.name == "task_2" and built == ["task_2"]
 
 
 def test_of_two_files_with_one_id_the_job_is_the_one_the_location_keeps(tmp_path, monkeypatch):
