@@ -8,23 +8,20 @@ and asks the webserver's GraphQL API, as the UI does:
 - **one job**: seconds to open the last task's job (its ops); the webserver already holds
   its snapshot (Dagster 1.13's webserver fetches every job's snapshot as it loads a location);
 - **reloaded**: seconds for the UI's "Reload" of the location (a new code server, which
-  finds the job snapshot ids the first one remembered), and to open that job again.
+  builds the whole location again), and to open that job again.
 
 Then it stops ``dagster dev`` (its whole process group) and removes the project. Wall seconds.
 Past about 10,000 tasks the repository message nears Dagster's 100 MB gRPC limit and the code
-server's load its default 180 s timeouts, so both are raised here, as the README's Scale
-section tells users to.
+server's load its default 180 s timeouts, so both are raised here, as docs/production.md
+tells users to.
 
-    python bench/dev_load.py [--tasks 10000] [--port 3377] [--timeout 3600]
+    python bench/dev_load.py [--tasks 300] [--port 3377] [--timeout 3600]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,88 +29,44 @@ from pathlib import Path
 
 import httpx
 
-from load import ROOT, make_project
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import graphql, start_group, stop_group, wait_loaded  # noqa: E402
+from load import make_project  # noqa: E402
 
-LOCATION = """{ workspaceOrError { ... on Workspace { locationEntries { loadStatus locationOrLoadError {
-  __typename ... on RepositoryLocation { name repositories { name jobs { name } } }
-  ... on PythonError { message } } } } } }"""
 JOB = """query ($selector: PipelineSelector!) { pipelineOrError(params: $selector) {
   __typename ... on Pipeline { name solids { name } } ... on PythonError { message } } }"""
 RELOAD = """mutation ($name: String!) { reloadRepositoryLocation(repositoryLocationName: $name) {
   __typename ... on PythonError { message } } }"""
 
 
-def start_dev(project: Path, port: int, timeout: float) -> subprocess.Popen:
+def start_dev(project: Path, port: int, timeout: float):
     home = project / ".dagster_home"
     home.mkdir(exist_ok=True)
     (home / "dagster.yaml").write_text(
         f"code_servers:\n  local_startup_timeout: {timeout:.0f}\ntelemetry:\n  enabled: false\n")
-    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONWARNINGS": "ignore",
+    env = {"DAGSTER_HOME": str(home), "PYTHONWARNINGS": "ignore",
            "DAGSTER_GRPC_MAX_RX_BYTES": "400000000", "DAGSTER_GRPC_MAX_SEND_BYTES": "400000000",
            "DAGSTER_REPOSITORY_GRPC_TIMEOUT_SECONDS": f"{timeout:.0f}"}
-    return subprocess.Popen(
+    return start_group(
         [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port), "-h", "127.0.0.1"],
-        cwd=project, env=env, stdout=open(project / "dev.log", "w"), stderr=subprocess.STDOUT,
-        start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """End dagster dev and its children (webserver, daemon, code server) together. A code
-    server still loading can miss the first SIGTERM and outlive its parent: the group is asked
-    again until it is gone, then killed."""
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            os.killpg(proc.pid, signal.SIGTERM)
-            time.sleep(5)
-            proc.poll()
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # no process of the group is left
-        pass
-    proc.wait()
-
-
-def graphql(client: httpx.Client, query: str, **variables) -> dict:
-    reply = client.post("/graphql", json={"query": query, "variables": variables}).json()
-    if reply.get("errors"):
-        raise RuntimeError(reply["errors"])
-    return reply["data"]
-
-
-def wait_loaded(client: httpx.Client, proc: subprocess.Popen, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"dagster dev exited with {proc.returncode}")
-        try:
-            (entry,) = graphql(client, LOCATION)["workspaceOrError"]["locationEntries"]
-        except httpx.TransportError:
-            entry = None  # the webserver is not up yet
-        if entry and entry["loadStatus"] == "LOADED":
-            location = entry["locationOrLoadError"]
-            if location["__typename"] == "PythonError":
-                raise RuntimeError(location["message"][:2000])
-            return location
-        time.sleep(2)
-    raise TimeoutError(f"the code location did not load in {timeout:.0f} s")
+        project, env, project / "dev.log")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=10_000)
+    parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--port", type=int, default=3377)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds for the location to load")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp)
         make_project(project, args.tasks)
-        for name in ("definitions.py", "workspace.yaml"):
-            shutil.copy(ROOT / name, project)
         started = time.monotonic()
         proc = start_dev(project, args.port, args.timeout)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{args.port}", timeout=args.timeout) as client:
-                location = wait_loaded(client, proc, args.timeout)
+                (location,) = wait_loaded(client, proc, args.timeout)
                 loaded = time.monotonic() - started
                 (repo,) = location["repositories"]
                 jobs = [job["name"] for job in repo["jobs"]]
@@ -134,8 +87,9 @@ def main() -> None:
             print((project / "dev.log").read_text()[-3000:], file=sys.stderr)
             raise
         finally:
-            stop(proc)
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; wall seconds")
+            stop_group(proc)
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, load average {load_before:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after; wall seconds")
     print(f"{args.tasks} tasks: loaded in {loaded:.0f} s with {len(jobs)} jobs "
           f"({sum(name.startswith('task_') for name in jobs)} task jobs); "
           f"{last} opened in {one_job:.2f} s ({len(job['solids'])} ops); "

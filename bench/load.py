@@ -1,15 +1,14 @@
 """Loading a code location of N tasks, against N equivalent hand-built Dagster jobs.
 
-For each size N (default 100, 1,000 and 10,000) it writes N copies of
-tasks/reply_to_dana.json (distinct ids) to a temporary project and measures, each in a fresh
-Python process, in the same run:
+For each size N (default 100 and 1,000) it writes N copies of tasks/reply_to_dana.json
+(distinct ids) to a temporary project and measures, each in a fresh Python process, in the
+same run:
 
-- **agentenv (lazy)**: ``build_repository(tasks/)`` after ``sweep_rarely()``, what the root
-  ``definitions.py`` does, on a first load (no snapshot ids remembered);
-- **agentenv (reload)**: the same again, as the code server does on every later start or
-  reload: with the job snapshot ids the first load remembered
-  (``orchestration/snapshot_ids.py``), for tasks that did not change since;
+- **agentenv (lazy)**: ``build_repository(tasks/)``, what the root ``definitions.py`` does;
 - **agentenv (eager)**: ``build_definitions(tasks/)``, the ``Definitions`` of the Python API;
+- **op per type**: the lazy location with one op definition per step type shared by every
+  node of that type (aliases), instead of one per step (``<graph>__<node>``, carrying the
+  step's description): what the per-step ops cost;
 - **hand-built**: N ``@dg.job`` jobs, a distinct ``@dg.op`` per step wired as the task's
   ``depends_on`` says, with the same default op config (the step fields), in a
   ``dg.Definitions``. They declare no assets, checks, sensors or resources: agentenv's
@@ -18,8 +17,9 @@ Python process, in the same run:
 
 Columns:
 
-- ``run load s``: import to one job ready — what every run worker and every multiprocess
-  step process pays, as each re-imports the code location;
+- ``run load s``: import to one job ready — what every run worker (and every step process of
+  a multiprocess run) pays, as each re-imports the code location; the lazy location builds
+  that one job only;
 - ``loaded s``: what the code server does as ``dagster dev`` loads the location: everything
   built, the repository snapshot serialized (each job by name and snapshot id), then every
   job's snapshot (a ``JobDataSnap``) serialized twice: Dagster 1.13's webserver and daemon
@@ -30,7 +30,7 @@ Columns:
 
 Times are CPU seconds of the measuring process (steadier than wall time on a shared machine).
 
-    python bench/load.py [--sizes 100,1000,10000] [--modes lazy,eager,hand,bare] [--timeout 1800]
+    python bench/load.py [--sizes 100,1000] [--modes lazy,eager,pertype,hand,bare] [--timeout 1800]
 """
 
 from __future__ import annotations
@@ -38,27 +38,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, copy_project  # noqa: E402
+
 TASK = ROOT / "tasks" / "reply_to_dana.json"
-MODES = {"lazy": "agentenv (lazy)", "reload": "agentenv (reload)", "eager": "agentenv (eager)",
+MODES = {"lazy": "agentenv (lazy)", "eager": "agentenv (eager)", "pertype": "op per type",
          "hand": "hand-built", "bare": "hand, no config"}
 
 
 def make_project(root: Path, n: int) -> Path:
-    """A project whose tasks/ holds n copies of the example task, ids task_00000…"""
-    for folder in ("artifacts", "agents", ".agentenv"):
-        if (ROOT / folder).exists():
-            shutil.copytree(ROOT / folder, root / folder)
+    """A project like this checkout whose tasks/ holds n copies of the example task, ids
+    task_00000…"""
+    tasks = copy_project(root, tasks=[])
     steps = json.loads(TASK.read_text())
-    tasks = root / "tasks"
-    tasks.mkdir(parents=True)
     for i in range(n):
         task_id = f"task_{i:05d}"
         (tasks / f"{task_id}.json").write_text(json.dumps({"id": task_id, "type": "task", "version": 1, "steps": steps}))
@@ -110,13 +108,28 @@ def hand_built_definitions(n: int, with_config: bool = True):
     return dg.Definitions(jobs=[one_job(i) for i in range(n)])
 
 
+def share_an_op_per_step_type() -> None:
+    """The counterfactual of ``op per type``: every node of a step type invokes that type's
+    one op definition, under its alias, instead of an op definition of its own."""
+    from agentenv_dagster.orchestration import ops, task_job
+
+    class Shared:
+        def __init__(self, op_def):
+            self.op_def = op_def
+
+        def with_replaced_properties(self, **_):
+            return self.op_def
+
+    task_job.step_op = lambda step_type: Shared(ops.step_op(step_type))
+
+
 def measure(mode: str, tasks_dir: Path, n: int) -> dict:
     started = time.process_time()
-    if mode in ("lazy", "reload"):
+    if mode in ("lazy", "pertype"):
         from agentenv_dagster import build_repository
-        from agentenv_dagster.runtime.collector import sweep_rarely
 
-        sweep_rarely()  # as the root definitions.py does
+        if mode == "pertype":
+            share_an_op_per_step_type()
         repo = build_repository(tasks_dir)
     elif mode == "eager":
         from agentenv_dagster import build_definitions
@@ -165,9 +178,8 @@ def mb(n: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100,1000,10000", help="comma-separated task counts")
-    parser.add_argument("--modes", default="lazy,reload,eager,hand,bare",
-                        help=f"comma-separated, of {','.join(MODES)} (reload after lazy or eager)")
+    parser.add_argument("--sizes", default="100,1000", help="comma-separated task counts")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {','.join(MODES)}")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     parser.add_argument("--child", nargs=3, metavar=("MODE", "TASKS_DIR", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -177,18 +189,15 @@ def main() -> None:
         return
     sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus; CPU seconds; ratios vs hand-built")
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}; "
+          "CPU seconds; ratios vs hand-built")
     header = (f"{'tasks':>6}  {'location':<18}{'run load s':>11}{'ratio':>7}{'loaded s':>10}{'ratio':>7}"
               f"{'repo MB':>9}{'jobs MB':>9}{'ratio':>7}  gRPC")
     print(header)
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             tasks_dir = make_project(Path(tmp), n)
-            results = {}
-            for mode in modes:
-                if mode != "reload":  # a first load: nothing remembered from an earlier one
-                    shutil.rmtree(tasks_dir.parent / ".agentenv" / "state" / "snapshot_ids", ignore_errors=True)
-                results[mode] = run_child(mode, tasks_dir, n, args.timeout)
+            results = {mode: run_child(mode, tasks_dir, n, args.timeout) for mode in modes}
         base = results.get("hand", {})
         for mode in modes:
             r = results[mode]

@@ -1,40 +1,109 @@
-"""Per-step overhead of running a task through Dagster, against the plain asyncio walker.
+"""What a user waits for to run one task through Dagster, against the plain asyncio walker.
 
-Runs the same task (default: tasks/reply_to_dana.json, 7 steps + teardown, real env and
-agent servers) with (a) the asyncio walker that mirrors agent-env's Task.run, (b) Dagster
-in-process with a persistent SQLite instance, (c) Dagster's multiprocess executor
-(forkserver), and prints the median wall times, the per-step overhead and the ratios.
+In one invocation, on a copy of this checkout's project (its tasks/, config, agents,
+artifacts, ``definitions.py`` and ``workspace.yaml``; default task tasks/reply_to_dana.json,
+7 steps + teardown, real env and agent servers), it times ``--repeat`` times each, taking
+turns:
 
-    python bench/overhead.py [--task tasks/reply_to_dana.json] [--repeat 3]
+(a) **walker**: the asyncio walker (``agentenv_dagster.runner.run_plan``) in this process,
+    the baseline: the same step code with no Dagster at all;
+(b) **CLI**: ``agentenv-dagster run TASK`` as a subprocess, from its start to its exit (what
+    a CLI user waits for: imports, the code location, the run, the reports);
+(c) **UI**: a launch as the launchpad makes it: ``dagster-webserver -w workspace.yaml``
+    (started once, before any timing, with an instance of its own: stock storage and the
+    ``DefaultRunCoordinator``, so no daemon is needed) is sent the job through
+    ``DagsterGraphQLClient.submit_job_execution`` and polled until the run succeeds; the
+    default run launcher has the code server start the run's process;
+(d) **UI whole**: the same launch from a second code location of the same tasks whose
+    ``definitions.py`` is ``build_definitions(tasks/)``: its run worker builds every task's
+    job, not just the one it runs (what ``build_repository``'s one-job build saves a run);
+(e) **UI floor**: the same launch of a job of Dagster alone, from a third code location of
+    that webserver: the task's graph (a node per step and the teardown, the same edges) of
+    ops that do nothing, on the in-process executor. What any Dagster launch of that shape
+    costs, so (c) - (e) - (a) is what agentenv_dagster adds.
+
+Each run starts once every process the one before started (servers, a run worker) has
+ended. It prints each median against the walker's, wall time and CPU seconds (of every process of
+that way: this one, the CLI, the webserver and code servers, the run worker and the
+servers each started; steadier than wall time on a busy machine), then where the time of (b)-(e) goes, from
+the timestamps of each run's event log (medians): ``to worker`` (UI: submit to the run
+worker's "Started process for run": the run created, the code server's spawned process,
+``import dagster``, the instance), ``to RUN_START`` (the code location imported and the job
+built, the execution plan), ``to 1st step`` (the executor and the resources), ``steps`` (first
+step started to last step ended), ``to success`` and ``after`` (RUN_SUCCESS to the CLI's exit,
+or to the poll that sees it). It also says which executor the task's job gets.
+
+``--extra-tasks N`` adds N copies of the task (other ids) to the project's tasks/, as a
+project of many tasks is: what building the code location costs a run then shows.
+
+    python bench/overhead.py [--task tasks/reply_to_dana.json] [--repeat 3] [--extra-tasks 0]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import dagster as dg
+import httpx
+from dagster_graphql import DagsterGraphQLClient
 
-from agentenv_dagster import build_repository
-from agentenv_dagster.compiler import load_plan
-from agentenv_dagster.config import load_config
-from agentenv_dagster.naming import job_name
-from agentenv_dagster.runner import run_plan
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    ROOT, copy_project, cpu_seconds, free_port, settle, start_group, steady_descendants, stop_group, wait_loaded)
 
-ROOT = Path(__file__).resolve().parents[1]
-TASK = os.environ.get("BENCH_TASK", str(ROOT / "tasks" / "reply_to_dana.json"))
+from agentenv_dagster.compiler import load_plan  # noqa: E402
+from agentenv_dagster.config import load_config  # noqa: E402
+from agentenv_dagster.orchestration.executors import job_executor, runs_as_chain  # noqa: E402
+from agentenv_dagster.orchestration.translator import TaskTranslator  # noqa: E402
+from agentenv_dagster.runner import run_plan  # noqa: E402
+
+# The launchpad's instance with no daemon: runs go straight to the run launcher.
+DAGSTER_YAML = """telemetry:
+  enabled: false
+nux:
+  enabled: false
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: DefaultRunCoordinator
+"""
+TASKS_LOCATION = "agentenv_tasks"  # as workspace.yaml names it
+WHOLE_LOCATION = "agentenv_whole"
+WHOLE_DEFINITIONS = """from pathlib import Path
+
+from agentenv_dagster import build_definitions
+
+defs = build_definitions(Path(__file__).parent / "tasks")
+"""
+FLOOR_LOCATION = "dagster_floor"
+FLOOR_JOB = "floor"
+FLOOR_DEFINITIONS = """import dagster as dg
+
+EDGES = {edges!r}
 
 
-def reconstructable_job() -> dg.JobDefinition:
-    """Module-level, so the multiprocess executor's children can rebuild the job; through the
-    lazy location, as definitions.py loads it, so a step builds only this job."""
-    return build_repository(Path(TASK).parent, project_dir=ROOT).get_job(job_name(Path(TASK).stem))
+@dg.op(ins={{"after": dg.In(dg.Nothing)}})
+def step() -> None:
+    pass
+
+
+floor = dg.GraphDefinition(name="floor", node_defs=[step], dependencies={{
+    dg.NodeInvocation("step", alias=node): {{"after": dg.MultiDependencyDefinition(
+        [dg.DependencyDefinition(d) for d in upstream])}} if upstream else {{}}
+    for node, upstream in EDGES.items()}}).to_job(executor_def=dg.in_process_executor)
+defs = dg.Definitions(jobs=[floor])
+"""
+PHASES = ("to worker", "to RUN_START", "to 1st step", "steps", "to success", "after")
+STEP_END = (dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE)
 
 
 def time_walker(plan, config) -> float:
@@ -43,43 +112,155 @@ def time_walker(plan, config) -> float:
     return time.perf_counter() - started
 
 
-def time_in_process(instance: dg.DagsterInstance) -> float:
-    job = reconstructable_job()
-    started = time.perf_counter()
-    result = job.execute_in_process(instance=instance)
-    assert result.success
-    return time.perf_counter() - started
+def phases(instance: dg.DagsterInstance, run_id: str, started: float, ended: float) -> dict[str, float]:
+    """Where a run's time went, from its event log's timestamps (``started`` and ``ended``:
+    wall clock when it was asked for and when its end was seen). A CLI run has no run
+    worker: its ``to worker`` is zero and its start up to RUN_START is ``to RUN_START``."""
+    records = instance.all_logs(run_id)
+    first: dict[dg.DagsterEventType, float] = {}
+    for record in records:
+        if record.dagster_event is not None:
+            first.setdefault(record.dagster_event.event_type, record.timestamp)
+    worker = next((r.timestamp for r in records if r.dagster_event and r.dagster_event.event_type
+                   == dg.DagsterEventType.ENGINE_EVENT and "Started process for run" in r.message), started)
+    steps_ended = max(r.timestamp for r in records if r.dagster_event and r.dagster_event.event_type in STEP_END)
+    run_start = first[dg.DagsterEventType.RUN_START]
+    step_start = first[dg.DagsterEventType.STEP_START]
+    success = first[dg.DagsterEventType.RUN_SUCCESS]
+    return dict(zip(PHASES, (worker - started, run_start - worker, step_start - run_start,
+                             steps_ended - step_start, success - steps_ended, ended - success)))
 
 
-def time_multiprocess(instance: dg.DagsterInstance) -> float:
+def time_cli(project: Path, task: Path, home: Path, instance: dg.DagsterInstance) -> tuple[float, dict]:
+    command = [shutil.which("agentenv-dagster") or "agentenv-dagster", "run", str(task),
+               "--output-dir", str(project / "out")]
+    started_at = time.time()
     started = time.perf_counter()
-    with dg.execute_job(dg.reconstructable(reconstructable_job), instance=instance) as result:
-        assert result.success
-    return time.perf_counter() - started
+    done = subprocess.run(command, cwd=project, env={**os.environ, "DAGSTER_HOME": str(home)},
+                          capture_output=True, text=True)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}")
+    (run,) = instance.get_runs(limit=1)
+    return elapsed, phases(instance, run.run_id, started_at, started_at + elapsed)
+
+
+def add_location(project: Path, name: str, source: str) -> None:
+    """``<name>.py`` holding ``source``, a code location of the project's workspace."""
+    (project / f"{name}.py").write_text(source)
+    with open(project / "workspace.yaml", "a") as workspace:
+        workspace.write(f"  - python_file:\n      relative_path: {name}.py\n      working_directory: .\n"
+                        f"      location_name: {name}\n")
+
+
+def floor_definitions(plan) -> str:
+    """A location of one job: the task's graph of ops that do nothing."""
+    node = TaskTranslator().get_node_name
+    edges = {node(step): [node(plan.step_by_id[d]) for d in plan.edges[step.id]] for step in plan.steps}
+    edges["teardown_run"] = [node(plan.step_by_id[s]) for s in plan.sinks]
+    return FLOOR_DEFINITIONS.format(edges=edges)
+
+
+def time_ui(client: DagsterGraphQLClient, location: dict, job: str, instance: dg.DagsterInstance) -> tuple[float, dict]:
+    (repository,) = location["repositories"]
+    started_at = time.time()
+    started = time.perf_counter()
+    run_id = client.submit_job_execution(job, repository_location_name=location["name"],
+                                         repository_name=repository["name"])
+    while (status := client.get_run_status(run_id)) not in (
+            dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    if status != dg.DagsterRunStatus.SUCCESS:
+        errors = [r.message for r in instance.all_logs(run_id) if r.level >= 40]
+        sys.exit(f"run {run_id} of {job}: {status.value}\n" + "\n".join(errors)[-3000:])
+    return elapsed, phases(instance, run_id, started_at, started_at + elapsed)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", type=Path, default=ROOT / "tasks" / "reply_to_dana.json")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--extra-tasks", type=int, default=0, help="copies of the task added to tasks/")
     args = parser.parse_args()
-    os.chdir(ROOT)
-    config = load_config(ROOT)
-    plan = load_plan(TASK, config)
-    steps = len(plan.steps)
-    with tempfile.TemporaryDirectory() as home:
-        with dg.DagsterInstance.from_config(home) as instance:
-            time_walker(plan, config)  # warm caches (imports, first server start)
-            runs = {
-                "asyncio walker": [time_walker(plan, config) for _ in range(args.repeat)],
-                "dagster in-process": [time_in_process(instance) for _ in range(args.repeat)],
-                "dagster multiprocess": [time_multiprocess(instance) for _ in range(args.repeat)],
-            }
-    baseline = statistics.median(runs["asyncio walker"])
-    print(f"task {plan.task_id}: {steps} steps, median of {args.repeat} runs, python {sys.version.split()[0]}")
-    print(f"{'mode':<22}{'wall s':>9}{'ratio':>8}{'overhead/step s':>17}")
-    for mode, times in runs.items():
-        wall = statistics.median(times)
-        print(f"{mode:<22}{wall:>9.2f}{wall / baseline:>8.2f}{(wall - baseline) / steps:>17.3f}")
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="agentenv-overhead-") as tmp:
+        project = Path(tmp) / "project"
+        tasks_dir = copy_project(project)
+        task = tasks_dir / args.task.name
+        if not task.exists():
+            shutil.copy(args.task, task)
+        config = load_config(project)
+        plan = load_plan(task, config)
+        if args.extra_tasks and task.suffix != ".json":
+            sys.exit("--extra-tasks copies an agent-env (JSON) task")
+        document = json.loads(task.read_text()) if args.extra_tasks else []
+        steps = document["steps"] if isinstance(document, dict) else document
+        for i in range(args.extra_tasks):
+            copy = {"id": f"copy_{i:05d}", "type": "task", "version": 1, "steps": steps}
+            (tasks_dir / f"copy_{i:05d}.json").write_text(json.dumps(copy))
+        task_files = len(list(tasks_dir.iterdir()))
+        job = TaskTranslator().get_job_name(plan)
+        add_location(project, WHOLE_LOCATION, WHOLE_DEFINITIONS)
+        add_location(project, FLOOR_LOCATION, floor_definitions(plan))
+        homes = {name: Path(tmp) / f"home_{name}" for name in ("cli", "ui")}
+        for home in homes.values():
+            home.mkdir()
+            (home / "dagster.yaml").write_text(DAGSTER_YAML)
+        port = free_port()
+        webserver = start_group(
+            [shutil.which("dagster-webserver") or "dagster-webserver", "-w", "workspace.yaml",
+             "-h", "127.0.0.1", "-p", str(port)],
+            project, {"DAGSTER_HOME": str(homes["ui"])}, Path(tmp) / "webserver.log")
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
+                locations = {location["name"]: location for location in wait_loaded(http, webserver, timeout=300)}
+            client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+            with dg.DagsterInstance.from_config(str(homes["cli"])) as cli_instance, \
+                    dg.DagsterInstance.from_config(str(homes["ui"])) as ui_instance:
+                ways = {
+                    "walker": lambda: (time_walker(plan, config), None),
+                    "CLI": lambda: time_cli(project, task, homes["cli"], cli_instance),
+                    "UI": lambda: time_ui(client, locations[TASKS_LOCATION], job, ui_instance),
+                    "UI whole": lambda: time_ui(client, locations[WHOLE_LOCATION], job, ui_instance),
+                    "UI floor": lambda: time_ui(client, locations[FLOOR_LOCATION], FLOOR_JOB, ui_instance),
+                }
+                for way in ways.values():  # warm: bytecode, the first server starts
+                    way()
+                baseline = steady_descendants()  # the webserver, its code servers and their helpers
+                runs: dict[str, list[tuple[float, float, dict | None]]] = {name: [] for name in ways}
+                for _ in range(args.repeat):
+                    for name, way in ways.items():
+                        cpu = sum(os.times()[:4]) + cpu_seconds(baseline)
+                        wall, phases_of_run = way()
+                        settle(baseline)  # each starts with nothing of the one before still ending
+                        cpu = sum(os.times()[:4]) + cpu_seconds(baseline) - cpu
+                        runs[name].append((wall, cpu, phases_of_run))
+        except Exception:
+            print((Path(tmp) / "webserver.log").read_text()[-3000:], file=sys.stderr)
+            raise
+        finally:
+            stop_group(webserver)
+    load_after = os.getloadavg()
+    executor = job_executor(config, plan).name
+    print(f"task {plan.task_id}: {len(plan.steps)} steps + teardown, in a location of "
+          f"{task_files} task files, "
+          f"{'a chain' if runs_as_chain(plan) else 'not a chain'}: executor '{executor}'; "
+          f"median of {args.repeat} runs; python {sys.version.split()[0]}, {os.cpu_count()} cpus; "
+          f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    walker = statistics.median(wall for wall, _, _ in runs["walker"])
+    walker_cpu = statistics.median(cpu for _, cpu, _ in runs["walker"])
+    print(f"{'way':<10}{'wall s':>8}{'ratio':>7}{'overhead/step s':>17}{'CPU s':>8}{'ratio':>7}")
+    for name, results in runs.items():
+        wall = statistics.median(wall for wall, _, _ in results)
+        cpu = statistics.median(cpu for _, cpu, _ in results)
+        ratio = f"{wall / walker:>7.2f}{(wall - walker) / len(plan.steps):>17.3f}" if name != "UI floor" else " " * 24
+        print(f"{name:<10}{wall:>8.2f}{ratio}{cpu:>8.2f}{cpu / walker_cpu:>7.2f}")
+    print("where the time goes (s, medians):")
+    print(f"{'way':<10}" + "".join(f"{phase:>13}" for phase in PHASES))
+    for name in ("CLI", "UI", "UI whole", "UI floor"):
+        medians = [statistics.median(p[phase] for _, _, p in runs[name]) for phase in PHASES]
+        print(f"{name:<10}" + "".join(f"{m:>13.2f}" for m in medians))
 
 
 if __name__ == "__main__":

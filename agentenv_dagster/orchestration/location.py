@@ -1,11 +1,13 @@
-"""The lazy code location: the task folder compiled when Dagster first asks for a definition.
+"""The lazy code location: a run builds the one job it runs; the rest waits to be asked for.
 
-``build_definitions`` compiles every task document as it is called; :func:`build_repository`
-returns the same definitions behind Dagster's documented lazy mechanism (a ``@repository``
-returning a :class:`dagster.RepositoryData`), so importing the code location costs nothing
-until a definition is asked for, and a process that never asks (a step process of an
-executor that does not need the whole location, a tool that imports ``definitions.py`` for
-something else) pays nothing.
+``build_definitions`` compiles every task document and builds every job as it is called.
+:func:`build_repository` returns the same definitions behind Dagster's documented lazy
+mechanism (a ``@repository`` returning a :class:`dagster.RepositoryData`): importing the
+code location costs nothing; a process that asks for one job by name (a run worker, a step
+process, the CLI's ``run``) compiles and builds that task alone, the same job with the same
+snapshot; anything else (the job list, assets, checks, sensors, schedules, resources: what
+the code server and the daemon need) builds the whole folder once, through
+``build_definitions``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from typing import Mapping, Sequence
 
 import dagster as dg
 
+from ..compiler import compile_paths, task_sources
+from ..config import load_config
+from ..errors import SpecError
+from ..naming import job_name
+from ..spec.documents import load_json, load_yaml
 from .translator import TaskTranslator
 
 SINGLETON_REPOSITORY = "__repository__"  # the name Dagster gives a Definitions' repository
@@ -53,6 +60,7 @@ class TaskRepositoryData(dg.RepositoryData):
         self.translator = translator or TaskTranslator()
         self.strict = strict
         self._full: dg.RepositoryDefinition | None = None
+        self._jobs: dict[str, dg.JobDefinition] = {}
         self._lock = threading.RLock()
 
     # -- the whole location ---------------------------------------------------------------
@@ -68,11 +76,43 @@ class TaskRepositoryData(dg.RepositoryData):
                 ).get_repository_def()
             return self._full
 
+    # -- one job ----------------------------------------------------------------------------
     def get_job(self, job_name: str) -> dg.JobDefinition:
-        return self.full.get_job(job_name)
+        return self._one_job(job_name) or self.full.get_job(job_name)
 
     def has_job(self, job_name: str) -> bool:
-        return self.full.has_job(job_name)
+        return self._one_job(job_name) is not None or self.full.has_job(job_name)
+
+    def _one_job(self, name: str) -> dg.JobDefinition | None:
+        """The job ``name`` built from the first source that compiles to it (the one
+        ``compile_location`` keeps), as ``build_definitions`` builds it; None when the whole
+        location decides: it is built already, the naming or the ``[experiments]`` need every
+        plan, strict mode judges every file, or no task file compiles to ``name`` (a
+        placeholder of a broken file, Dagster's own jobs)."""
+        from .definitions import build_job, strict_from_env  # definitions imports this module
+        from .executors import job_executor
+
+        with self._lock:
+            if self._full is not None:
+                return None
+            if name in self._jobs:
+                return self._jobs[name]
+            config = load_config(self.project_dir)
+            if (type(self.translator).get_job_name is not TaskTranslator.get_job_name or config.experiments
+                    or self.strict or strict_from_env()):
+                return None
+            for path in task_sources(self.tasks_dir, config):
+                if job_name(declared_task_id(path) or path.stem) != name:
+                    continue
+                plans = [p for p in compile_paths([path], config).plans if self.translator.get_job_name(p) == name]
+                if plans:
+                    try:
+                        job = build_job(plans[0], self.translator, job_executor(config, plans[0]), config)
+                    except (dg.DagsterInvalidDefinitionError, dg.DagsterInvariantViolationError):
+                        return None  # the whole location reports it
+                    self._jobs[name] = job
+                    return job
+            return None
 
     # -- everything else: the whole location -------------------------------------------------
     def get_all_jobs(self) -> Sequence[dg.JobDefinition]:
@@ -122,3 +162,17 @@ class TaskRepositoryData(dg.RepositoryData):
 
     def get_component_tree(self):
         return self.full.get_component_tree()
+
+
+def declared_task_id(path: Path) -> str | None:
+    """The id a task file declares (``id`` of the stored JSON form, a Coder Eval
+    ``task_id``), read without validating the rest; None when it declares none (its stem
+    names the task) or cannot be read (the compiler will say why)."""
+    try:
+        data = load_yaml(path) if path.suffix in (".yaml", ".yml") else load_json(path)
+    except SpecError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    declared = data.get("task_id" if path.suffix in (".yaml", ".yml") else "id")
+    return str(declared) if declared else None
