@@ -307,7 +307,7 @@ def materialize_suite(
     ``variants`` that ran), as the UI would, from the row partitions the run just wrote: the
     same rollup and blocking threshold checks in the instance (the exit code comes from the
     run's own suite.json files)."""
-    asset = suite_asset(plan, TaskTranslator())
+    asset = suite_asset(plan, TaskTranslator(), config.regression.for_task(plan.task_id))
     if asset is None:
         return
     with opened_instance(config, instance) as active:

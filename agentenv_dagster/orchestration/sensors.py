@@ -216,7 +216,7 @@ def job_shape(plan: TaskPlan, translator: TaskTranslator) -> tuple:
     follows the content, is left out: a task whose steps only changed their fields runs.)"""
     from .task_job import task_graph  # task_job imports this module (through definitions)
 
-    graph, _, _ = task_graph(plan, translator, code_version="")
+    graph, _, _ = task_graph(plan, translator, code_versions={})
     nodes = []
     for invocation, inputs in graph.dependencies.items():
         retry = invocation.retry_policy
