@@ -96,8 +96,8 @@ class Comparison:
             return f"{self.metric} {self.value:.3f}: no baseline yet ({len(self.earlier)} earlier, needs " \
                    f"{self.settings.min_history})"
         verdict = f"{self.drop:.3f} below" if self.drop > 0 else "not below"
-        return (f"{self.metric} {self.value:.3f} is {verdict} the median {self.baseline:.3f} of "
-                f"{len(self.earlier)} earlier (max_drop {self.settings.max_drop:g})")
+        return (f"{self.metric} {self.value:.3f} is {verdict} the median {self.baseline:.3f} of the last "
+                f"{len(self.earlier)} (max_drop {self.settings.max_drop:g})")
 
 
 def earlier_values(

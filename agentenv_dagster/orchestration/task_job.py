@@ -61,6 +61,9 @@ def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
         group_name=translator.get_group_name(plan),
         backfill_policy=dg.BackfillPolicy.single_run(),
         tags_by_output_name={name: translator.get_asset_tags(plan) for name in outputs},
+        automation_conditions_by_output_name=(
+            {name: condition for name in outputs}
+            if (condition := translator.get_automation_condition(plan)) is not None else None),
     )
     job = dg.define_asset_job(
         translator.get_job_name(plan), selection=dg.AssetSelection.assets(assets).without_checks(),

@@ -203,6 +203,20 @@ class TaskTranslator:
         """
         return job_name(plan.task_id)
 
+    def get_automation_condition(self, plan: TaskPlan) -> dg.AutomationCondition | None:
+        """The declarative automation condition of the task's assets, which Dagster's
+        ``default_automation_condition_sensor`` evaluates (turn it on in the UI's Automation
+        page). None, the default: nothing is automatic, and the ``agentenv_stale_scores``
+        sensor re-runs stale scores when turned on. The task's assets materialize together,
+        so a true condition on any of them runs the whole task (a dataset: the rows it holds for).
+
+        ```python
+        def get_automation_condition(self, plan):  # run a task again once what decides its scores changed
+            return dg.AutomationCondition.code_version_changed()
+        ```
+        """
+        return None
+
     # -- assets ----------------------------------------------------------------------------
     def get_verification_asset_key(self, task_id: str, verifier_id: str) -> dg.AssetKey:
         """A verification's asset: ``verifications/<job>/<verifier_id>``.
