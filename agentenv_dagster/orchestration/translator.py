@@ -11,6 +11,8 @@ import hashlib
 import json
 import logging
 import warnings
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -486,10 +488,16 @@ def _agent_version(config: AgentEnvConfig, agent_id: str, overrides: dict[str, A
     data = entry.model_dump(mode="json", exclude_none=True, exclude=AGENT_FIELDS_NOT_DECIDING)
     if entry.script:
         script = config.path(entry.script)
-        data["script"] = hashlib.sha256(script.read_bytes()).hexdigest()[:16] if script.is_file() else entry.script
+        data["script"] = _file_digest(script, script.stat().st_mtime_ns) if script.is_file() else entry.script
     kind = overrides.get("kind", entry.kind)
     model = overrides.get("model") or entry.model or (config.model.for_role("agent") if kind != "replay" else None)
     return {"id": agent_id, "entry": data, **({"model": _model_version(config, model)} if model else {})}
+
+
+@lru_cache(maxsize=256)
+def _file_digest(path: Path, modified_ns: int) -> str:
+    """A file's content hash (read once while it is unchanged: every task deploying the agent asks)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def _model_version(config: AgentEnvConfig, model: str) -> dict[str, Any]:
