@@ -191,7 +191,8 @@ def _prepare(
                 again = rows_not_passed(active, build_job(plan), keys)
             keys, kept = again, [k for k in keys if k not in again]
             if not keys:
-                notes.append(f"{label}: all {len(kept)} selected rows passed last time; none runs again (--failed-only)")
+                notes.append(f"{label}: all {len(kept)} selected rows passed last time; none runs again "
+                             "(--failed-only)")
         if stale_only and keys != []:
             keys, fresh, said = _stale_only(plan, config, instance, keys, label)
             kept += fresh

@@ -233,7 +233,7 @@ def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config
 # with the same tags (``provenance.py``). Reading staleness back goes through the resolver the
 # UI's GraphQL ``staleStatus`` uses: no public API answers it, short of a sensor's
 # ``RunRequest(stale_assets_only=True)``, which skips partitioned assets.
-from dagster._core.definitions.data_version import (  # noqa: E402
+from dagster._core.definitions.data_version import (  # noqa: E402, F401 - re-exported
     CODE_VERSION_TAG,
     DATA_VERSION_IS_USER_PROVIDED_TAG,
     DATA_VERSION_TAG,

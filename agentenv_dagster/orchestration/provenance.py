@@ -39,6 +39,7 @@ from .dagster_internals import (
 from .rows import node_assets, task_graph_of
 from .translator import TAG_CODE_VERSION
 
+
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -127,7 +128,8 @@ class Provenance:
         tags = {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version}
         for dep in self.deps:
             tags[input_data_version_tag(dep)] = self._dep_version(dep, ctx)
-            # the row's own version is known from its context, not looked up: no event pointer
+            # Dagster reads the pointer of a partitioned input only (the row's own upstream
+            # asset here), whose version the row's context gives: no event to point at
             tags[input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
         return tags
 

@@ -156,7 +156,8 @@ def score_evaluation(
         "baseline_runs": dg.MetadataValue.json([run for run, _ in earlier]),
     }
     if comparison.baseline is None:
-        metadata["baseline"] = f"no baseline yet ({len(comparison.earlier)} earlier score(s), needs {settings.min_history})"
+        metadata["baseline"] = (f"no baseline yet ({len(comparison.earlier)} earlier score(s), "
+                                f"needs {settings.min_history})")
     else:
         metadata.update(baseline_median=comparison.baseline, drop=comparison.drop)
     return dg.AssetCheckEvaluation(**common, passed=not comparison.regressed, metadata=metadata,

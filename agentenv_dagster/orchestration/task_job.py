@@ -125,8 +125,8 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
     teardown = teardown_op()
     node_defs[teardown.name] = teardown
     sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
-    deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP,
-                              tags={TAG_CODE_VERSION: code_versions[TEARDOWN_OP]} if TEARDOWN_OP in code_versions else {})] = _fan_in(sinks)
+    teardown_tags = {TAG_CODE_VERSION: code_versions[TEARDOWN_OP]} if TEARDOWN_OP in code_versions else {}
+    deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP, tags=teardown_tags)] = _fan_in(sinks)
     outputs[TEARDOWN_OP] = (translator.get_results_asset_key(plan),
                             f"Each row's outcome in task `{plan.task_id}`: its status and each step's.")
     output_mappings.append(dg.OutputMapping(graph_output_name=TEARDOWN_OP, mapped_node_name=TEARDOWN_OP,

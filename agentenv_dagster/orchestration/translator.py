@@ -476,7 +476,8 @@ class TaskTranslator:
             ]
 
 
-AGENT_FIELDS_NOT_DECIDING = {"description", "delay_seconds", "cli_path"}  # an agent entry's fields that leave scores as they are
+# an agent entry's fields that leave its scores as they are
+AGENT_FIELDS_NOT_DECIDING = {"description", "delay_seconds", "cli_path"}
 
 
 def _agent_version(config: AgentEnvConfig, agent_id: str, overrides: dict[str, Any]) -> dict[str, Any]:

@@ -154,7 +154,8 @@ def test_a_suite_regresses_when_a_metric_drops_below_its_baseline():
 
 def test_every_verification_and_suite_declares_no_regression_as_configured(tmp_path):
     root = make_project(tmp_path / "p")
-    (root / ".agentenv" / "config.toml").write_text((root / ".agentenv" / "config.toml").read_text() + textwrap.dedent("""
+    config = root / ".agentenv" / "config.toml"
+    config.write_text(config.read_text() + textwrap.dedent("""
         [regression]
         blocking = true
         [regression.tasks.hello-python]

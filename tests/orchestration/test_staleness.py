@@ -53,8 +53,8 @@ def ui_stale_statuses(project: Path, instance: dg.DagsterInstance) -> dict[str, 
 def test_a_run_leaves_its_scores_fresh_and_a_new_judge_makes_the_judged_score_stale(project):
     dagster_project(project)
     with dg.instance_for_test() as instance:
-        done = build_definitions(project / "tasks").resolve_job_def("reply_to_dana").execute_in_process(instance=instance)
-        assert done.success
+        job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
+        assert job.execute_in_process(instance=instance).success
         statuses = ui_stale_statuses(project, instance)
         task_assets = {key: value for key, value in statuses.items() if "reply_to_dana" in key}
         assert set(task_assets) == {"verifications/reply_to_dana/sent", "verifications/reply_to_dana/tone",
@@ -182,7 +182,8 @@ def test_run_stale_only_runs_just_the_rows_never_materialized_or_stale(project):
     assert "rows: 2 stale row(s): row r1: never materialized | row r2: never materialized" in first.stdout
     assert first.stdout.count(": SUCCESS") == 2
 
-    task.write_text(ROWS_TASK.replace("    - {id: r2, name: b}\n", "    - {id: r2, name: b}\n    - {id: r3, name: c}\n"))
+    second_row = "    - {id: r2, name: b}\n"
+    task.write_text(ROWS_TASK.replace(second_row, second_row + "    - {id: r3, name: c}\n"))
     added = cli(project, "--stale-only", "rows.yaml")  # a new row is data, not code: only it runs
     assert added.returncode == 0, added.stdout + added.stderr[-2000:]
     assert "skipped 2 fresh row(s) of rows (--stale-only): r1, r2" in added.stdout
@@ -194,7 +195,8 @@ def test_run_stale_only_runs_just_the_rows_never_materialized_or_stale(project):
     task.write_text(task.read_text().replace("description: out.txt is there", "description: out.txt exists"))
     criteria = cli(project, "--stale-only", "rows.yaml")  # the grading changed: every row's score is stale
     assert criteria.returncode == 0, criteria.stdout + criteria.stderr[-2000:]
-    assert "rows: 3 stale row(s): row r1: verifications/rows/success_criteria: has a new code version" in criteria.stdout
+    assert ("rows: 3 stale row(s): row r1: verifications/rows/success_criteria: has a new code version"
+            in criteria.stdout)
     assert criteria.stdout.count(": SUCCESS") == 3
 
 
@@ -212,7 +214,8 @@ def test_the_stale_scores_sensor_launches_stale_tasks_once_and_skips_fresh_ones(
         assert [r.job_name for r in never.run_requests] == ["reply_to_dana"]
         assert defs.resolve_job_def("reply_to_dana").execute_in_process(instance=instance).success
         fresh = tick(defs)
-        assert fresh.run_requests == [] and fresh.skip_message == "every score is current (1 task(s) and variant(s) fresh)"
+        assert fresh.run_requests == []
+        assert fresh.skip_message == "every score is current (1 task(s) and variant(s) fresh)"
 
         add_config(project, """
             [model.roles]
