@@ -5,6 +5,7 @@ a failed check into exit 1."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -184,3 +185,22 @@ def test_a_blocking_gate_fails_the_run_that_regressed(project, workspace):
         check = no_regression_of(instance, dropped.run_ids[0])
     assert statuses == [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE]
     assert not check.passed and check.blocking is True
+
+
+def test_the_check_executed_alone_judges_the_latest_score_against_the_ones_before(project, workspace):
+    shutil.copy(TASK, project / "tasks" / TASK.name)
+    config = load_config(project)
+    key = dg.AssetCheckKey(SCORE_KEY, REGRESSION_CHECK)
+    with dg.instance_for_test() as instance:
+        first = run_coder_eval_task(TASK, config, instance=instance, grade_only_from=workspace,
+                                    output_dir=project / "out" / "first")
+        (workspace / "b.txt").unlink()
+        dropped = run_coder_eval_task(TASK, config, instance=instance, grade_only_from=workspace,
+                                      output_dir=project / "out" / "dropped")
+        alone = build_definitions(project / "tasks").resolve_implicit_global_asset_job_def().get_subset(
+            asset_check_selection={key})
+        (evaluation,) = alone.execute_in_process(instance=instance).get_asset_check_evaluations()
+    metadata = {k: v.value for k, v in evaluation.metadata.items()}
+    assert not evaluation.passed and evaluation.check_name == REGRESSION_CHECK
+    assert metadata["from_run"] == dropped.run_ids[0] and metadata["baseline_runs"] == first.run_ids
+    assert (metadata["score"], metadata["baseline_median"]) == (0.5, 1.0)
