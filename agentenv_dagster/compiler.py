@@ -88,7 +88,8 @@ def coder_eval_document(loaded, registry: StepRegistry, *, grade_only_from: Path
     count = trials(loaded.task)
     dataset = loaded.task.dataset
     return replace(document, partitions=partitions, sampling=sampling, replicates={"": count} if count > 1 else None,
-                   max_sandboxes=dataset.max_sandboxes if dataset else None)
+                   max_sandboxes=dataset.max_sandboxes if dataset else None,
+                   description=loaded.task.description.strip() or None)
 
 
 def experiment_documents(

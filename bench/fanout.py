@@ -3,29 +3,20 @@
 The same rows (a sentence to classify), the same model behaviour (a keyword rule answering
 after ``--latency`` seconds) and the same concurrency (``--in-flight``) on both sides:
 
-(a) agentenv_dagster: a Coder Eval task with ``dataset``, run as ``--shards`` concurrent Dagster
-    runs over slices of the rows (default: one per core, at most 2; each row a partition of the
-    job, every op running its step for all its run's rows; the 32 rows in flight shared out
-    between the runs; each core's slice in runs that take turns at the agent, four for 1,000
-    rows) — sandboxes, the replay agent answering over real A2A in the run's agent host, a
-    deterministic ``classification_match`` criterion, per-row asset materializations, the
-    suite rollup and the reports;
+(a) agentenv_dagster: ``agentenv-dagster run`` of a Coder Eval task with ``dataset`` (each row a
+    partition of the job, one run whose ops stream the rows to each other) — sandboxes, the
+    replay agent answering over real A2A in the run's agent host, a deterministic
+    ``classification_match`` criterion, per-row asset materializations, the suite rollup and
+    the reports;
 (b) Inspect AI: its ``mockllm`` model answering through ``custom_outputs`` after the same
     delay, ``max_samples`` = ``max_connections`` = the same concurrency, an exact ``match``.
 
 It prints both wall times, their ratio, each against the ideal (rows × latency / in flight),
 and the CPU seconds the machine was busy during each (every process: the runs, the agent host;
 steadier than wall time on a shared machine), divided by the cores: the wall time the work
-would take with no waiting at all, against the ideal. Where that is near or above 1.2 the
-machine's cores, not the waiting, bound both tools (``--latency 1.0`` asks for a fifth of the
-CPU a second). Then, from the runs' event logs, where agentenv_dagster's time went: when the
-runs started, each op's span over every shard run (the agent op also waits for the run's agent
-host, forked as the runs start, to come up), the suite asset's run (started as the rows run,
-its op waiting for them) and the command's work after the runs, and how close the prompts
-alone came to their ideal. And, before the runs, how long creating a file takes in the temp
-folder (on this machine it swings more than tenfold, with the files created and deleted there
-before), and after each tool's run how many files and folders it made (ours: a row's
-sandbox, its agent's answer, its trajectory, its task.json and that file's two folders). Needs
+would take with no waiting at all, against the ideal. Before the runs, how long creating a
+file takes in the temp folder (it swings widely with what was created and deleted there);
+after each tool's run, how many files and folders it made. Needs
 ``pip install -e '.[bench]'``.
 
     python bench/fanout.py [--rows 1000] [--latency 0.2] [--in-flight 32]
@@ -37,11 +28,15 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import busy_cpu_seconds, timed  # noqa: E402
 
 LABELS = ("positive", "negative")
 WORDS = {"positive": ["great", "lovely", "superb"], "negative": ["awful", "dull", "broken"]}
@@ -92,63 +87,19 @@ def project(root: Path, n: int, latency: float) -> Path:
     return task
 
 
-def run_agentenv(root: Path, n: int, latency: float, in_flight: int, shards: int) -> tuple[float, str]:
-    import dagster as dg
-
-    from agentenv_dagster.config import load_config
-    from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
-    from agentenv_dagster.orchestration.execute import dagster_yaml
-
+def run_agentenv(root: Path, n: int, latency: float, in_flight: int) -> tuple[float, str]:
+    """``agentenv-dagster run sentiment.yaml`` as a user runs it (its own process, the
+    project's instance), with ``--rows-in-flight``."""
     task = project(root, n, latency)
-    config = load_config(root)
-    home = root / ".dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(dagster_yaml(home))  # the project's local instance, as the CLI makes it
-    with dg.DagsterInstance.from_config(str(home)) as instance:
-        started, clock = time.perf_counter(), time.time()
-        done = run_coder_eval_task(task, config, instance=instance, rows_in_flight=in_flight,
-                                   output_dir=root / "out")
-        elapsed = time.perf_counter() - started
-        phases = phase_lines(instance, clock, clock + elapsed, n * latency / in_flight)
-    passed = sum(r.final_status.value == "SUCCESS" for r in done.results)
-    return elapsed, f"{passed}/{len(done.results)} rows passed\n" + "\n".join(phases)
+    command = [shutil.which("agentenv-dagster") or "agentenv-dagster", "run", str(task),
+               "--rows-in-flight", str(in_flight), "--output-dir", str(root / "out")]
+    elapsed, _busy, _output = timed(command, root, {"DAGSTER_HOME": str(root / ".dagster_home")})
+    summary = json.loads((root / "out" / "run.json").read_text())
+    return elapsed, f"{summary['tasks_succeeded']}/{summary['tasks_run']} rows passed"
 
 
-def phase_lines(instance, start: float, end: float, ideal: float) -> list[str]:
-    """Where the wall time went, from the runs' event logs: each op from its first start to its
-    last end over the shard runs (the ops of a run go one after another, and every op runs its
-    step for all the run's rows), then what the command did once the runs had ended. Shows
-    how close the prompts come to their ideal, and what happens before and after them."""
-    from dagster import DagsterEventType as Event
-
-    spans: dict[str, list[float]] = {}
-    suite: list[float] = []
-    for record in instance.get_run_records():
-        logs = instance.all_logs(record.dagster_run.run_id, of_type={
-            Event.RUN_START, Event.RUN_SUCCESS, Event.RUN_FAILURE, Event.STEP_START, Event.STEP_SUCCESS,
-            Event.STEP_FAILURE})
-        if record.dagster_run.job_name.startswith("__"):  # the suite asset's own run
-            suite += [e.timestamp for e in logs]
-            continue
-        for entry in logs:
-            name = entry.step_key or "run"
-            spans.setdefault(name, [entry.timestamp, entry.timestamp])
-            spans[name] = [min(spans[name][0], entry.timestamp), max(spans[name][1], entry.timestamp)]
-    runs_end = spans.pop("run", [start, start])[1]
-    first_op = min((first for first, _ in spans.values()), default=runs_end)
-    rows = [(start, first_op, "the runs start (fork, Dagster run, resources)"),
-            *((first, last, name) for name, (first, last) in spans.items()),
-            *([(min(suite), max(suite), "the suite asset's run")] if suite else []),
-            (runs_end, end, "after the runs: each row's result, the reports")]
-    lines = [f"    {first - start:6.2f}-{last - start:6.2f} s  {name}" for first, last, name in sorted(rows)]
-    if "prompt" in spans:
-        took = spans["prompt"][1] - spans["prompt"][0]
-        lines.append(f"    the prompts took {took:.2f} s against their ideal {ideal:.2f} s ({took / ideal:.2f}x); "
-                     f"everything else {end - start - took:.2f} s")
-    return ["  where the time went (seconds from the start; each op over every shard run):", *lines]
-
-
-def run_inspect(root: Path, n: int, latency: float, in_flight: int, shards: int) -> tuple[float, str]:
+def run_inspect(root: Path, n: int, latency: float, in_flight: int) -> tuple[float, str]:
+    """Inspect AI's ``eval`` in this process (its mockllm model answering after the delay)."""
     from inspect_ai import Task
     from inspect_ai import eval as inspect_eval
     from inspect_ai.dataset import Sample
@@ -174,16 +125,6 @@ def run_inspect(root: Path, n: int, latency: float, in_flight: int, shards: int)
     return elapsed, f"status {log.status}, accuracy {accuracy}"
 
 
-def busy_cpu_seconds() -> float | None:
-    """Seconds the machine's CPUs spent busy so far (Linux's /proc/stat), None elsewhere."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-
-
 def file_creation_micros(folder: Path, count: int = 500) -> float:
     """Microseconds to create one small file in a new folder under ``folder`` (nearly all of
     it the kernel's work). On this machine's disk it swings from ~12 to ~250 (it rises after
@@ -207,13 +148,10 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--only", choices=["agentenv", "inspect"])
-    parser.add_argument("--shards", type=int, default=min(os.cpu_count() or 1, 2),
-                        help="agentenv_dagster: concurrent runs over slices of the rows (default: cores, at most 2)")
     args = parser.parse_args()
     ideal = args.rows * args.latency / args.in_flight
     print(f"{args.rows} rows, {args.latency * 1000:.0f} ms per answer, {args.in_flight} in flight: "
-          f"ideal {ideal:.2f} s; agentenv_dagster in {args.shards} shard(s), a core's rows in up to four runs "
-          "that take turns when they are enough", flush=True)
+          f"ideal {ideal:.2f} s", flush=True)
     print(f"a new file in {tempfile.gettempdir()} takes {file_creation_micros(Path(tempfile.gettempdir())):.0f} µs "
           "here", flush=True)
     times = {}
@@ -224,7 +162,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix=f"fanout-{name}-") as tmp:
             os.environ["DAGSTER_HOME"] = str(Path(tmp) / ".dagster_home")
             busy = busy_cpu_seconds()
-            elapsed, outcome = run(Path(tmp), args.rows, args.latency, args.in_flight, args.shards)
+            elapsed, outcome = run(Path(tmp), args.rows, args.latency, args.in_flight)
             busy = busy_cpu_seconds() - busy if busy is not None else None
             made = made_under(Path(tmp))
         times[name] = elapsed

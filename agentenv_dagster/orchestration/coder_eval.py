@@ -38,8 +38,10 @@ from ..spec.loader import variant_key
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import execute_plan, opened_instance
+from .progress import console_config, noted
 from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, rows_not_passed
 from .staleness import plan_asset_graph, stale_rows
+from .step_events import REPORTS_TAG, REPORTS_TASK_TAG
 from .suites import latest_row_results, suite_asset
 from .translator import TaskTranslator
 
@@ -259,7 +261,9 @@ def _rows_runs(
         keys, repeats = variant.keys, variant.repeats
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant.variant_id, str(replicate) if repeats > 1 else None) if p)
-            tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate)}
+            tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate),
+                    # where its rows' pages go: their verifications link them
+                    REPORTS_TAG: str(out.resolve()), REPORTS_TASK_TAG: task.task_id}
             row_result = _RowResult(
                 out, task.task_id, task.description, variant.task.agent.type if variant.task.agent else "none",
                 variant.plan.document.row_of, variant.task.model_dump(mode="json", exclude_none=True), str(path),
@@ -347,8 +351,13 @@ def materialize_suite(
     if asset is None:
         return []
     with opened_instance(config, instance) as active:
-        return [dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant).run_id
-                for variant in variants or [None]]
+        run_ids = []
+        for variant in variants or [None]:
+            done = dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant,
+                                  run_config=console_config())
+            noted(active, done.run_id, asset.key.to_user_string() + (f" [{variant}]" if variant else ""))
+            run_ids.append(done.run_id)
+        return run_ids
 
 
 def _write_experiment(out: Path, experiment, variant_ids: list[str], results: list[EvaluationResult]) -> None:

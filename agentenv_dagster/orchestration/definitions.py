@@ -167,10 +167,11 @@ def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str,
                 continue
             passed = metadata.get("passed")
             value = getattr(passed, "value", passed)
-            yield dg.AssetCheckResult(
+            kept = {label: metadata[label] for label in ("score", "reason") if label in metadata}
+            yield dg.AssetCheckResult(  # what the evaluation in the run said: its score, or why it was not graded
                 asset_key=check_key.asset_key, check_name=check_key.name, passed=bool(value),
                 severity=dg.AssetCheckSeverity.WARN if value is None else dg.AssetCheckSeverity.ERROR,
-                metadata={"from_run": event.run_id if event else "never materialized"},
+                metadata={**kept, "from_run": event.run_id if event else "never materialized"},
             )
 
     return _checks

@@ -28,7 +28,7 @@ from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, tea
 from .regression import produces_verification, regression_tag
 from .retries import span_tags
 from .rows import ROWS, STEPS, register_plan, step_config
-from .translator import TAG_CODE_VERSION, TAG_STEP_ASSETS, TaskTranslator
+from .translator import TAG_CODE_VERSION, TAG_STEP_ASSETS, TAG_STEP_ID, TaskTranslator
 
 POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
 
@@ -93,14 +93,18 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
     outputs: dict[str, tuple[dg.AssetKey, str]] = {}
     output_mappings, input_mappings = [], []
     inputs: dict[str, dg.AssetKey] = {}
+    graph_name = translator.get_graph_name(plan)
     for step in plan.steps:
-        op_def = step_op(step.type)
-        node_defs[op_def.name] = op_def
         node = translator.get_node_name(step)
+        # an op per step, for its description; named after the graph: op names are unique in a repository
+        op_def = step_op(step.type).with_replaced_properties(
+            name=f"{graph_name}__{node}", description=translator.get_op_description(plan, step))
+        node_defs[op_def.name] = op_def
         invocation = dg.NodeInvocation(
             op_def.name, alias=node, retry_policy=translator.get_retry_policy(step),
             tags={
-                **translator.get_op_tags(step), TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
+                **translator.get_op_tags(step), TAG_STEP_ID: step.id,
+                TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
                 **({TAG_CODE_VERSION: code_versions[node]} if node in code_versions else {}),
                 **(regression_tag(regression) if regression is not None and produces_verification(
                     translator, plan, step) else {}),
@@ -132,7 +136,7 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
     output_mappings.append(dg.OutputMapping(graph_output_name=TEARDOWN_OP, mapped_node_name=TEARDOWN_OP,
                                             mapped_node_output_name=ASSET_OUTPUT))
     graph = dg.GraphDefinition(
-        name=translator.get_graph_name(plan), node_defs=list(node_defs.values()), dependencies=deps,
+        name=graph_name, node_defs=list(node_defs.values()), dependencies=deps,
         description=translator.get_job_description(plan), input_mappings=input_mappings,
         output_mappings=output_mappings, config=graph_config(plan, translator),
     )

@@ -29,6 +29,7 @@ TAG_CONTENT_HASH = CONTENT_HASH_TAG
 TAG_FORMAT = "agentenv/format"
 TAG_STEP_ASSETS = STEP_ASSETS_TAG
 TAG_STEP_TYPE = "agentenv/step_type"
+TAG_STEP_ID = "agentenv/step_id"  # node tag: the step a node runs (its id in the task document)
 TAG_SEED = "agentenv/seed"  # the task's default token values (JSON); edit it in the launchpad to retarget a run
 TAG_CODE_VERSION = "agentenv/code_version"  # node tag: the code version its assets' materializations carry
 
@@ -109,15 +110,36 @@ class TaskTranslator:
         }
 
     def get_job_description(self, plan: TaskPlan) -> str:
-        """The job's description in the UI, e.g. ``agent-env task `reply_to_dana` from
-        `tasks/reply_to_dana.json` (7 steps)``.
+        """The job's description in the UI: the task's own description (Coder Eval), what its
+        first prompt asks, and where it comes from, e.g. ``Prompt: "Reply to Dana." — agent-env
+        task `reply_to_dana` from `tasks/reply_to_dana.json` (7 steps)``.
 
         ```python
         def get_job_description(self, plan):
             return super().get_job_description(plan) + " Owner: support."
         ```
         """
-        return f"{plan.document.format} task `{plan.task_id}` from `{plan.document.source}` ({len(plan.steps)} steps)"
+        origin = f"{plan.document.format} task `{plan.task_id}` from `{plan.document.source}` ({len(plan.steps)} steps)"
+        prompt = next((p for s in plan.steps if isinstance(p := getattr(s, "prompt", None), str) and p.strip()), "")
+        lines = [plan.document.description or "", f'Prompt: "{_excerpt(prompt)}"' if prompt else "", origin]
+        return "\n\n".join(line for line in lines if line)
+
+    def get_op_description(self, plan: TaskPlan, step: TaskStep) -> str:
+        """What a step's op says in the UI: its id, type and what it reads and writes, e.g.
+        ``Step `reply` (prompt_agent): reads agent `assistant`; writes prompt `reply`.``
+
+        ```python
+        def get_op_description(self, plan, step):
+            return super().get_op_description(plan, step) + " Owned by the support team."
+        ```
+        """
+        parts = [f"Step `{step.id}` ({step.type})"]
+        for verb, names in (("reads", step.names_read()), ("writes", step.names_written())):
+            listed = sorted({f"{n.kind} `{step.id if n.field == SELF else n.name}`" for n in names})
+            if listed:
+                parts.append(f"{verb} {', '.join(listed)}")
+        rows = " for each row of the run" if plan.document.partitions else ""
+        return f"{parts[0]}{rows}" + (": " + "; ".join(parts[1:]) if parts[1:] else "") + "."
 
     def get_op_tags(self, step: TaskStep) -> dict[str, str]:
         """Tags of a step's node (``agentenv/step_type``). Executors read node tags, so this is
@@ -536,3 +558,9 @@ def _acyclic(upstream: dict[str, set[str]]) -> dict[str, list[str]]:
             else:
                 kept[artifact_id].append(dep)
     return kept
+
+
+def _excerpt(text: str, limit: int = 160) -> str:
+    """A prompt on one line, cut at ``limit`` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 1] + "…"

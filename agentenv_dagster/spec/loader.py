@@ -60,6 +60,8 @@ class TaskDocument:
     # variant's ``repeats``, or its trials in a simulation), by variant (``""``: the task
     # itself); absent is 1.
     replicates: dict[str, int] | None = None
+    # What the task is about, in its author's words (Coder Eval ``description``).
+    description: str | None = None
 
     def step_documents(self) -> list[dict[str, Any]]:
         return [step.to_document() for step in self.steps]
@@ -209,9 +211,14 @@ def _parse_step(raw: Any, position: int, registry: "StepRegistry") -> "TaskStep"
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:
-        first, *rest = [_describe(err, cls) for err in exc.errors()]
+        first, *rest = validation_problems(exc, cls)
         message = "; ".join([first[1], *(f"field '{f}': {m}" if f else m for f, m in rest)])
         raise SpecError(message, step_id=step_id, field=first[0]) from None
+
+
+def validation_problems(exc: ValidationError, cls: type) -> list[tuple[str | None, str]]:
+    """Each error of ``exc`` (validating ``cls``) as (field path, message), in the user's words."""
+    return [_describe(err, cls) for err in exc.errors()]
 
 
 def _describe(err: dict[str, Any], cls: type) -> tuple[str | None, str]:

@@ -638,3 +638,64 @@ def test_an_experiment_runs_every_variant_and_replicate_with_the_layered_merge(p
     assert (summary_row["best_variant"], summary_row["is_tie"], summary_row["replicate_count"]) == ("plain", False, 2)
     assert report["variant_aggregates"]["shouty"]["tasks_error"] == 2
     assert json.loads((out / "plain" / "variant.json").read_text())["pass_rate"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_docker_dataset_never_holds_more_containers_than_max_sandboxes(docker_engine, tmp_path):
+    """60 rows in containers, 4 in flight: `docker ps`, polled throughout the run, never shows
+    more than max_sandboxes (twice rows_in_flight by default) of the run's containers, each row
+    releasing its own as it leaves the run; none is left afterwards."""
+    import threading
+
+    import docker as docker_sdk
+
+    from agentenv_dagster.config import load_config
+    from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+
+    root = make_project(tmp_path / "p", tasks={})
+    (root / "tasks" / "rows.jsonl").write_text("".join(json.dumps({"id": f"r{i:02d}"}) + "\n" for i in range(60)))
+    path = root / "tasks" / "boxed_rows.yaml"
+    path.write_text(textwrap.dedent("""
+        task_id: boxed-rows
+        description: every row's agent works in its own container
+        initial_prompt: "Row ${row.id}: note it"
+        agent:
+          type: replay
+          episodes:
+            - match: "Row"
+              reply: noted
+              actions: [{sleep: 0.2}, {tool: Bash, arguments: {command: "echo done > note.txt"}}]
+        sandbox:
+          driver: docker
+          python: null
+          docker: {image: "agentenv-sandbox:busybox", network: none}
+        dataset:
+          paths: [rows.jsonl]
+        success_criteria:
+          - {type: file_contains, path: note.txt, includes: [done], description: the row's note}
+    """))
+    client = docker_sdk.from_env()
+    seen: list[int] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(len(client.containers.list(filters={"label": "agentenv.run_id"}, sparse=True)))
+            done.wait(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        with dg.instance_for_test() as instance:
+            run = run_coder_eval_task(path, load_config(root), output_dir=tmp_path / "out", instance=instance,
+                                      rows_in_flight=4)
+    finally:
+        done.set()
+        poller.join()
+    try:
+        assert len(run.results) == 60 and all(r.final_status.value == "SUCCESS" for r in run.results)
+        print(f"containers alive at once: at most {max(seen)} of 60 rows")
+        assert 0 < max(seen) <= 8, max(seen)  # 4 agents working, at most 4 rows being graded
+        assert client.containers.list(all=True, filters={"label": "agentenv.run_id"}) == []
+    finally:
+        client.close()

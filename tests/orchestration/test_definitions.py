@@ -51,8 +51,12 @@ def test_one_job_per_task_with_ops_named_after_steps_and_depends_on_edges(projec
     }
     plan_sources = {"reply": ["assistant", "inbox"], "teardown_run": ["collect", "sent", "tone"]}
     assert {k: loaded[k] for k in plan_sources} == plan_sources
-    # one op definition per step type, shared through aliases
-    assert graph.node_named("reply").definition.name == "prompt_agent"
+    # an op definition per step, saying what the step does
+    reply = graph.node_named("reply")
+    assert reply.tags["agentenv/step_type"] == "prompt_agent" and reply.tags["agentenv/step_id"] == "reply"
+    assert reply.definition.description == "Step `reply` (prompt_agent): reads agent `assistant`; writes prompt `reply`."
+    job = defs.resolve_job_def("reply_to_dana")
+    assert job.description.startswith('Prompt: "Reply to Dana."') and "agent-env task `reply_to_dana`" in job.description
     assert job.tags["agentenv/task_id"] == "reply_to_dana"
     assert len(job.tags["agentenv/content_hash"]) == 16
 

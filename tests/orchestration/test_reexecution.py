@@ -7,10 +7,19 @@ import json
 import textwrap
 
 import dagster as dg
-from dagster._core.definitions.reconstruct import ReconstructableJob
 import pytest
 
 from projects import leaked_servers, make_project, node_of, stream_rows
+
+def task_job(project, module: str, task: str):
+    """The job of ``task`` as a pointer another process can load again: a function of a
+    module ``module`` written into the project."""
+    (project / f"{module}.py").write_text(
+        "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n\n"
+        f"def job():\n    return build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def({task!r})\n"
+    )
+    return dg.build_reconstructable_job(module, "job", reconstructor_working_directory=str(project))
+
 
 GATE_STEP = textwrap.dedent('''
     from pathlib import Path
@@ -40,14 +49,10 @@ def test_reexecution_from_failure_resumes_and_refuses_a_changed_task(tmp_path):
                            tasks={"t.json": steps})
     (project / "gate_steps.py").write_text(GATE_STEP)
 
-    def job_pointer(name: str) -> ReconstructableJob:
+    def job_pointer(name: str):
         """A fresh module per pointer: this process caches imported modules, so a changed
         task file is only seen through a new one."""
-        (project / f"{name}.py").write_text(
-            "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
-            "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def('t')\n"
-        )
-        return ReconstructableJob.for_file(str(project / f"{name}.py"), "job")
+        return task_job(project, name, "t")
 
     recon = job_pointer("jobs_v1")
 
@@ -86,11 +91,7 @@ def test_regrading_reruns_only_the_rubric_of_a_finished_run(tmp_path, fake_messa
     monkeypatch.setenv("AGENTENV_DAGSTER_EXECUTOR", "in_process")
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     project = make_project(tmp_path / "p")
-    (project / "jobs.py").write_text(
-        "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
-        "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def('reply_to_dana')\n"
-    )
-    recon = ReconstructableJob.for_file(str(project / "jobs.py"), "job")
+    recon = task_job(project, "jobs", "reply_to_dana")
     tone = dg.AssetKey(["verifications", "reply_to_dana", "tone"])
     with dg.instance_for_test() as instance:
         with dg.execute_job(recon, instance=instance) as first:
@@ -102,7 +103,7 @@ def test_regrading_reruns_only_the_rubric_of_a_finished_run(tmp_path, fake_messa
         fake_messages_api.enqueue(text_reply(json.dumps({"results": [
             {"id": "c1", "score": 1.0, "justification": "polite and signed"},
             {"id": "c2", "score": 0.0, "justification": "says nothing of what was done"}]})))
-        options = dg.ReexecutionOptions(parent_run_id=first.run_id, step_selection=["tone", "teardown_run"])
+        options = dg.ReexecutionOptions(parent_run_id=first.run_id, step_selection=["reply_to_dana_steps.tone", "reply_to_dana_steps.teardown_run"])
         judge = {"config": {"model": "claude-test", "base_url": fake_messages_api.base_url, "api_key_env": "FAKE_JUDGE_KEY"}}
         with dg.execute_job(recon, instance=instance, reexecution_options=options,
                             run_config={"resources": {"agentenv_judge": judge}}) as regraded:
@@ -116,4 +117,23 @@ def test_regrading_reruns_only_the_rubric_of_a_finished_run(tmp_path, fake_messa
         saved = stream_rows(project / ".agentenv/state/runs" / first.run_id, "reply")
         reply = saved[""]["prompt_responses"][0]["response"]
         assert f"<agent_response>\n{reply}\n</agent_response>" in fake_messages_api.requests[-1].body["messages"][-1]["content"]
+    assert leaked_servers(project / ".agentenv" / "state") == []
+
+
+def test_re_executing_a_step_whose_env_ended_with_its_run_is_refused_with_what_to_select(tmp_path, monkeypatch):
+    """`sent` reads the email env's state; re-executed alone, the env it would talk to ended
+    with the parent run: the step is refused (not a connection error) and says what to select."""
+    monkeypatch.setenv("AGENTENV_DAGSTER_EXECUTOR", "in_process")
+    project = make_project(tmp_path / "p")
+    recon = task_job(project, "jobs", "reply_to_dana")
+    with dg.instance_for_test() as instance:
+        with dg.execute_job(recon, instance=instance) as first:
+            assert first.success
+        options = dg.ReexecutionOptions(parent_run_id=first.run_id, step_selection=["reply_to_dana_steps.sent", "reply_to_dana_steps.teardown_run"])
+        with dg.execute_job(recon, instance=instance, reexecution_options=options, raise_on_error=False) as again:
+            assert not again.success
+            (failure,) = [e for e in again.all_events if e.event_type_value == "STEP_FAILURE" and node_of(e.step_key) == "sent"]
+        message = failure.step_failure_data.error.message
+        assert f"step 'sent' uses what step(s) 'email' deployed in run {first.run_id}, which ended with that run" in message
+        assert "re-execute from 'email'" in message
     assert leaked_servers(project / ".agentenv" / "state") == []

@@ -53,6 +53,15 @@ def test_reply_to_dana_runs_end_to_end_offline(project):
         assert checks[(TONE, "passed")].passed is False
         assert checks[(TONE, "passed")].severity == dg.AssetCheckSeverity.WARN
 
+        # the check's Execute button: it re-reads the evaluation, and still says why it was not graded
+        check_only = defs.resolve_implicit_global_asset_job_def().get_subset(
+            asset_selection=set(), asset_check_selection={dg.AssetCheckKey(TONE, "passed")})
+        again = check_only.execute_in_process(instance=instance)
+        reread = _checks(again)[(TONE, "passed")]
+        assert reread.passed is False and reread.severity == dg.AssetCheckSeverity.WARN
+        assert "needs an API key" in reread.metadata["reason"].value
+        assert reread.metadata["from_run"].value == result.run_id
+
         observation = instance.fetch_observations(dg.AssetKey(["artifacts", "inbox"]), limit=1).records
         assert observation[0].asset_observation.metadata["version"].value == 1
 
@@ -136,3 +145,23 @@ def test_the_judge_resource_is_configurable_from_the_launchpad(tmp_path, monkeyp
     assert fake_messages_api.requests[0].body["model"] == "claude-launchpad"
     assert fake_messages_api.requests[0].headers["authorization"] == "Bearer sk-launchpad"
     assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_step_fields_in_the_run_config_that_are_not_a_step_fail_naming_the_node_and_the_fields(project):
+    """The launchpad's ``steps`` replace a step whole: an incomplete one is a clear failure
+    (not pydantic's dump), and the run deploys nothing."""
+    run_config = {"ops": {"reply_to_dana_steps": {"config": {"steps": {"email": {"env_id": "email"}}}}}}
+    defs = build_definitions(project / "tasks")
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("reply_to_dana").execute_in_process(
+            instance=instance, run_config=run_config, raise_on_error=False)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert node_of(failure.step_key) == "email"
+    message = failure.event_specific_data.error.message
+    assert "validation error" not in message
+    assert message.rstrip().endswith(
+        "step 'email': its fields in the run config (ops.reply_to_dana_steps.config.steps.email) are not a "
+        "deploy_env step: field 'id': required field is missing; field 'type': required field is missing. "
+        "A step given there replaces the task's step whole: give all of its fields, or leave it out to run "
+        "the task's own")
