@@ -57,6 +57,7 @@ def no_regression_of(instance: dg.DagsterInstance, run_id: str) -> dg.AssetCheck
     return evaluation
 
 
+@pytest.mark.slow  # four CLI runs
 def test_a_score_passes_without_a_baseline_and_with_one_then_fails_on_a_drop_and_the_flag_exits_1(
         project, workspace):
     graded = (str(TASK), "--grade-only", str(workspace))

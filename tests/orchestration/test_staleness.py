@@ -13,17 +13,17 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.compiler import load_plan
-from agentenv_dagster.config import AgentEnvConfig
+from agentenv_dagster.config import AgentEnvConfig, load_config
+from agentenv_dagster.orchestration.coder_eval import run_coder_eval_task
+from agentenv_dagster.orchestration.dagster_internals import StaleStatuses
 from agentenv_dagster.orchestration.staleness import STALE_SCORES_SENSOR
 from agentenv_dagster.orchestration.task_job import asset_code_versions
 from agentenv_dagster.orchestration.translator import TaskTranslator
-from projects import REPO, dagster_project, leaked_servers, make_project
+from projects import REPO, leaked_servers, make_project
 
-STALE_QUERY = "{ assetNodes { assetKey { path } staleStatus staleCauses { reason } } }"
 REPLY = (REPO / "tasks" / "reply_to_dana.json").read_text()
 
 
@@ -40,22 +40,21 @@ def add_config(project: Path, text: str) -> None:
     config.write_text(config.read_text() + "\n" + textwrap.dedent(text))
 
 
-def ui_stale_statuses(project: Path, instance: dg.DagsterInstance) -> dict[str, tuple[str, list[str]]]:
-    """Each asset's staleStatus and staleCauses as the UI's GraphQL answers them, from a code
-    server loading the project's workspace.yaml as it is now."""
-    with define_out_of_process_context(str(project / "workspace.yaml"), None, instance) as context:
-        result = execute_dagster_graphql(context, STALE_QUERY)
-    assert not result.errors, result.errors
-    return {"/".join(node["assetKey"]["path"]): (node["staleStatus"], [c["reason"] for c in node["staleCauses"]])
-            for node in result.data["assetNodes"]}
+def stale_statuses(project: Path, instance: dg.DagsterInstance) -> dict[str, tuple[str, list[str]]]:
+    """Each asset's stale status and causes as the UI resolves them (its GraphQL
+    ``staleStatus``; ``test_dagster_dev.py`` asks a real webserver), from the project's code
+    location built as it is now."""
+    graph = build_definitions(project / "tasks").resolve_asset_graph()
+    statuses = StaleStatuses(instance, graph)
+    return {key.to_user_string(): (statuses.status(key), statuses.causes(key)) for key in graph.get_all_asset_keys()}
 
 
+@pytest.mark.slow  # runs the task (its servers) once or more
 def test_a_run_leaves_its_scores_fresh_and_a_new_judge_makes_the_judged_score_stale(project):
-    dagster_project(project)
     with dg.instance_for_test() as instance:
         job = build_definitions(project / "tasks").resolve_job_def("reply_to_dana")
         assert job.execute_in_process(instance=instance).success
-        statuses = ui_stale_statuses(project, instance)
+        statuses = stale_statuses(project, instance)
         task_assets = {key: value for key, value in statuses.items() if "reply_to_dana" in key}
         assert set(task_assets) == {"verifications/reply_to_dana/sent", "verifications/reply_to_dana/tone",
                                     "artifacts/reply_to_dana/collect", "results/reply_to_dana"}
@@ -65,7 +64,7 @@ def test_a_run_leaves_its_scores_fresh_and_a_new_judge_makes_the_judged_score_st
             [model.roles]
             judge = "claude-opus-4-1"
         """)
-        statuses = ui_stale_statuses(project, instance)
+        statuses = stale_statuses(project, instance)
         # the rubric is graded by the judge; the env outcome and the collection are not
         assert statuses["verifications/reply_to_dana/tone"] == ("STALE", ["has a new code version"])
         assert statuses["results/reply_to_dana"] == ("STALE", ["has a new code version"])
@@ -132,6 +131,7 @@ def cli(project: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # three CLI runs
 def test_run_stale_only_skips_a_fresh_task_and_runs_a_stale_one_saying_why(project):
     first = cli(project, "--stale-only", "tasks/reply_to_dana.json")
     assert first.returncode == 0, first.stderr[-2000:]
@@ -174,46 +174,59 @@ success_criteria:
 """
 
 
-def test_run_stale_only_runs_just_the_rows_never_materialized_or_stale(project):
+@pytest.mark.slow  # three runs of a dataset
+def test_stale_only_runs_just_the_rows_never_materialized_or_stale(project):
     task = project / "rows.yaml"
     task.write_text(ROWS_TASK)
-    first = cli(project, "--stale-only", "rows.yaml")
-    assert first.returncode == 0, first.stdout + first.stderr[-2000:]
-    assert "rows: 2 stale row(s): row r1: never materialized | row r2: never materialized" in first.stdout
-    assert first.stdout.count(": SUCCESS") == 2
+    with dg.instance_for_test() as instance:
+        def stale_only(name: str) -> list[str]:
+            """What ``run --stale-only rows.yaml`` says of the rows (its results and notes)."""
+            done = run_coder_eval_task(task, load_config(project), instance=instance, stale_only=True,
+                                       output_dir=project / "out" / name)
+            return [line.strip() for line in done.lines()]
 
-    second_row = "    - {id: r2, name: b}\n"
-    task.write_text(ROWS_TASK.replace(second_row, second_row + "    - {id: r3, name: c}\n"))
-    added = cli(project, "--stale-only", "rows.yaml")  # a new row is data, not code: only it runs
-    assert added.returncode == 0, added.stdout + added.stderr[-2000:]
-    assert "skipped 2 fresh row(s) of rows (--stale-only): r1, r2" in added.stdout
-    assert "rows: 1 stale row(s): row r3: never materialized" in added.stdout
-    assert [line for line in added.stdout.splitlines() if ": SUCCESS" in line] == ["+ rows/r3: SUCCESS (score 1.000)"]
-    suite = next(line for line in added.stdout.splitlines() if line.strip().startswith("suite "))
-    assert "pass rate 1.0" in suite  # the fresh rows count as they last ran
+        first = stale_only("first")
+        assert "rows: 2 stale row(s): row r1: never materialized | row r2: never materialized" in first
+        assert [line for line in first if line.startswith("+")] == [
+            "+ rows/r1: SUCCESS (score 1.000)", "+ rows/r2: SUCCESS (score 1.000)"]
 
-    task.write_text(task.read_text().replace("description: out.txt is there", "description: out.txt exists"))
-    criteria = cli(project, "--stale-only", "rows.yaml")  # the grading changed: every row's score is stale
-    assert criteria.returncode == 0, criteria.stdout + criteria.stderr[-2000:]
-    assert ("rows: 3 stale row(s): row r1: verifications/rows/success_criteria: has a new code version"
-            in criteria.stdout)
-    assert criteria.stdout.count(": SUCCESS") == 3
+        second_row = "    - {id: r2, name: b}\n"
+        task.write_text(ROWS_TASK.replace(second_row, second_row + "    - {id: r3, name: c}\n"))
+        added = stale_only("added")  # a new row is data, not code: only it runs
+        assert "skipped 2 fresh row(s) of rows (--stale-only): r1, r2" in added
+        assert "rows: 1 stale row(s): row r3: never materialized" in added
+        assert [line for line in added if line.startswith("+")] == ["+ rows/r3: SUCCESS (score 1.000)"]
+        assert "suite rows: passed (pass rate 1.0)" in added  # the fresh rows count as they last ran
+
+        task.write_text(task.read_text().replace("description: out.txt is there", "description: out.txt exists"))
+        criteria = stale_only("criteria")  # the grading changed: every row's score is stale
+        changed = "verifications/rows/success_criteria: has a new code version; results/rows: has a new code version"
+        assert f"rows: 3 stale row(s): row r1: {changed} | row r2: {changed} | row r3: {changed}" in criteria
+        assert len([line for line in criteria if line.startswith("+")]) == 3
 
 
+def tick(definitions: dg.Definitions, instance: dg.DagsterInstance):
+    repository = definitions.get_repository_def()
+    context = dg.build_sensor_context(instance=instance, repository_def=repository)
+    return repository.get_sensor_def(STALE_SCORES_SENSOR).evaluate_tick(context)
+
+
+def test_the_stale_scores_sensor_is_stopped_by_default_and_asks_for_a_task_never_materialized(project):
+    defs = build_definitions(project / "tasks")
+    assert defs.get_repository_def().get_sensor_def(STALE_SCORES_SENSOR).default_status == dg.DefaultSensorStatus.STOPPED
+    with dg.instance_for_test() as instance:
+        (never,) = tick(defs, instance).run_requests
+    assert never.job_name == "reply_to_dana" and never.run_key.startswith("stale:")
+
+
+@pytest.mark.slow  # runs the task (its servers) once or more
 def test_the_stale_scores_sensor_launches_stale_tasks_once_and_skips_fresh_ones(project):
     with dg.instance_for_test() as instance:
         defs = build_definitions(project / "tasks")
-        sensor = defs.get_repository_def().get_sensor_def(STALE_SCORES_SENSOR)
-        assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
-
-        def tick(definitions):
-            context = dg.build_sensor_context(instance=instance, repository_def=definitions.get_repository_def())
-            return definitions.get_repository_def().get_sensor_def(STALE_SCORES_SENSOR).evaluate_tick(context)
-
-        never = tick(defs)
+        never = tick(defs, instance)
         assert [r.job_name for r in never.run_requests] == ["reply_to_dana"]
         assert defs.resolve_job_def("reply_to_dana").execute_in_process(instance=instance).success
-        fresh = tick(defs)
+        fresh = tick(defs, instance)
         assert fresh.run_requests == []
         assert fresh.skip_message == "every score is current (1 task(s) and variant(s) fresh)"
 
@@ -222,7 +235,7 @@ def test_the_stale_scores_sensor_launches_stale_tasks_once_and_skips_fresh_ones(
             judge = "claude-opus-4-1"
         """)
         reloaded = build_definitions(project / "tasks")
-        (stale,) = tick(reloaded).run_requests
+        (stale,) = tick(reloaded, instance).run_requests
         assert stale.job_name == "reply_to_dana" and stale.run_key.startswith("stale:")
         assert stale.run_key != never.run_requests[0].run_key  # a new change: a new run
 
