@@ -98,21 +98,29 @@ def _output_options(command):
 @click.option("--failed-only", is_flag=True,
               help="Coder Eval dataset: only the rows that did not pass last time (failed partitions, "
               "unreached or failing verifications); Dagster's run tag agentenv/rows=failed does the same")
+@click.option("--stale-only", is_flag=True,
+              help="only the tasks, and of a dataset the rows, whose scores Dagster shows stale (a changed "
+              "task, agent, model, judge or upstream artifact) or that were never materialized; says which it "
+              "skipped and why")
+@click.option("--fail-on-regression", is_flag=True,
+              help="exit 1 when a no_regression check failed: a score more than [regression] max_drop below "
+              "the median of its earlier ones")
 @click.option("--include-skipped", is_flag=True, help="Coder Eval: run the tasks marked skip: true too")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path),
               help="Coder Eval: also write the results as JUnit XML to this file, for CI")
 @_output_options
 def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
         split: str | None, sample: int | None, seed: int, experiment: Path | None, rows_in_flight: int,
-        max_sandboxes: int | None, failed_only: bool, include_skipped: bool, junit: Path | None,
-        verbose: bool, quiet: bool) -> None:
+        max_sandboxes: int | None, failed_only: bool, stale_only: bool, fail_on_regression: bool,
+        include_skipped: bool, junit: Path | None, verbose: bool, quiet: bool) -> None:
     """Compile each PATH and execute it through Dagster. An agent-env task (one JSON file)
     writes its final redacted context.json; Coder Eval tasks (YAML files, or folders of them:
     every task under each) write one run.json, run.md, task.html for all of them.
 
     While it runs: on a terminal, a live display of each run's rows (done, passed, failed,
     errored), the steps running, elapsed time and ETA; elsewhere, a line now and then (both on
-    stderr). At the end: the results, and each Dagster run's address in the UI."""
+    stderr). At the end: the results, a `regression:` line for each score that regressed
+    (exit 1 with --fail-on-regression), and each Dagster run's address in the UI."""
     config = _config()
     if verbose and quiet:
         _bad_input("--verbose and --quiet: choose one")
@@ -127,17 +135,18 @@ def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ..
                 tasks, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
                 split=split, sample=sample, sample_seed=seed, experiment=experiment, rows_in_flight=rows_in_flight,
                 max_sandboxes=max_sandboxes,
-                failed_only=failed_only, include_skipped=include_skipped,
+                failed_only=failed_only, stale_only=stale_only, include_skipped=include_skipped,
                 on_warning=lambda warning: click.echo(f"warning: {warning}", err=True)))
         click.echo("\n".join(done.lines()))
         click.echo(f"  view:    agentenv-dagster view {done.reports.run_json.parent}")
+        regressed = _echo_regressions(config, done.run_ids)
         if junit is not None:
             from .reports.junit import write_junit
 
             write_junit(junit, done.summary, done.results, done.suites, done.reports.run_json.parent)
             click.echo(f"  junit: {junit}")
         _echo_lines(progress.summary_lines())
-        sys.exit(done.exit_code)
+        sys.exit(done.exit_code or (EXIT_FAILED if regressed and fail_on_regression else EXIT_OK))
     if junit is not None:
         _bad_input("--junit is for Coder Eval tasks (YAML): an agent-env task writes its context.json")
     if len(paths) > 1:
@@ -145,7 +154,10 @@ def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ..
     path = paths[0]
     plan = _load_or_exit(lambda: load_plan(path, config))
     initial = _defines_to_context(defines)
-    sys.exit(_execute(plan, config, output_dir, initial, verbose=verbose, quiet=quiet))
+    if stale_only and _fresh(plan, config, path):
+        sys.exit(EXIT_OK)
+    sys.exit(_execute(plan, config, output_dir, initial, verbose=verbose, quiet=quiet,
+                      fail_on_regression=fail_on_regression))
 
 
 @main.group()
@@ -289,14 +301,46 @@ def context_names(data: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 def _execute(plan: TaskPlan, config: AgentEnvConfig, output_dir: Path | None, initial: dict, *,
-             verbose: bool, quiet: bool) -> int:
+             verbose: bool, quiet: bool, fail_on_regression: bool = False) -> int:
     from .orchestration.execute import execute_plan  # Dagster only when running
 
     with _progress(verbose, quiet) as progress:
         result = execute_plan(plan, config, initial_context=initial, output_dir=output_dir)
     click.echo(result.summary())
+    regressed = _echo_regressions(config, [result.run_id])
     _echo_lines(progress.summary_lines())
-    return EXIT_OK if result.success else EXIT_FAILED
+    if not result.success:
+        return EXIT_FAILED
+    return EXIT_FAILED if regressed and fail_on_regression else EXIT_OK
+
+
+def _fresh(plan: TaskPlan, config: AgentEnvConfig, path: Path) -> bool:
+    """``--stale-only`` for an agent-env task: whether each of its assets is current (then
+    it is skipped, saying so); else why it runs."""
+    from .orchestration.execute import opened_instance
+    from .orchestration.staleness import plan_asset_graph, stale_rows
+
+    with opened_instance(config) as instance:
+        found = stale_rows(instance, plan_asset_graph(plan, config), plan, [""])
+    if not found.stale:
+        click.echo(f"skipped {path}: task '{plan.task_id}' is fresh, each of its scores is current (--stale-only)")
+        return True
+    click.echo(f"task '{plan.task_id}' is stale: {found.summary()}")
+    return False
+
+
+def _echo_regressions(config: AgentEnvConfig, run_ids: list[str]) -> bool:
+    """Say which scores of the runs regressed (their failed ``no_regression`` checks); whether any did."""
+    from .orchestration.execute import opened_instance
+    from .orchestration.regression import run_regressions
+
+    if not run_ids:
+        return False
+    with opened_instance(config) as instance:
+        regressions = run_regressions(instance, run_ids)
+    for regression in regressions:
+        click.echo(f"  {regression}")
+    return bool(regressions)
 
 
 def _progress(verbose: bool, quiet: bool):

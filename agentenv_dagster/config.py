@@ -386,6 +386,41 @@ BUILTIN_AGENTS = {
 }
 
 
+class RegressionSettings(_Section):
+    """The regression gate of a task's scores: each new score is compared with the median of
+    the scores before it (of the same row, for a dataset) by the blocking-capable asset check
+    ``no_regression``; ``agentenv-dagster run --fail-on-regression`` exits 1 when it fails."""
+
+    # check each new score against the earlier ones (`false`: no `no_regression` check)
+    enabled: bool = True
+    # how many of the latest earlier scores the baseline is the median of
+    window: int = Field(default=5, ge=1)
+    # the largest drop below the baseline that still passes (scores run from 0 to 1)
+    max_drop: float = Field(default=0.1, ge=0, allow_inf_nan=False)
+    # with fewer earlier scores than this the check passes, saying there is no baseline yet
+    min_history: int = Field(default=1, ge=1)
+    # compare only with scores of the same code version, so a changed task, agent, model or
+    # judge starts a new baseline; `false` (the default) compares across them, which is how a
+    # change that costs score shows up
+    same_code_version: bool = False
+    # a Dagster blocking check: a regression fails the step that graded it, so the run fails
+    # (the CLI exits 1 whatever `--fail-on-regression` says) and Dagster's one-step-at-a-time
+    # executors skip the steps after it
+    blocking: bool = False
+
+
+class RegressionConfig(RegressionSettings):
+    # task id -> settings of its own (only the fields it sets replace the ones above):
+    # `[regression.tasks."triage-tickets"]` with `max_drop = 0.2`
+    tasks: dict[str, RegressionSettings] = Field(default_factory=dict)
+
+    def for_task(self, task_id: str) -> RegressionSettings:
+        """The settings of one task: its own fields over the project's."""
+        base = RegressionSettings(**self.model_dump(exclude={"tasks"}))
+        own = self.tasks.get(task_id)
+        return base.model_copy(update=own.model_dump(exclude_unset=True)) if own is not None else base
+
+
 class ConversationsConfig(_Section):
     # where a conversation's user is when no user agent is deployed and no user_a2a_url set
     default_human_a2a_url: str | None = "env:AGENT_ENV_HUMAN_A2A_URL"
@@ -413,6 +448,8 @@ class AgentEnvConfig(_Section):
     dagster: DagsterConfig = Field(default_factory=DagsterConfig)
     # task id -> its cron schedule (a Dagster schedule of the task's job)
     schedules: dict[str, Annotated[ScheduleEntry, BeforeValidator(_cron_string_to_entry)]] = Field(default_factory=dict)
+    # the regression gate of the scores (`[regression]`)
+    regression: RegressionConfig = Field(default_factory=RegressionConfig)
     # experiment file (relative to the project root) -> the Coder Eval task ids it runs: a job
     # each, partitioned by variant x row
     experiments: dict[str, list[str]] = Field(default_factory=dict)

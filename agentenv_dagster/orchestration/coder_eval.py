@@ -39,7 +39,8 @@ from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import execute_plan, opened_instance
 from .progress import console_config, noted
-from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
+from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, rows_not_passed
+from .staleness import plan_asset_graph, stale_rows
 from .step_events import REPORTS_TAG, REPORTS_TASK_TAG
 from .suites import latest_row_results, suite_asset
 from .translator import TaskTranslator
@@ -55,6 +56,7 @@ class CoderEvalRun:
     reports: WrittenReports
     suites: list[dict[str, Any]] = field(default_factory=list)  # a dataset's, one per variant
     notes: list[str] = field(default_factory=list)  # what was selected but did not run, and why
+    run_ids: list[str] = field(default_factory=list)  # the Dagster runs it made (rows, suites)
 
     @property
     def exit_code(self) -> int:
@@ -88,12 +90,14 @@ def run_coder_eval_tasks(
     grade_only_from: Path | None = None, output_dir: Path | None = None, instance: dg.DagsterInstance | None = None,
     split: str | None = None, sample: int | None = None, sample_seed: int = SAMPLE_SEED, experiment: Path | None = None,
     rows_in_flight: int | None = None, max_sandboxes: int | None = None, failed_only: bool = False,
-    include_skipped: bool = False,
+    stale_only: bool = False, include_skipped: bool = False,
     on_warning: Callable[[str], None] | None = None,
 ) -> CoderEvalRun:
     """Every task x variant (or the task as it is) x replicate: one Dagster run over the
     selected rows of a dataset (a partition each, ``rows_in_flight`` at a time); one run.json
-    (and experiment.json) for them all.
+    (and experiment.json) for them all. ``failed_only``: of the selected rows, those that did
+    not pass last time; ``stale_only``: those whose assets Dagster shows stale or missing
+    (``staleness.py``), a task without rows only when it is.
     Tasks with ``skip: true`` are reported as skipped unless ``include_skipped``. Their load
     warnings go to ``on_warning`` before anything runs.
     Raises ``TaskLoadError`` for a bad task or two tasks with one id, before anything runs
@@ -108,14 +112,16 @@ def run_coder_eval_tasks(
     registry = step_registry(config)
     prepared = [  # every task resolved (variants, -D, rows) before any runs: a problem stops them all
         _prepare(loaded, config, registry, instance, overrides=overrides, grade_only_from=grade_only_from, split=split,
-                 sample=sample, sample_seed=sample_seed, experiment=experiment, failed_only=failed_only)
+                 sample=sample, sample_seed=sample_seed, experiment=experiment, failed_only=failed_only,
+                 stale_only=stale_only)
         for loaded in tasks if include_skipped or not loaded.task.skip
     ]
     results: list[EvaluationResult] = []
     suites: list[dict[str, Any]] = []
+    run_ids: list[str] = []
     for task_run in prepared:
         task_results, task_suites = _run_task(task_run, config, out, instance, rows_in_flight=rows_in_flight,
-                                              max_sandboxes=max_sandboxes)
+                                              max_sandboxes=max_sandboxes, run_ids=run_ids)
         results += task_results
         suites += task_suites
     summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
@@ -123,10 +129,8 @@ def run_coder_eval_tasks(
     if experiment is not None:
         definition = load_coder_eval_experiment(experiment).experiment
         _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
-    notes = [f"{t.loaded.task.task_id}{f' [{v.variant_id}]' if v.variant_id else ''}: all {len(v.kept)} selected "
-             "rows passed last time; none runs again (--failed-only)"
-             for t in prepared for v in t.variants if v.kept and not v.keys]
-    return CoderEvalRun(summary, results, reports, suites, notes)
+    notes = [note for t in prepared for v in t.variants for note in v.notes]
+    return CoderEvalRun(summary, results, reports, suites, notes, run_ids)
 
 
 def run_coder_eval_task(path: Path, config: AgentEnvConfig, **options: Any) -> CoderEvalRun:
@@ -156,7 +160,8 @@ class _VariantRun:
     repeats: int
     plan: TaskPlan
     keys: list[str] | None  # None: the task has no dataset
-    kept: list[str] = field(default_factory=list)  # --failed-only: the selected rows that passed last time
+    kept: list[str] = field(default_factory=list)  # the selected rows not run again (--failed-only, --stale-only)
+    notes: tuple[str, ...] = ()  # what of it does not run and why (and why the rest does, --stale-only)
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,7 @@ class _TaskRun:
 def _prepare(
     loaded: LoadedCoderEvalTask, config: AgentEnvConfig, registry, instance: dg.DagsterInstance | None, *,
     overrides: Sequence[str], grade_only_from: Path | None, split: str | None, sample: int | None,
-    sample_seed: int, experiment: Path | None, failed_only: bool,
+    sample_seed: int, experiment: Path | None, failed_only: bool, stale_only: bool = False,
 ) -> _TaskRun:
     """Everything a task's runs need, resolved without running anything."""
     groups = _experiment_plans(loaded, experiment, registry, overrides, grade_only_from)
@@ -181,24 +186,52 @@ def _prepare(
         # under an experiment's job, the partitions are this variant's rows (or the variant alone)
         keys = rows if not groups else [variant_key(r, variant_id) for r in rows] if rows is not None else [variant_id]
         kept: list[str] = []
+        notes: list[str] = []
+        label = f"{loaded.task.task_id}{f' [{variant_id}]' if variant_id else ''}"
         if failed_only and keys:
             with opened_instance(config, instance) as active:
                 again = rows_not_passed(active, build_job(plan), keys)
             keys, kept = again, [k for k in keys if k not in again]
-        variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys, kept))
+            if not keys:
+                notes.append(f"{label}: all {len(kept)} selected rows passed last time; none runs again "
+                             "(--failed-only)")
+        if stale_only and keys != []:
+            keys, fresh, said = _stale_only(plan, config, instance, keys, label)
+            kept += fresh
+            notes += said
+        variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys, kept, tuple(notes)))
     return _TaskRun(loaded, variants, bool(groups))
+
+
+def _stale_only(plan: TaskPlan, config: AgentEnvConfig, instance: dg.DagsterInstance | None, keys: list[str] | None,
+                label: str) -> tuple[list[str] | None, list[str], list[str]]:
+    """Of ``keys`` (None: the task has no rows), those whose assets are stale or missing; the
+    fresh ones; and what to tell of both."""
+    with opened_instance(config, instance) as active:
+        found = stale_rows(active, plan_asset_graph(plan, config), plan, keys if keys is not None else [UNPARTITIONED])
+    if keys is None:
+        if not found.stale:
+            return [], [], [f"skipped {label}: fresh, each of its scores is current (--stale-only)"]
+        return None, [], [f"{label} is stale: {found.summary()}"]
+    fresh = [k for k in keys if k not in found.stale]
+    notes = [f"skipped {len(fresh)} fresh row(s) of {label} (--stale-only): {', '.join(fresh[:10])}"
+             + (" ..." if len(fresh) > 10 else "")] if fresh else []
+    notes += [f"{label}: {len(found.stale)} stale row(s): {found.summary()}"] if found.stale else []
+    return [k for k in keys if k in found.stale], fresh, notes
 
 
 def _run_task(
     task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
-    rows_in_flight: int | None, max_sandboxes: int | None,
+    rows_in_flight: int | None, max_sandboxes: int | None, run_ids: list[str],
 ) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
     """One task's results (every variant and replicate) and its suites (a dataset's, per
-    variant); once the rows ran, its suite asset is materialized from their partitions."""
+    variant); once the rows ran, its suite asset is materialized from their partitions. The
+    runs it made are added to ``run_ids``."""
     task = task_run.loaded.task
-    runs = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes)
+    runs = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes,
+                      run_ids=run_ids)
     if _rolls_up(task_run):
-        _materialize_suites(task_run, config, instance)
+        run_ids += _materialize_suites(task_run, config, instance)
     results = [result for finished in runs for result in finished.values()]
     suites = []
     if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
@@ -206,7 +239,7 @@ def _run_task(
             variant_id = variant.variant_id or "default"
             thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
             rows = [r for r in results if r.variant_id == variant_id]
-            if variant.kept:  # --failed-only: the rows not run again count as they last ran (the suite asset's view)
+            if variant.kept:  # the rows not run again count as they last ran (the suite asset's view)
                 with opened_instance(config, instance) as active:
                     kept = latest_row_results(variant.plan, active, variant.kept, task.task_id, variant.variant_id)
                 rows = _in_dataset_order(task.task_id, variant.plan, kept + rows)
@@ -218,9 +251,10 @@ def _run_task(
 
 def _rows_runs(
     task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
-    rows_in_flight: int | None, max_sandboxes: int | None,
+    rows_in_flight: int | None, max_sandboxes: int | None, run_ids: list[str],
 ) -> list[dict[str, EvaluationResult]]:
-    """Each variant's and replicate's rows run, each row finished as its task.json record."""
+    """Each variant's and replicate's rows run, each row finished as its task.json record;
+    the runs' ids added to ``run_ids``."""
     task, path = task_run.loaded.task, task_run.loaded.source
     runs = []
     for variant in task_run.variants:
@@ -237,6 +271,7 @@ def _rows_runs(
             done = execute_plan(variant.plan, config, instance=instance, partition_keys=keys or None,
                                 rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes, tags=tags,
                                 output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))
+            run_ids.append(done.run_id)
             runs.append({key: row_result(key, done.contexts[key]) for key in keys or [""] if key in done.contexts})
     return runs
 
@@ -282,10 +317,11 @@ def _rolls_up(task_run: _TaskRun) -> bool:
     return task_run.loaded.task.dataset is not None and any(v.keys for v in task_run.variants)
 
 
-def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> None:
-    """The suite asset of the task's job (under an experiment, of each job its variants ran in)."""
-    for plan, variants in _suite_jobs(task_run):
-        materialize_suite(plan, config, instance, variants)
+def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> list[str]:
+    """The suite asset of the task's job (under an experiment, of each job its variants ran
+    in); the runs' ids."""
+    return [run_id for plan, variants in _suite_jobs(task_run)
+            for run_id in materialize_suite(plan, config, instance, variants)]
 
 
 def _suite_jobs(task_run: _TaskRun) -> list[tuple[TaskPlan, list[str] | None]]:
@@ -306,19 +342,22 @@ def _in_dataset_order(task_id: str, plan: TaskPlan, results: list[EvaluationResu
 
 def materialize_suite(
     plan, config: AgentEnvConfig, instance: dg.DagsterInstance | None, variants: list[str] | None = None,
-) -> None:
+) -> list[str]:
     """Materialize the ``suites/<task>`` asset (under an experiment, the partitions of the
     ``variants`` that ran), as the UI would, from the row partitions the run just wrote: the
     same rollup and blocking threshold checks in the instance (the exit code comes from the
-    run's own suite.json files)."""
-    asset = suite_asset(plan, TaskTranslator())
+    run's own suite.json files); the runs' ids."""
+    asset = suite_asset(plan, TaskTranslator(), config.regression.for_task(plan.task_id))
     if asset is None:
-        return
+        return []
     with opened_instance(config, instance) as active:
+        run_ids = []
         for variant in variants or [None]:
             done = dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant,
                                   run_config=console_config())
             noted(active, done.run_id, asset.key.to_user_string() + (f" [{variant}]" if variant else ""))
+            run_ids.append(done.run_id)
+        return run_ids
 
 
 def _write_experiment(out: Path, experiment, variant_ids: list[str], results: list[EvaluationResult]) -> None:

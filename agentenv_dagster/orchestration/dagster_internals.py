@@ -345,3 +345,72 @@ def workspace_in_this_process(instance: dg.DagsterInstance, python_file: str, at
                                   working_directory=working_directory)
     with in_process_test_workspace(instance, origin) as workspace:
         yield workspace
+
+
+# Staleness. Dagster stamps the provenance of an asset (code version, the data version of each
+# input, its own data version) on materializations of the outputs it stores, with tags whose
+# names are not public; the ops log each row's materialization themselves, so they stamp it
+# with the same tags (``provenance.py``). Reading staleness back goes through the resolver the
+# UI's GraphQL ``staleStatus`` uses: no public API answers it, short of a sensor's
+# ``RunRequest(stale_assets_only=True)``, which skips partitioned assets.
+from dagster._core.definitions.data_version import (  # noqa: E402, F401 - re-exported
+    CODE_VERSION_TAG,
+    DATA_VERSION_IS_USER_PROVIDED_TAG,
+    DATA_VERSION_TAG,
+    NULL_EVENT_POINTER,
+    CachingStaleStatusResolver,
+    StaleStatus,
+    get_input_data_version_tag,
+    get_input_event_pointer_tag,
+)
+from dagster._core.definitions.data_version import DEFAULT_DATA_VERSION as _DEFAULT_DATA_VERSION  # noqa: E402
+from dagster._core.loader import LoadingContext  # noqa: E402
+
+DEFAULT_DATA_VERSION = _DEFAULT_DATA_VERSION.value  # what Dagster assumes of an input it has no version of
+STALE, MISSING, FRESH = StaleStatus.STALE.value, StaleStatus.MISSING.value, StaleStatus.FRESH.value
+
+
+def input_data_version_tag(key: dg.AssetKey) -> str:
+    return get_input_data_version_tag(key)
+
+
+def input_event_pointer_tag(key: dg.AssetKey) -> str:
+    return get_input_event_pointer_tag(key)
+
+
+class _Loading(LoadingContext):
+    """The loading context the resolver caches its reads in, for one question."""
+
+    def __init__(self, instance: dg.DagsterInstance) -> None:
+        self._instance = instance
+        self._loaders: dict = {}
+
+    @property
+    def instance(self) -> dg.DagsterInstance:
+        return self._instance
+
+    @property
+    def loaders(self) -> dict:
+        return self._loaders
+
+
+class StaleStatuses:
+    """Dagster's stale status of assets (of one partition each), as the UI shows it:
+    ``STALE``, ``MISSING`` or ``FRESH``, and the stale causes' reasons."""
+
+    def __init__(self, instance: dg.DagsterInstance, asset_graph) -> None:
+        self._resolver = CachingStaleStatusResolver(instance, asset_graph, _Loading(instance))
+
+    def status(self, key: dg.AssetKey, partition: str | None = None) -> str:
+        return self._resolver.get_status(key, partition).value
+
+    def causes(self, key: dg.AssetKey, partition: str | None = None) -> list[str]:
+        return [cause.reason for cause in self._resolver.get_stale_root_causes(key, partition)]
+
+
+# A run's check evaluations, for the CLI's summary of what regressed: the instance has no
+# public reader of a run's events (``ExecuteInProcessResult`` has them for its own run only).
+def run_check_evaluations(instance: dg.DagsterInstance, run_id: str) -> list[dg.AssetCheckEvaluation]:
+    return [entry.dagster_event.event_specific_data
+            for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
+            if entry.dagster_event is not None]

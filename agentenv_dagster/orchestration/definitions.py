@@ -15,13 +15,15 @@ from pathlib import Path
 import dagster as dg
 
 from ..compiler import compile_location
-from ..config import EXECUTORS, AgentEnvConfig, load_config
+from ..config import EXECUTORS, AgentEnvConfig, RegressionSettings, load_config
 from ..errors import SpecError, TaskLoadError
 from ..naming import job_name
 from ..plan import TaskPlan
 from .executors import job_executor
 from .io_manager import context_io_manager
+from .dagster_internals import CODE_VERSION_TAG
 from .ops import IO_MANAGER_KEY
+from .regression import REGRESSION_CHECK, regression_check_specs, score_evaluation
 from .resources import agentenv_resources
 from .schedules import task_schedules
 from .review_tags import review_tag_sensor
@@ -74,8 +76,9 @@ def build_definitions(
     for plan in report.plans:
         try:  # Dagster's own checks (names, keys) refuse one task, not the location
             task = build_task(plan, translator, job_executor(config, plan), config)
-            suite = suite_asset(plan, translator)
-            check_specs = translator.get_check_specs(plan)
+            regression = config.regression.for_task(plan.task_id)
+            suite = suite_asset(plan, translator, regression)
+            check_specs = [*translator.get_check_specs(plan), *regression_check_specs(plan, translator, regression)]
         except (dg.DagsterInvalidDefinitionError, dg.DagsterInvariantViolationError) as exc:
             report.errors.append(SpecError(f"Dagster refuses its definitions: {exc}", file=str(plan.document.source)))
             continue
@@ -84,7 +87,7 @@ def build_definitions(
         assets.append(task.assets)
         suites += [suite] if suite is not None else []
         if check_specs:
-            checks.append(verification_checks(check_specs, f"{translator.get_job_name(plan)}__checks"))
+            checks.append(verification_checks(check_specs, f"{translator.get_job_name(plan)}__checks", regression))
     if report.errors and strict:
         raise TaskLoadError(report.errors)
     for problem in [*map(str, report.errors), *report.warnings]:
@@ -133,9 +136,11 @@ def location_resources(config: AgentEnvConfig) -> dict:
     }
 
 
-def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str) -> dg.AssetChecksDefinition:
-    """Declares a task's pass/fail checks (its job reports them as it runs); run on its own
-    it re-reads the latest materialization's ``passed`` metadata (the partition's, for a row).
+def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str,
+                        regression: RegressionSettings | None = None) -> dg.AssetChecksDefinition:
+    """Declares a task's checks (its job reports them as it runs); run on its own, a check
+    judges the latest materialization (the partition's, for a row): ``passed`` re-reads its
+    metadata, ``no_regression`` compares its score with the earlier ones (``regression``).
     One definition per task: Dagster's asset job wires each check definition's inputs against
     its own check keys, so one definition for every task costs time quadratic in the number
     of tasks."""
@@ -149,6 +154,17 @@ def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str) -> dg.A
                 dg.AssetRecordsFilter(asset_key=check_key.asset_key, asset_partitions=rows), limit=1).records
             event = records[0].event_log_entry if records else None
             metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
+            if check_key.name == REGRESSION_CHECK and regression is not None:
+                score = metadata.get("score")
+                evaluation = score_evaluation(
+                    context.instance, check_key.asset_key, rows[0] if rows else None, getattr(score, "value", score),
+                    regression, judged_run=event.run_id if event else None,
+                    code_version=(event.asset_materialization.tags or {}).get(CODE_VERSION_TAG) if event else None)
+                yield dg.AssetCheckResult(
+                    asset_key=check_key.asset_key, check_name=check_key.name, passed=evaluation.passed,
+                    severity=evaluation.severity, description=evaluation.description,
+                    metadata={**evaluation.metadata, "from_run": event.run_id if event else "never materialized"})
+                continue
             passed = metadata.get("passed")
             value = getattr(passed, "value", passed)
             kept = {label: metadata[label] for label in ("score", "reason") if label in metadata}

@@ -29,11 +29,12 @@ from ..runtime.loop import new_event_loop
 from ..steps.base import TaskStep
 from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
+from .provenance import Provenance
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, live_deployers, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, node_step_key, plan_of, row_seed, run_keys, step_fields, task_graph_of
 from .step_events import (
-    asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata, row_page_link,
+    asset_events, asset_provenance, check_evaluations, report_unreached, result_materialization, row_page_link,
 )
 from .streams import Row, StreamRef, StreamWriter, joined, records, running_side_by_side, side_by_side, stop_requested
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ID, TAG_STEP_TYPE, TAG_TASK_ID
@@ -134,7 +135,7 @@ class _RowsOfOp:
         self.prices = resource.load_config().model.prices if self.assets["produced"] else {}
         replicate = context.run.tags.get(REPLICATE_TAG)
         self.replicate = int(replicate) if replicate is not None else None
-        self.tags = code_version_tags(context)
+        self.provenance = asset_provenance(context)
         self.row_page = row_page_link(context)
         self.passed = 0
         self.stopped_here: list[str] = []
@@ -230,7 +231,8 @@ class _RowsOfOp:
                                          f"{_row(key)}: {outcome.failure['error']}")
             passed[key] = ctx
             yield from asset_events(self.assets, outcome.step, ctx, key or None, prices=self.prices,
-                                    replicate=self.replicate, tags=self.tags, row_page=self.row_page(key))
+                                    replicate=self.replicate, provenance=self.provenance,
+                                    row_page=self.row_page(key))
         if stopped:
             report_unreached(self.context, stopped)
         yield from check_evaluations(self.context.instance, self.assets, passed)
@@ -408,11 +410,12 @@ async def _until_stopped(run_id: str, task: asyncio.Task) -> None:
 ONE_STEP_AT_A_TIME = ("in_process", "execute_in_process_executor")  # Dagster's in-process executors
 
 
-def _results_asset(context: dg.OpExecutionContext) -> tuple[dg.AssetKey, dict[str, str]] | None:
-    """The teardown node's asset (each row's outcome), with the tags of its materializations."""
+def _results_asset(context: dg.OpExecutionContext) -> tuple[dg.AssetKey, Provenance] | None:
+    """The teardown node's asset (each row's outcome), with the provenance of its materializations."""
     if not context.has_assets_def:  # (a job of the op graph alone)
         return None
-    return context.asset_key_for_output(ASSET_OUTPUT), code_version_tags(context)
+    key = context.asset_key_for_output(ASSET_OUTPUT)
+    return key, asset_provenance(context, key)
 
 
 def _one_step_at_a_time(context: dg.OpExecutionContext) -> bool:
@@ -545,10 +548,9 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
 
     def materialized(left: list[tuple[str, TaskStepContext, dict | None]]) -> Iterator[Any]:
         if results is not None:
-            key, tags = results
+            key, provenance = results
             for row, ctx, failure in left:
-                yield dg.AssetMaterialization(asset_key=key, partition=row or None, tags=tags,
-                                              metadata=result_metadata(ctx, failure))
+                yield result_materialization(key, row or None, ctx, failure, provenance)
 
     yield from _driven(context.run_id, leave, materialized)
     ended += resource.teardown(context.run_id)

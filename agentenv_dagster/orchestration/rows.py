@@ -28,6 +28,7 @@ RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster
 # "failed": of the rows a run names (all of them, unpartitioned), only those that did not pass
 ROWS_TAG, FAILED_ROWS = "agentenv/rows", "failed"
 STEP_ASSETS_TAG = "agentenv/assets"  # a node's asset keys (the translator sets it)
+REGRESSION_TAG = "agentenv/regression"  # a verifier node's: its task's regression gate settings (JSON)
 VARIANT_TAG = "agentenv/variant"  # an experiment's variant the run's steps are (one a run)
 REPLICATE_TAG = "agentenv/replicate"  # which of a task's replicates (trials, repeats) the run is
 CONTENT_HASH_TAG = "agentenv/content_hash"  # a task job's: the plan its definitions were built from
@@ -118,10 +119,12 @@ def node_step_key(job: dg.JobDefinition, node: str) -> str:
 
 
 def node_assets(tags: dict[str, str]) -> dict[str, Any]:
-    """A node's asset keys from its tag: ``produced`` [kind, name, path], ``loaded``, and the
-    ``checks`` of its verifications."""
+    """A node's asset keys from its tag: ``produced`` [kind, name, path], ``loaded``, the
+    ``checks`` its verifications' step declares, and its task's ``regression`` gate (the
+    settings' JSON, or None)."""
     raw = tags.get(STEP_ASSETS_TAG)
-    return {"produced": [], "loaded": {}, "checks": [], **(json.loads(raw) if raw else {})}
+    return {"produced": [], "loaded": {}, "checks": [], **(json.loads(raw) if raw else {}),
+            "regression": tags.get(REGRESSION_TAG)}
 
 
 def rows_not_passed(instance: dg.DagsterInstance, job: dg.JobDefinition, keys: list[str]) -> list[str]:

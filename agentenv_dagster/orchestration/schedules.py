@@ -25,24 +25,30 @@ SCHEDULE_TAG_KEY = "schedule"
 TAG_PRESETS = {name: f"@{name}" for name in ("hourly", "daily", "weekly", "monthly", "yearly")}
 
 
-def task_run_requests(plan: TaskPlan, translator: TaskTranslator, *, run_key: str | None = None) -> list[dg.RunRequest]:
+def task_run_requests(
+    plan: TaskPlan, translator: TaskTranslator, *, run_key: str | None = None,
+    variants: list[str | None] | None = None, rows: list[str] | None = None,
+) -> list[dg.RunRequest]:
     """The runs of the task as ``plan`` has it: one per replicate (a simulation's trials), and
-    under an experiment per variant and replicate (a run is one variant). Each run key names
-    them: a schedule's tick of several runs needs keys."""
+    under an experiment per variant and replicate (a run is one variant; ``variants``: only
+    those). ``rows``: these partitions, not the dataset's selection. Each run key names them:
+    a schedule's tick of several runs needs keys."""
     requests = []
-    for variant in plan.document.variant_steps or [None]:
+    for variant in variants or plan.document.variant_steps or [None]:
         count = plan.document.replicates_of(variant)
         for replicate in range(count):
             key = ":".join(filter(None, (run_key, variant, f"replicate-{replicate}" if count > 1 else None))) or None
-            requests.append(_run_request(plan, translator, variant, replicate if count > 1 else None, key))
+            requests.append(_run_request(plan, translator, variant, replicate if count > 1 else None, key, rows))
     return requests
 
 
 def _run_request(
     plan: TaskPlan, translator: TaskTranslator, variant: str | None, replicate: int | None, run_key: str | None,
+    rows: list[str] | None = None,
 ) -> dg.RunRequest:
     """Its steps as op config, its id, version and content hash as tags; a dataset task's
-    selected rows (every row, or a new stratified draw) all in one run, tagged with their range."""
+    ``rows`` (default: its selected rows, every row or a new stratified draw) all in one run,
+    tagged with their range."""
     from .task_job import run_config  # task_job imports this module (through definitions)
 
     tags = {**translator.get_job_tags(plan), **({VARIANT_TAG: variant} if variant else {}),
@@ -50,7 +56,7 @@ def _run_request(
     request = {"run_key": run_key, "job_name": translator.get_job_name(plan)}
     if not plan.document.partitions:
         return dg.RunRequest(**request, run_config=run_config(plan, translator), tags=tags)
-    keys = plan.document.selected_rows(variant)
+    keys = rows or plan.document.selected_rows(variant)
     if len(keys) == 1:
         return dg.RunRequest(**request, run_config=run_config(plan, translator, keys), tags=tags, partition_key=keys[0])
     tags.update(range_tags(plan, keys))

@@ -10,6 +10,8 @@
   task document or new stored version (``task create``), run key = task id + version + content hash
   (an experiment's job: a run per variant, and a changed experiment file is a changed task);
   the cursor remembers what was launched, so a daemon restart launches nothing twice.
+- ``agentenv_stale_scores`` (stopped by default): launches the tasks, and a dataset's rows,
+  whose scores Dagster shows stale or that were never materialized (``staleness.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .reaper import reap_dead_runs
 from .resources import RESOURCE_KEY, AgentEnvResource
 from .retries import launch_retry
 from .schedules import task_run_requests
+from .staleness import stale_scores_sensor
 from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_TASK_ID, TAG_TASK_VERSION, TaskTranslator
 
 FAILED_RUNS_SENSOR = "agentenv_teardown_failed_runs"
@@ -216,7 +219,7 @@ def job_shape(plan: TaskPlan, translator: TaskTranslator) -> tuple:
     follows the content, is left out: a task whose steps only changed their fields runs.)"""
     from .task_job import task_graph  # task_job imports this module (through definitions)
 
-    graph, _, _ = task_graph(plan, translator, code_version="")
+    graph, _, _ = task_graph(plan, translator, code_versions={})
     nodes = []
     for invocation, inputs in graph.dependencies.items():
         retry = invocation.retry_policy
@@ -233,5 +236,7 @@ def task_sensors(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
     translator: TaskTranslator | None = None,
 ) -> list[dg.SensorDefinition]:
-    """The code location's sensors: the teardown pair, span retries, and the task-file sensor."""
-    return [*teardown_sensors(), retry_sensor(), task_file_sensor(tasks_dir, config, plans, jobs, translator)]
+    """The code location's sensors: the teardown pair, span retries, the task-file sensor and
+    the stale-scores sensor."""
+    return [*teardown_sensors(), retry_sensor(), task_file_sensor(tasks_dir, config, plans, jobs, translator),
+            stale_scores_sensor(plans, jobs, translator)]

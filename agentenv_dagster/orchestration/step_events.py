@@ -16,9 +16,16 @@ from ..reports.evaluation import row_outcome
 from ..reports.render import row_page_url
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.scoring import verification_passed
-from .dagster_internals import AssetCheckEvaluationTargetMaterializationData, evaluation_target, report_planned
+from .dagster_internals import (
+    CODE_VERSION_TAG, AssetCheckEvaluationTargetMaterializationData, evaluation_target, report_planned,
+)
+from .provenance import (
+    Provenance, artifact_tags, collection_version, loaded_version, produced_entry, results_version,
+    verification_version,
+)
+from .regression import REGRESSION_CHECK, node_regression, score_evaluation
 from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, node_assets, plan_of, task_graph_of
-from .translator import TAG_CODE_VERSION, TAG_TASK_ID
+from .translator import TAG_TASK_ID
 from .usage import usage_metadata
 
 
@@ -48,31 +55,32 @@ def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey
     unreached = []
     for name in sorted(seen):
         assets = node_assets(graph.node_named(name).tags)
-        unreached += [(dg.AssetKey(path), assets["checks"] if kind == VERIFICATION else [])
+        checks = [*assets["checks"], *([REGRESSION_CHECK] if assets["regression"] else [])]
+        unreached += [(dg.AssetKey(path), checks if kind == VERIFICATION else [])
                       for kind, _, path in assets["produced"] if kind != ARTIFACT]
     return unreached
 
 
-CODE_VERSION_TAG = "dagster/code_version"  # Dagster's own tag: what it compares to flag an asset stale
-
-
-def code_version_tags(context: dg.OpExecutionContext) -> dict[str, str]:
-    """The tags a task asset's materializations carry: the code version of the node's task."""
-    version = context.op.tags.get(TAG_CODE_VERSION)
-    return {CODE_VERSION_TAG: version} if version else {}
+def asset_provenance(context: dg.OpExecutionContext, key: dg.AssetKey | None = None) -> Provenance:
+    """How the node stamps the materializations of its task asset (``key``, else the one its
+    tag names): ``provenance.py``."""
+    task_assets = [path for kind, _, path in node_assets(context.op.tags)["produced"] if kind != ARTIFACT]
+    return Provenance.of_node(context, key or (dg.AssetKey(task_assets[0]) if task_assets else None))
 
 
 def asset_events(
     assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
     *, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
-    tags: dict[str, str] | None = None, row_page: str | None = None,
+    provenance: Provenance | None = None, row_page: str | None = None,
 ) -> Iterator[Any]:
-    """Materializations for what the step wrote (``tags`` on the task's own assets), and
-    observations of what it read (the version loaded), under the keys the translator gave the
-    step's node; a verification says which replicate of its row it is, and links the row's
-    page (``row_page``, see ``row_page_link``). Its checks follow: ``check_evaluations``."""
+    """Materializations for what the step wrote (the task's own assets stamped with their
+    ``provenance``), and observations of what it read (the version loaded), under the keys the
+    translator gave the step's node; a verification says which replicate of its row it is, and
+    links the row's page (``row_page``, see ``row_page_link``). Its checks follow:
+    ``check_evaluations``."""
+    provenance = provenance or Provenance(None)
     for artifact_id, path in assets["loaded"].items():
-        loaded = _loaded_version(ctx, step.id, artifact_id)
+        loaded = loaded_version(ctx, artifact_id, step.id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
         yield dg.AssetObservation(asset_key=dg.AssetKey(path), metadata=metadata)
     for kind, name, path in assets["produced"]:
@@ -84,19 +92,27 @@ def asset_events(
                             **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None)),
                             **({"replicate": replicate} if replicate is not None else {}),
                             **({"row_page": dg.MetadataValue.url(row_page)} if row_page else {})}
-                yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition, tags=tags)
+                yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition,
+                                              tags=provenance.tags(ctx, verification_version(entry)))
         elif kind == PRODUCER:
-            entry = _produced(ctx, name)
+            entry = produced_entry(ctx, name)
             if entry is not None:
                 yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition,
-                                              tags=tags)
+                                              tags=provenance.tags(ctx, collection_version(entry)))
         elif kind == ARTIFACT:  # a new version of a stored artifact the step names (shared by tasks: no partition)
-            universe = (_produced(ctx, step.id) or {}).get("file_artifact_universe") or {}
+            universe = (produced_entry(ctx, step.id) or {}).get("file_artifact_universe") or {}
             if universe.get("id") == name:
                 yield dg.AssetMaterialization(asset_key=key, metadata={
                     "version": universe["version"], "written_by_step": step.id,
                     **({"row": partition} if partition else {}),
-                })
+                }, tags=artifact_tags(universe["version"]))
+
+
+def result_materialization(key: dg.AssetKey, row: str | None, ctx: TaskStepContext, failure: dict[str, Any] | None,
+                           provenance: Provenance) -> dg.AssetMaterialization:
+    """A row's outcome as its ``results`` materialization."""
+    return dg.AssetMaterialization(asset_key=key, partition=row, metadata=result_metadata(ctx, failure),
+                                   tags=provenance.tags(ctx, results_version(ctx, failure)))
 
 
 def result_metadata(ctx: TaskStepContext, failure: dict[str, Any] | None) -> dict[str, Any]:
@@ -151,17 +167,6 @@ def row_page_link(context: dg.OpExecutionContext) -> Callable[[str], str | None]
             return None
 
     return link
-
-
-def _produced(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:
-    """What a producer step recorded: collected files, or an env snapshot's universe."""
-    collected = (ctx.metadata.get("collected_artifacts") or {}).get(step_id)
-    if collected is not None:
-        return collected
-    snapshots = ctx.metadata.get("env_snapshotted_universes") or {}
-    if step_id in snapshots:
-        return {"artifacts": {}, "file_artifact_universe": snapshots[step_id]}
-    return None
 
 
 def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
@@ -225,7 +230,9 @@ def check_evaluations(
 ) -> Iterator[dg.AssetCheckEvaluation]:
     """Each declared check of each row's verification, as that row's partition of the check
     (so the UI shows which rows passed and which fell short), pointing at the materialization
-    it judged: Dagster counts a partition's check as current only while that is its latest."""
+    it judged: Dagster counts a partition's check as current only while that is its latest.
+    With a regression gate, ``no_regression`` compares each row's score with its earlier ones."""
+    regression = node_regression(assets)
     for kind, name, path in assets["produced"]:
         if kind != VERIFICATION:
             continue
@@ -233,24 +240,31 @@ def check_evaluations(
         if not entries:
             continue
         key = dg.AssetKey(path)
-        targets = _latest_materializations(instance, key, [row for row in entries if row])
+        judged = _latest_materializations(instance, key, [row for row in entries if row])
         for row, entry in entries.items():
-            yield from _check_evaluations(key, entry, assets["checks"], row or None, targets.get(row or None))
+            record = judged.get(row or None)
+            target = evaluation_target(record) if record else None
+            yield from _check_evaluations(key, entry, assets["checks"], row or None, target)
+            if regression is not None:
+                tags = (record.asset_materialization.tags or {}) if record else {}
+                yield score_evaluation(instance, key, row or None, entry.get("score"), regression,
+                                       judged_run=record.run_id if record else None,
+                                       code_version=tags.get(CODE_VERSION_TAG), target=target)
 
 
 def _latest_materializations(
     instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str],
-) -> dict[str | None, AssetCheckEvaluationTargetMaterializationData]:
-    """The latest materialization of each of ``rows`` (of the asset, when none), a query per
-    ``ROWS_A_QUERY``: the op has just written one a row, so they are the newest of those
-    partitions (and SQLite takes a bounded number of parameters)."""
-    latest: dict[str | None, AssetCheckEvaluationTargetMaterializationData] = {}
+) -> dict[str | None, Any]:
+    """The latest materialization record of each of ``rows`` (of the asset, when none), a
+    query per ``ROWS_A_QUERY``: the op has just written one a row, so they are the newest of
+    those partitions (and SQLite takes a bounded number of parameters)."""
+    latest: dict[str | None, Any] = {}
     for start in range(0, max(len(rows), 1), ROWS_A_QUERY):
         chunk = rows[start:start + ROWS_A_QUERY]
         records = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1)).records
         for record in reversed(records):  # newest wins
-            latest[record.partition_key] = evaluation_target(record)
+            latest[record.partition_key] = record
     return latest
 
 
@@ -268,11 +282,3 @@ def _check_evaluations(
             target_materialization_data=target,
             severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
         )
-
-
-def _loaded_version(ctx: TaskStepContext, step_id: str, artifact_id: str) -> int | None:
-    for key in ("loaded_environment_artifacts", "loaded_file_artifact_universes"):
-        for entry in ctx.metadata.get(key) or []:
-            if entry.get("id") == artifact_id and entry.get("step_id", step_id) == step_id:
-                return entry.get("version")
-    return None

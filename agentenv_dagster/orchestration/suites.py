@@ -14,12 +14,14 @@ from typing import Any
 
 import dagster as dg
 
+from ..config import RegressionSettings
 from ..naming import dagster_name
 from ..plan import TaskPlan
 from ..reports.results import EvaluationResult, FinalStatus
 from ..reports.suite import suite_rollup
 from ..spec.loader import TaskDocument
 from ..steps.base import VERIFICATION
+from .regression import suite_check_result, suite_check_spec
 from .rows import latest_replicates
 from .translator import TaskTranslator
 
@@ -31,7 +33,10 @@ ROWS_UPDATED = (dg.AutomationCondition.any_deps_updated().since_last_handled()
                 ).with_label("rows updated, none running")
 
 
-def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefinition | None:
+def suite_asset(plan: TaskPlan, translator: TaskTranslator,
+                regression: RegressionSettings | None = None) -> dg.AssetsDefinition | None:
+    """The task's suite asset (None: not a dataset with criteria), its threshold gates as
+    blocking checks and, with an enabled ``regression`` gate, ``no_regression`` on its metrics."""
     document = plan.document
     step = _criteria_step(plan)
     if not document.row_ids() or step is None:  # a suite is a dataset's (under an experiment, a variant's)
@@ -45,6 +50,8 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
                           description=f"suite {metric} of criterion {index + 1} >= {minimum}")
         for index, gate in enumerate(thresholds) for metric, minimum in (gate or {}).items()
     ]
+    gate = regression if regression is not None and regression.enabled else None
+    checks += [suite_check_spec(key, gate)] if gate is not None else []
     variants = list(document.variant_steps or ())
     what = (f"experiment job `{plan.task_id}`: each variant's rows" if variants
             else f"dataset task `{plan.task_id}`: its rows")
@@ -71,6 +78,8 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator) -> dg.AssetsDefiniti
             )
             for aggregate in suite["criterion_aggregates"] for check in aggregate["checks"]
         ]
+        if gate is not None:
+            check_results.append(suite_check_result(context.instance, key, variant, _gated_metrics(suite), gate))
         return dg.MaterializeResult(
             metadata={
                 **({"variant": variant} if variant else {}),
@@ -102,6 +111,16 @@ def _metric_series(suite: dict[str, Any]) -> dict[str, float]:
     asset's Plots tab charts across materializations: accuracy over time, per label too."""
     return {f"criterion_{a['criterion_index'] + 1}/{name}": float(value)
             for a in suite["criterion_aggregates"] for name, value in a["metrics"].items()}
+
+
+def _gated_metrics(suite: dict[str, Any]) -> dict[str, float]:
+    """What a suite's regression gate compares: its pass rate, its average score and each
+    metric a threshold gates, under their metadata labels."""
+    metrics = {"pass_rate": suite["pass_rate"], "average_weighted_score": suite["average_weighted_score"],
+               **{f"criterion_{a['criterion_index'] + 1}/{c['metric']}": c["actual_value"]
+                  for a in suite["criterion_aggregates"] for c in a["checks"]}}
+    return {name: float(value) for name, value in metrics.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
 def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, str], str]:

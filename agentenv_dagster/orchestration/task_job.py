@@ -19,12 +19,13 @@ from functools import partial
 
 import dagster as dg
 
-from ..config import AgentEnvConfig
+from ..config import AgentEnvConfig, RegressionSettings
 from ..naming import dagster_name
 from ..plan import TaskPlan
 from ..steps.base import ARTIFACT, VERIFICATION
 from .executors import job_executor
 from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, teardown_op
+from .regression import produces_verification, regression_tag
 from .retries import span_tags
 from .rows import ROWS, STEPS, register_plan, step_config
 from .translator import TAG_CODE_VERSION, TAG_STEP_ASSETS, TAG_STEP_ID, TaskTranslator
@@ -46,19 +47,23 @@ def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
     translator = translator or TaskTranslator()
     config = config or AgentEnvConfig()
     register_plan(translator.get_job_name(plan), plan)
-    code_version = translator.get_code_version(plan, config)
-    graph, outputs, inputs = task_graph(plan, translator, code_version)
+    code_versions = asset_code_versions(plan, translator, config)
+    regression = config.regression.for_task(plan.task_id)
+    graph, outputs, inputs = task_graph(plan, translator, code_versions, regression if regression.enabled else None)
     assets = dg.AssetsDefinition.from_graph(
         graph,
         keys_by_output_name={name: key for name, (key, _) in outputs.items()},
         keys_by_input_name=inputs,
         internal_asset_deps=lineage(plan, translator, outputs),
         descriptions_by_output_name={name: description for name, (_, description) in outputs.items()},
-        code_versions_by_output_name={name: code_version for name in outputs},
+        code_versions_by_output_name={name: code_versions[name] for name in outputs},
         partitions_def=translator.get_partitions_def(plan),
         group_name=translator.get_group_name(plan),
         backfill_policy=dg.BackfillPolicy.single_run(),
         tags_by_output_name={name: translator.get_asset_tags(plan) for name in outputs},
+        automation_conditions_by_output_name=(
+            {name: condition for name in outputs}
+            if (condition := translator.get_automation_condition(plan)) is not None else None),
     )
     job = dg.define_asset_job(
         translator.get_job_name(plan), selection=dg.AssetSelection.assets(assets).without_checks(),
@@ -68,10 +73,21 @@ def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
     return TaskDefinitions(assets, job)
 
 
-def task_graph(plan: TaskPlan, translator: TaskTranslator, code_version: str) -> tuple[
+def asset_code_versions(plan: TaskPlan, translator: TaskTranslator, config: AgentEnvConfig) -> dict[str, str]:
+    """The code version of each node's task asset, by node: a step's from its ancestry, the
+    teardown's ``results`` from the whole task (``TaskTranslator.get_code_version``)."""
+    versions = {translator.get_node_name(step): translator.get_code_version(plan, config, step)
+                for step in plan.steps if translator.get_step_asset_outputs(plan, step)}
+    return {**versions, TEARDOWN_OP: translator.get_code_version(plan, config)}
+
+
+def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[str, str],
+               regression: RegressionSettings | None = None) -> tuple[
         dg.GraphDefinition, dict[str, tuple[dg.AssetKey, str]], dict[str, dg.AssetKey]]:
     """The task's op graph, the assets its outputs map to (output name -> key, description)
-    and the stored artifacts its inputs map from (input name -> key)."""
+    and the stored artifacts its inputs map from (input name -> key). ``code_versions`` (by
+    node) and ``regression`` (the task's gate, or None) become node tags: what the ops stamp
+    on their materializations and check their scores with."""
     deps: dict[dg.NodeInvocation, dict] = {}
     node_defs: dict[str, dg.OpDefinition] = {}
     outputs: dict[str, tuple[dg.AssetKey, str]] = {}
@@ -89,7 +105,9 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_version: str) ->
             tags={
                 **translator.get_op_tags(step), TAG_STEP_ID: step.id,
                 TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
-                TAG_CODE_VERSION: code_version,
+                **({TAG_CODE_VERSION: code_versions[node]} if node in code_versions else {}),
+                **(regression_tag(regression) if regression is not None and produces_verification(
+                    translator, plan, step) else {}),
                 **({POOL_TAG: pool} if (pool := translator.get_pool(plan, step)) else {}),
                 **span_tags(plan, step, translator),
             },
@@ -111,7 +129,8 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_version: str) ->
     teardown = teardown_op()
     node_defs[teardown.name] = teardown
     sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
-    deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP, tags={TAG_CODE_VERSION: code_version})] = _fan_in(sinks)
+    teardown_tags = {TAG_CODE_VERSION: code_versions[TEARDOWN_OP]} if TEARDOWN_OP in code_versions else {}
+    deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP, tags=teardown_tags)] = _fan_in(sinks)
     outputs[TEARDOWN_OP] = (translator.get_results_asset_key(plan),
                             f"Each row's outcome in task `{plan.task_id}`: its status and each step's.")
     output_mappings.append(dg.OutputMapping(graph_output_name=TEARDOWN_OP, mapped_node_name=TEARDOWN_OP,

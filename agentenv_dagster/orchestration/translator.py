@@ -11,6 +11,8 @@ import hashlib
 import json
 import logging
 import warnings
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -225,6 +227,20 @@ class TaskTranslator:
         """
         return job_name(plan.task_id)
 
+    def get_automation_condition(self, plan: TaskPlan) -> dg.AutomationCondition | None:
+        """The declarative automation condition of the task's assets, which Dagster's
+        ``default_automation_condition_sensor`` evaluates (turn it on in the UI's Automation
+        page). None, the default: nothing is automatic, and the ``agentenv_stale_scores``
+        sensor re-runs stale scores when turned on. The task's assets materialize together,
+        so a true condition on any of them runs the whole task (a dataset: the rows it holds for).
+
+        ```python
+        def get_automation_condition(self, plan):  # run a task again once what decides its scores changed
+            return dg.AutomationCondition.code_version_changed()
+        ```
+        """
+        return None
+
     # -- assets ----------------------------------------------------------------------------
     def get_verification_asset_key(self, task_id: str, verifier_id: str) -> dg.AssetKey:
         """A verification's asset: ``verifications/<job>/<verifier_id>``.
@@ -350,27 +366,83 @@ class TaskTranslator:
         """
         return {TAG_TASK_ID.replace("/", "_"): self.get_job_name(plan)}
 
-    def get_code_version(self, plan: TaskPlan, config: AgentEnvConfig) -> str:
-        """What decides the task's scores, hashed: its content, the registry entries of the
-        agents and envs it deploys, and the model settings (agent, judge, roles) — when any of
-        them changes, Dagster shows the task's assets as stale. No key is part of it.
+    def get_code_version(self, plan: TaskPlan, config: AgentEnvConfig, step: TaskStep | None = None) -> str:
+        """What decides an asset's value, hashed: Dagster shows the asset stale once it
+        changes. For a step's asset (its verification, what it collects) that is the step and
+        its ancestry as the task document has them (under an experiment, every variant's),
+        the task's default token values, and what those steps run on: the registry entries of
+        the agents and envs they deploy (a replay script's content too) and the models of the
+        ``[model]`` roles they use (``get_model_roles``) with their providers' protocol and
+        ``[model] params``. For the task's ``results`` (``step`` None), every step's.
+
+        Not part of it: keys, endpoints (``base_url``, ``mcp_url``), prices, descriptions,
+        run settings (rows in flight, sandboxes, the executor), and a dataset's rows (data,
+        not code: adding a row makes only that row's partitions missing, not every row's
+        score stale).
 
         ```python
-        def get_code_version(self, plan, config):  # a new grader release makes every score stale
-            return super().get_code_version(plan, config) + "-grader2"
+        def get_code_version(self, plan, config, step=None):  # a new grader release makes every score stale
+            return super().get_code_version(plan, config, step) + "-grader2"
         ```
         """
-        deployed = sorted({getattr(step, "a2a_agent_id", None) or "" for step in plan.steps
-                           if step.type == "deploy_agent"})
-        envs = sorted({getattr(step, "env_id", None) or "" for step in plan.steps if step.type == "deploy_env"})
-        model = config.model.model_dump(mode="json", exclude={"api_key", "prices"})
+        document = plan.document
+        ids = ({s.id for s in plan.steps} if step is None
+               else {step.id, *plan.ancestors(step.id)})
+        variants = {v: [s for s in steps if s.id in ids] for v, steps in (document.variant_steps or {}).items()}
+        steps = [s for s in plan.steps if s.id in ids]
+        runs_on = {json.dumps(self._runs_on(s, config), sort_keys=True, default=str)
+                   for s in [*steps, *(s for vs in variants.values() for s in vs)]}
         parts = {
-            "task": plan.document.content_hash,
-            "agents": {a: _entry(config.agent_entry(a or config.agents.default_a2a_agent_id)) for a in deployed},
-            "envs": {e: _entry(config.env_entry(e)) for e in envs},
-            "model": model,
+            "task": plan.task_id,
+            "steps": [s.to_document() for s in steps],
+            "variants": {v: [s.to_document() for s in vs] for v, vs in variants.items()},
+            "seed": document.seed,
+            "runs_on": sorted(runs_on),
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    def get_model_roles(self, step: TaskStep) -> list[str]:
+        """The ``[model]`` roles whose models decide what ``step`` records, for its assets'
+        code versions: ``judge`` for a rubric that names no model of its own and for Coder Eval
+        criteria with a judge (``llm_judge``, ``agent_judge``: a criterion type with a
+        ``judge_model``). A deployed agent's model comes with its registry entry. Override it
+        for a custom step that grades with a judge:
+
+        ```python
+        def get_model_roles(self, step):
+            return ["judge"] if step.type == "tone_check" else super().get_model_roles(step)
+        ```
+        """
+        if step.type == "rubrics_verifier":
+            return [] if getattr(step, "default_model", None) else ["judge"]
+        if step.type == "success_criteria":
+            from ..criteria.registry import CRITERION_TYPES
+
+            judged = any(callable(getattr(CRITERION_TYPES.get(c.get("type")), "judge_model", None))
+                         for c in getattr(step, "criteria", None) or [] if isinstance(c, dict))
+            return ["judge"] if judged else []
+        return []
+
+    def _runs_on(self, step: TaskStep, config: AgentEnvConfig) -> dict[str, Any]:
+        """What a step runs on that its document does not say: the agent or env it deploys
+        (a rubric's judge agent), and the models of its roles."""
+        found: dict[str, Any] = {}
+        if step.type == "deploy_agent":
+            agent_id = getattr(step, "a2a_agent_id", None) or config.agents.default_a2a_agent_id
+            found["agent"] = _agent_version(config, agent_id, getattr(step, "agent_config", None) or {})
+        elif step.type == "deploy_env":
+            env_id = getattr(step, "env_id", None) or ""
+            entry = config.env_entry(env_id)
+            found["env"] = [env_id, entry.model_dump(mode="json", exclude_none=True, exclude={"mcp_url"})
+                            if entry is not None else None]
+        elif step.type == "rubrics_verifier" and getattr(step, "use_agent_judge", False):
+            agent_id = getattr(step, "judge_a2a_agent_id", None) or config.agents.judge_a2a_agent_id
+            found["judge_agent"] = _agent_version(config, agent_id, {})
+        roles = self.get_model_roles(step)
+        if roles:
+            found["models"] = {role: _model_version(config, config.model.for_role(role)) for role in roles}
+            found["params"] = config.model.params
+        return found
 
     def get_artifact_specs(self, plans: list[TaskPlan]) -> list[dg.AssetSpec]:
         """One spec per stored artifact any task loads or writes, so a universe one task
@@ -426,11 +498,39 @@ class TaskTranslator:
             ]
 
 
-def _entry(entry: Any) -> dict[str, Any] | None:
-    """A registry entry as it decides behaviour (its secrets left out)."""
+# an agent entry's fields that leave its scores as they are
+AGENT_FIELDS_NOT_DECIDING = {"description", "delay_seconds", "cli_path"}
+
+
+def _agent_version(config: AgentEnvConfig, agent_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """An agent as it decides scores: its registry entry (a replay script's content hashed in)
+    and the model it runs on (its own, the step's, or ``[model]``'s agent role)."""
+    entry = config.agent_entry(agent_id)
     if entry is None:
-        return None
-    return entry.model_dump(mode="json", exclude_none=True, exclude={"api_key"} & set(type(entry).model_fields))
+        return {"id": agent_id, "entry": None}
+    data = entry.model_dump(mode="json", exclude_none=True, exclude=AGENT_FIELDS_NOT_DECIDING)
+    if entry.script:
+        script = config.path(entry.script)
+        data["script"] = _file_digest(script, script.stat().st_mtime_ns) if script.is_file() else entry.script
+    kind = overrides.get("kind", entry.kind)
+    model = overrides.get("model") or entry.model or (config.model.for_role("agent") if kind != "replay" else None)
+    return {"id": agent_id, "entry": data, **({"model": _model_version(config, model)} if model else {})}
+
+
+@lru_cache(maxsize=256)
+def _file_digest(path: Path, modified_ns: int) -> str:
+    """A file's content hash (read once while it is unchanged: every task deploying the agent asks)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _model_version(config: AgentEnvConfig, model: str) -> dict[str, Any]:
+    """A model as it decides scores: its name and how its provider is spoken to (not where
+    it is served, nor its key)."""
+    try:
+        resolved = config.model.resolve(model)
+    except ValueError:
+        return {"model": model}
+    return {"model": model, **resolved.settings.model_dump(mode="json", exclude={"base_url", "api_key"})}
 
 
 def _acyclic(upstream: dict[str, set[str]]) -> dict[str, list[str]]:

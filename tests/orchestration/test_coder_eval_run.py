@@ -103,7 +103,8 @@ def test_a_coder_eval_task_is_a_job_with_a_check_per_gating_criterion(project):
     defs = build_definitions(project / "tasks")
     key = dg.AssetKey(["verifications", "hello_python", "success_criteria"])
     checks = {k.name for k in defs.resolve_asset_graph().asset_check_keys if k.asset_key == key}
-    assert checks == {"passed", "criterion_1_file_exists", "criterion_2_run_command", "criterion_3_command_executed"}
+    assert checks == {"passed", "criterion_1_file_exists", "criterion_2_run_command", "criterion_3_command_executed",
+                      "no_regression"}
     job = defs.resolve_job_def("hello_python")
     assert job.tags["agentenv/format"] == "coder-eval"
     with dg.instance_for_test() as instance:
@@ -492,7 +493,8 @@ def test_a_gate_on_any_label_is_a_check_dagster_can_name_and_a_metric_never_comp
         LABELS_TASK.replace("{accuracy: 0.9, completion_rate: 1.0}", gates))
     suite = build_definitions(project / "tasks").get_assets_def(dg.AssetKey(["suites", "labels"]))
     assert sorted(spec.name for spec in suite.check_specs) == [  # labels may hold what Dagster names cannot
-        "criterion_1_f1_bug_fix", "criterion_1_f1_bug_fix_", "criterion_1_f1_macro", "criterion_1_recall__other_"]
+        "criterion_1_f1_bug_fix", "criterion_1_f1_bug_fix_", "criterion_1_f1_macro", "criterion_1_recall__other_",
+        "no_regression"]
     done = cli(project, "run", "tasks/labels.yaml", "--output-dir", str(tmp_path / "out"))
     assert done.returncode == 1, done.stdout + done.stderr
     warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
@@ -539,7 +541,7 @@ def test_the_suite_asset_rolls_up_the_row_partitions_with_blocking_threshold_che
                     .asset_materialization.metadata.items()}
         checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
     assert metadata["rows_run"] == 3 and metadata["pass_rate"] == pytest.approx(2 / 3)
-    assert checks == {"criterion_1_mean": True}
+    assert checks == {"criterion_1_mean": True, "no_regression": True}  # a first roll-up: no baseline yet
 
 
 def test_an_agent_out_of_turns_is_max_turns_exhausted(tmp_path, fake_messages_api):

@@ -164,6 +164,27 @@ def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, port: int,
     assert wait_until(rolled_up, 180, "the suite's automatic roll-up")["rows_run"] == 1
 
 
+STALE_QUERY = """{ assetNodes(assetKeys: [{path: ["verifications", "reply_to_dana", "tone"]},
+  {path: ["verifications", "reply_to_dana", "sent"]}]) { assetKey { path } staleStatus staleCauses { reason } } }"""
+RELOAD = """mutation { reloadRepositoryLocation(repositoryLocationName: "agentenv_tasks") { __typename } }"""
+
+
+def a_new_judge_makes_the_rubric_stale(port: int, project) -> None:
+    """The asset page's stale status: both scores current after the runs; once the judge
+    model changes (and the location reloads), the rubric's score is stale, the env outcome's
+    (which no judge grades) is not."""
+    def statuses() -> dict[str, tuple[str, list[str]]]:
+        return {n["assetKey"]["path"][-1]: (n["staleStatus"], [c["reason"] for c in n["staleCauses"]])
+                for n in graphql(port, STALE_QUERY)["assetNodes"]}
+
+    assert statuses() == {"tone": ("FRESH", []), "sent": ("FRESH", [])}
+    config = project / ".agentenv" / "config.toml"
+    config.write_text(config.read_text() + '\n[model.roles]\njudge = "claude-opus-4-1"\n')
+    assert graphql(port, RELOAD)["reloadRepositoryLocation"]["__typename"] == "WorkspaceLocationEntry"
+    changed = wait_until(lambda: (now := statuses())["tone"][0] == "STALE" and now, 120, "the rubric to go stale")
+    assert changed == {"tone": ("STALE", ["has a new code version"]), "sent": ("FRESH", [])}
+
+
 @pytest.mark.slow
 def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
     project = make_project(tmp_path / "p", extra_config='[experiments]\n"experiments/triage_prompts.yaml" = ["triage-tickets"]\n')
@@ -200,13 +221,15 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
         sent = nodes[("verifications", "reply_to_dana", "sent")]
         metadata = {e["label"]: e.get("floatValue", e.get("boolValue")) for e in sent["assetMaterializations"][0]["metadataEntries"]}
         assert metadata["score"] == 1.0 and metadata["passed"] is True
-        checks = sent["assetChecksOrError"]["checks"]
-        assert checks == [{"name": "passed", "executionForLatestMaterialization": {"status": "SUCCEEDED"}}]
+        checks = {c["name"]: c["executionForLatestMaterialization"] for c in sent["assetChecksOrError"]["checks"]}
+        assert checks == {"passed": {"status": "SUCCEEDED"},  # the checks tab: the score passed, and
+                          "no_regression": {"status": "SUCCEEDED"}}  # did not drop (no baseline yet)
         collected = nodes[("artifacts", "reply_to_dana", "collect")]
         assert ["artifacts", "inbox"] in [d["path"] for d in collected["dependencyKeys"]]
         assert collected["assetMaterializations"]
         launch_a_row_and_see_the_partitions(client, port, project)
         re_execute_a_cli_run(client, port, project, env)
+        a_new_judge_makes_the_rubric_stale(port, project)
         if CHROMIUM:
             look_at_the_ui(tmp_path, f"http://127.0.0.1:{port}")
     finally:

@@ -171,8 +171,10 @@ def test_each_variant_s_rows_are_a_suite_a_partition_of_the_experiment_s_suite_a
     assert (metadata["strict"]["rows_run"], metadata["strict"]["pass_rate"]) == (1, 0.0)  # only its own rows
     assert metadata["base"]["criterion_1/count"] == 2.0  # a number per metric: the Plots tab charts them
     assert metadata["base"]["summary"].startswith("## Suite `words__compare` (base): passed")
-    assert {c.check_name: c.passed for c in base.get_asset_check_evaluations()} == {"criterion_1_mean": True}
-    assert {c.check_name: c.passed for c in strict.get_asset_check_evaluations()} == {"criterion_1_mean": False}
+    assert {c.check_name: c.passed for c in base.get_asset_check_evaluations()} == {
+            "criterion_1_mean": True, "no_regression": True}
+    assert {c.check_name: c.passed for c in strict.get_asset_check_evaluations()} == {
+            "criterion_1_mean": False, "no_regression": True}
 
 
 @pytest.mark.slow

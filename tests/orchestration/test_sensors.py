@@ -21,6 +21,7 @@ from agentenv_dagster.orchestration.sensors import (
     CANCELED_RUNS_SENSOR, FAILED_RUNS_SENSOR, REAPER_SENSOR, RETRY_SENSOR, TAG_TORN_DOWN, TASK_FILES_SENSOR, end_run_deployments,
     teardown_sensors,
 )
+from agentenv_dagster.orchestration.staleness import STALE_SCORES_SENSOR
 from agentenv_dagster.runtime.local import Ledger, LocalProvider
 from agentenv_dagster.runtime.processes import is_running
 from projects import REPO, leaked_servers, make_project
@@ -63,6 +64,7 @@ def test_the_teardown_sensors_run_by_default_and_the_file_sensor_does_not(projec
         REAPER_SENSOR: dg.DefaultSensorStatus.RUNNING,  # runs whose process died: their deployments ended
         RETRY_SENSOR: dg.DefaultSensorStatus.RUNNING,  # retry_config spans re-executed in child runs
         TASK_FILES_SENSOR: dg.DefaultSensorStatus.STOPPED,
+        STALE_SCORES_SENSOR: dg.DefaultSensorStatus.STOPPED,  # stale scores re-run once turned on
         REVIEW_TAGS_SENSOR: dg.DefaultSensorStatus.RUNNING,  # a review decided by a run tag
         "agentenv_suites": dg.DefaultSensorStatus.RUNNING,  # tasks/triage_tickets.yaml's suite kept current
     }

@@ -1,0 +1,152 @@
+"""What a task asset's materialization was made from, in the tags Dagster reads staleness from.
+
+Dagster stamps an asset's provenance (its code version, the data version of each upstream
+asset it read, its own data version) on the materializations of the outputs it stores. The
+ops here log each row's materialization themselves, so they stamp it: the node's code version
+(``TaskTranslator.get_code_version``); for each stored artifact upstream, the version Dagster
+holds current (its latest materialization's, the newest version written), or the one the
+row's own snapshot just wrote; for the task's own upstream assets (an aggregate's
+verifications, each row's ``results``) the data version their materializations carry,
+computed from the row's context. With it, Dagster shows a score stale exactly when its code
+version changed or an artifact upstream has a new version, and fresh otherwise (without it,
+Dagster counts every upstream as new).
+
+A data version is what the asset's value is: a verification's grade (score, passed,
+graded), the files a step collected, a row's outcome, a stored artifact's version number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from ..context import TaskStepContext
+from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION
+from ..steps.scoring import verification_passed
+from .dagster_internals import (
+    CODE_VERSION_TAG,
+    DATA_VERSION_IS_USER_PROVIDED_TAG,
+    DATA_VERSION_TAG,
+    DEFAULT_DATA_VERSION,
+    NULL_EVENT_POINTER,
+    input_data_version_tag,
+    input_event_pointer_tag,
+)
+from .rows import node_assets, task_graph_of
+from .translator import TAG_CODE_VERSION
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def verification_version(entry: dict[str, Any]) -> str:
+    """A verification's data version: its grade."""
+    return _digest({"score": entry.get("score"), "passed": verification_passed(entry),
+                    "graded": entry.get("graded", True)})
+
+
+def collection_version(entry: dict[str, Any]) -> str:
+    """A collection's data version: the files (and universe) it gathered."""
+    return _digest({"files": entry.get("artifacts") or {}, "universe": entry.get("file_artifact_universe")})
+
+
+def results_version(ctx: TaskStepContext, failure: dict[str, Any] | None) -> str:
+    """A row outcome's data version: where it stopped (if it did) and its scores."""
+    scores = {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}
+    return _digest({"stopped_at": (failure or {}).get("step_id"), "scores": scores})
+
+
+def produced_entry(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:
+    """What a producer step recorded: collected files, or an env snapshot's universe."""
+    collected = (ctx.metadata.get("collected_artifacts") or {}).get(step_id)
+    if collected is not None:
+        return collected
+    snapshots = ctx.metadata.get("env_snapshotted_universes") or {}
+    if step_id in snapshots:
+        return {"artifacts": {}, "file_artifact_universe": snapshots[step_id]}
+    return None
+
+
+def loaded_version(ctx: TaskStepContext, artifact_id: str, step_id: str) -> int | None:
+    """The version of a stored artifact the row loaded in step ``step_id``."""
+    for key in ("loaded_environment_artifacts", "loaded_file_artifact_universes"):
+        for entry in ctx.metadata.get(key) or []:
+            if entry.get("id") == artifact_id and entry.get("step_id", step_id) == step_id:
+                return entry.get("version")
+    return None
+
+
+def artifact_tags(version: int) -> dict[str, str]:
+    """A new version of a stored artifact: its number as the artifact asset's data version,
+    what the assets downstream of it record as their input."""
+    return {DATA_VERSION_TAG: str(version), DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
+
+
+def written_version(ctx: TaskStepContext, artifact_id: str) -> int | None:
+    """The newest version of a stored artifact the row's own steps wrote (an env snapshot)."""
+    versions = [u["version"] for u in (ctx.metadata.get("env_snapshotted_universes") or {}).values()
+                if isinstance(u, dict) and u.get("id") == artifact_id and isinstance(u.get("version"), int)]
+    return max(versions, default=None)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """How one node stamps its task asset's materializations: its code version, the assets
+    the asset is made from (``AssetsDefinition.asset_deps``), and what each of the task's
+    assets is (kind and name) so its data version can be read from a row's context."""
+
+    code_version: str | None
+    deps: tuple[dg.AssetKey, ...] = ()
+    task_assets: dict[tuple[str, ...], tuple[str, str]] = field(default_factory=dict)
+    current: dict[dg.AssetKey, str] = field(default_factory=dict)  # a stored artifact's current data version
+
+    @classmethod
+    def of_node(cls, context: dg.OpExecutionContext, key: dg.AssetKey | None) -> "Provenance":
+        """The provenance of the node's task asset ``key`` (None: the node has none)."""
+        version = context.op.tags.get(TAG_CODE_VERSION)
+        if key is None or version is None or not context.has_assets_def:  # (a job of the op graph alone)
+            return cls(None)
+        task_assets: dict[tuple[str, ...], tuple[str, str]] = {}
+        for node in task_graph_of(context.job_def).nodes:
+            assets = node_assets(node.tags)
+            task_assets.update({tuple(path): (kind, name) for kind, name, path in assets["produced"]})
+            task_assets.update({tuple(path): (ARTIFACT, name) for name, path in assets["loaded"].items()})
+        deps = tuple(sorted(context.assets_def.asset_deps.get(key, ()), key=str))
+        current = {dep: _current_version(context.instance, dep) for dep in deps
+                   if task_assets.get(tuple(dep.path), (ARTIFACT,))[0] == ARTIFACT}
+        return cls(version, deps, task_assets, current)
+
+    def tags(self, ctx: TaskStepContext, data_version: str) -> dict[str, str]:
+        """The tags of one row's materialization whose value has ``data_version``."""
+        if self.code_version is None:
+            return {}
+        tags = {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version}
+        for dep in self.deps:
+            tags[input_data_version_tag(dep)] = self._dep_version(dep, ctx)
+            # Dagster reads the pointer of a partitioned input only (the row's own upstream
+            # asset here), whose version the row's context gives: no event to point at
+            tags[input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
+        return tags
+
+    def _dep_version(self, dep: dg.AssetKey, ctx: TaskStepContext) -> str:
+        kind, name = self.task_assets.get(tuple(dep.path), (ARTIFACT, dep.path[-1]))
+        if kind == VERIFICATION:
+            entry = (ctx.metadata.get("verifications") or {}).get(name)
+            return verification_version(entry) if entry is not None else DEFAULT_DATA_VERSION
+        if kind == PRODUCER:
+            entry = produced_entry(ctx, name)
+            return collection_version(entry) if entry is not None else DEFAULT_DATA_VERSION
+        written = written_version(ctx, name)
+        return str(written) if written is not None else self.current.get(dep, DEFAULT_DATA_VERSION)
+
+
+def _current_version(instance: dg.DagsterInstance, key: dg.AssetKey) -> str:
+    """A stored artifact's data version as Dagster holds it now: its latest materialization's."""
+    entry = instance.get_latest_materialization_event(key)
+    materialization = entry.asset_materialization if entry is not None else None
+    return ((materialization.tags or {}).get(DATA_VERSION_TAG) if materialization else None) or DEFAULT_DATA_VERSION
