@@ -38,7 +38,7 @@ from ..spec.loader import variant_key
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import execute_plan, opened_instance
-from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed
+from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed, task_graph_of
 from .suites import latest_row_results, suite_asset
 from .translator import TaskTranslator
 
@@ -181,7 +181,7 @@ def _prepare(
         kept: list[str] = []
         if failed_only and keys:
             with opened_instance(config, instance) as active:
-                again = rows_not_passed(active, build_job(plan), keys)
+                again = rows_not_passed(active, task_graph_of(build_job(plan)), keys)
             keys, kept = again, [k for k in keys if k not in again]
         variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys, kept))
     return _TaskRun(loaded, variants, bool(groups))

@@ -30,10 +30,10 @@ from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, live_deployers, self_retry_pending
-from .rows import REPLICATE_TAG, ROWS, node_assets, node_step_key, plan_of, row_seed, run_keys, step_fields, task_graph_of
+from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
 from .step_events import asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata
 from .streams import Row, StreamRef, StreamWriter, joined, records, side_by_side, stop_requested
-from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ID, TAG_STEP_TYPE, TAG_TASK_ID
+from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ID, TAG_STEP_TYPE
 
 IO_MANAGER_KEY = "task_context_io_manager"
 TEARDOWN_OP = FINAL_STEP
@@ -124,7 +124,7 @@ class _RowsOfOp:
     def __init__(self, context: dg.OpExecutionContext, resource: AgentEnvResource, io: ContextIOManagerBase,
                  step: TaskStep, out: StreamWriter) -> None:
         self.context, self.resource, self.io, self.step, self.out = context, resource, io, step, out
-        self.task_id = context.run.tags.get(TAG_TASK_ID) or context.job_name
+        self.task_id = task_id_of(context)
         self.assets = node_assets(context.op.tags)
         self.prices = resource.load_config().model.prices if self.assets["produced"] else {}
         replicate = context.run.tags.get(REPLICATE_TAG)
@@ -370,8 +370,12 @@ def _sibling(context: dg.OpExecutionContext, name: str) -> str:
 
 
 def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
-    """The task's default token values, from the run's tag (the launchpad can edit it)."""
+    """The task's default token values, from the run's tag (the launchpad can edit it), else
+    its plan's (a run of the implicit asset job has no task tags)."""
     raw = context.run.tags.get(TAG_SEED)
+    if raw is None:
+        plan = plan_of(context)
+        return plan.document.seed if plan is not None else None
     try:
         value = json.loads(raw) if raw else None
     except ValueError:
@@ -393,9 +397,9 @@ def refuse_ended_deployments(context, step: TaskStep) -> None:
     plan = plan_of(context)
     if not context.run.parent_run_id or selected is None or plan is None or step.id not in plan.step_by_id:
         return
-    nodes = {node.tags.get(TAG_STEP_ID): node.name for node in task_graph_of(context.job_def).nodes}
+    nodes = {node.tags.get(TAG_STEP_ID): node.name for node in op_graph(context).nodes}
     ended = sorted(d for d in live_deployers(plan, step.id)
-                   if nodes.get(d) and node_step_key(context.job_def, nodes[d]) not in selected)
+                   if nodes.get(d) and _sibling(context, nodes[d]) not in selected)
     if ended:
         raise dg.Failure(description=(
             f"step '{step.id}' uses what step(s) {', '.join(repr(d) for d in ended)} deployed in run "

@@ -19,7 +19,7 @@ from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, 
 from ..context import TaskStepContext
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.scoring import verification_passed
-from .rows import UNPARTITIONED, node_assets, task_graph_of
+from .rows import UNPARTITIONED, node_assets, op_graph
 from .translator import TAG_CODE_VERSION
 from .usage import usage_metadata
 
@@ -30,12 +30,12 @@ def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
     what Dagster shows as a failed partition of the asset and an execution-failed partition of
     the check (open source storage keeps no failure events), so a backfill can pick out just
     those rows."""
-    partitions = context.job_def.partitions_def
+    partitions = context.assets_def.partitions_def if context.has_assets_def else context.job_def.partitions_def
     rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
     step_key = str(context.op_handle)
     events = []
     subset = partitions.subset_with_partition_keys(rows) if partitions is not None and rows else None
-    for asset_key, checks in unreached_assets(context.job_def, context.op_handle.name):
+    for asset_key, checks in unreached_assets(op_graph(context), context.op_handle.name):
         events += [DagsterEvent.build_asset_materialization_planned_event(
             context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
         events += [DagsterEvent(  # as Dagster's run planning builds it
@@ -48,10 +48,9 @@ def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
         context.instance.report_dagster_event(event, run_id=context.run_id, log_level=logging.DEBUG)
 
 
-def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
-    """The task-scoped assets (verifications, collections) of ``node`` and every node after it,
-    each with its checks."""
-    graph = task_graph_of(job)
+def unreached_assets(graph: dg.GraphDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
+    """The task-scoped assets (verifications, collections) of ``node`` of the task's ``graph``
+    and every node after it, each with its checks."""
     structure = graph.dependency_structure
     seen, todo = set(), [node]
     while todo:

@@ -27,7 +27,7 @@ from .executors import job_executor
 from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, teardown_op
 from .retries import span_tags
 from .rows import ROWS, STEPS, register_plan, step_config
-from .translator import TAG_CODE_VERSION, TAG_STEP_ASSETS, TAG_STEP_ID, TaskTranslator
+from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_STEP_ASSETS, TAG_STEP_ID, TaskTranslator
 
 POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
 
@@ -45,7 +45,7 @@ def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
                config: AgentEnvConfig | None = None) -> TaskDefinitions:
     translator = translator or TaskTranslator()
     config = config or AgentEnvConfig()
-    register_plan(translator.get_job_name(plan), plan)
+    register_plan(translator.get_graph_name(plan), plan)
     code_version = translator.get_code_version(plan, config)
     graph, outputs, inputs = task_graph(plan, translator, code_version)
     assets = dg.AssetsDefinition.from_graph(
@@ -89,7 +89,7 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_version: str) ->
             tags={
                 **translator.get_op_tags(step), TAG_STEP_ID: step.id,
                 TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
-                TAG_CODE_VERSION: code_version,
+                TAG_CODE_VERSION: code_version, TAG_CONTENT_HASH: plan.document.content_hash,
                 **({POOL_TAG: pool} if (pool := translator.get_pool(plan, step)) else {}),
                 **span_tags(plan, step, translator),
             },
@@ -111,7 +111,8 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_version: str) ->
     teardown = teardown_op()
     node_defs[teardown.name] = teardown
     sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
-    deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP, tags={TAG_CODE_VERSION: code_version})] = _fan_in(sinks)
+    deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP, tags={
+        TAG_CODE_VERSION: code_version, TAG_CONTENT_HASH: plan.document.content_hash})] = _fan_in(sinks)
     outputs[TEARDOWN_OP] = (translator.get_results_asset_key(plan),
                             f"Each row's outcome in task `{plan.task_id}`: its status and each step's.")
     output_mappings.append(dg.OutputMapping(graph_output_name=TEARDOWN_OP, mapped_node_name=TEARDOWN_OP,
