@@ -68,6 +68,15 @@ def _validation_document(files: list[Path], report: CompileReport) -> dict[str, 
             "errors": [error.to_dict() for error in report.errors], "warnings": list(report.warnings)}
 
 
+def _output_options(command):
+    """``--verbose`` / ``--quiet``: what a run shows while it goes on (docs/getting-started.md)."""
+    command = click.option("-q", "--quiet", is_flag=True,
+                           help="no progress and no Dagster event lines: only the summary (for scripts)")(command)
+    return click.option("-v", "--verbose", is_flag=True,
+                        help="Dagster's event lines on the console (as `dagster` prints them) instead of the "
+                        "progress display")(command)
+
+
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--output-dir", type=click.Path(path_type=Path), help="where the context / reports are written")
@@ -92,31 +101,42 @@ def _validation_document(files: list[Path], report: CompileReport) -> dict[str, 
 @click.option("--include-skipped", is_flag=True, help="Coder Eval: run the tasks marked skip: true too")
 @click.option("--junit", type=click.Path(dir_okay=False, path_type=Path),
               help="Coder Eval: also write the results as JUnit XML to this file, for CI")
+@_output_options
 def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ...], grade_only: Path | None,
         split: str | None, sample: int | None, seed: int, experiment: Path | None, rows_in_flight: int,
-        max_sandboxes: int | None, failed_only: bool, include_skipped: bool, junit: Path | None) -> None:
+        max_sandboxes: int | None, failed_only: bool, include_skipped: bool, junit: Path | None,
+        verbose: bool, quiet: bool) -> None:
     """Compile each PATH and execute it through Dagster. An agent-env task (one JSON file)
     writes its final redacted context.json; Coder Eval tasks (YAML files, or folders of them:
-    every task under each) write one run.json, run.md, task.html for all of them."""
+    every task under each) write one run.json, run.md, task.html for all of them.
+
+    While it runs: on a terminal, a live display of each run's rows (done, passed, failed,
+    errored), the steps running, elapsed time and ETA; elsewhere, a line now and then (both on
+    stderr). At the end: the results, and each Dagster run's address in the UI."""
     config = _config()
+    if verbose and quiet:
+        _bad_input("--verbose and --quiet: choose one")
     if all(path.is_dir() or path.suffix.lower() in YAML_SUFFIXES for path in paths):
         from .orchestration.coder_eval import run_coder_eval_tasks  # Dagster only when running
 
         tasks = _coder_eval_tasks(paths)
         if grade_only and len(tasks) > 1:
             _bad_input(f"--grade-only grades one task's workspace; {len(tasks)} tasks were given")
-        done = _load_or_exit(lambda: run_coder_eval_tasks(
-            tasks, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
-            split=split, sample=sample, sample_seed=seed, experiment=experiment, rows_in_flight=rows_in_flight,
-            max_sandboxes=max_sandboxes,
-            failed_only=failed_only, include_skipped=include_skipped,
-            on_warning=lambda warning: click.echo(f"warning: {warning}", err=True)))
+        with _progress(verbose, quiet) as progress:
+            done = _load_or_exit(lambda: run_coder_eval_tasks(
+                tasks, config, overrides=defines, grade_only_from=grade_only, output_dir=output_dir,
+                split=split, sample=sample, sample_seed=seed, experiment=experiment, rows_in_flight=rows_in_flight,
+                max_sandboxes=max_sandboxes,
+                failed_only=failed_only, include_skipped=include_skipped,
+                on_warning=lambda warning: click.echo(f"warning: {warning}", err=True)))
         click.echo("\n".join(done.lines()))
+        click.echo(f"  view:    agentenv-dagster view {done.reports.run_json.parent}")
         if junit is not None:
             from .reports.junit import write_junit
 
             write_junit(junit, done.summary, done.results, done.suites, done.reports.run_json.parent)
             click.echo(f"  junit: {junit}")
+        _echo_lines(progress.summary_lines())
         sys.exit(done.exit_code)
     if junit is not None:
         _bad_input("--junit is for Coder Eval tasks (YAML): an agent-env task writes its context.json")
@@ -125,7 +145,7 @@ def run(paths: tuple[Path, ...], output_dir: Path | None, defines: tuple[str, ..
     path = paths[0]
     plan = _load_or_exit(lambda: load_plan(path, config))
     initial = _defines_to_context(defines)
-    sys.exit(_execute(plan, config, output_dir, initial))
+    sys.exit(_execute(plan, config, output_dir, initial, verbose=verbose, quiet=quiet))
 
 
 @main.group()
@@ -153,10 +173,14 @@ def task_create(file: Path, task_id: str) -> None:
 @click.option("--context", "context_file", type=click.Path(exists=True, path_type=Path),
               help="a saved context.json to start from (re-grading without redeploying)")
 @click.option("--output-dir", type=click.Path(path_type=Path))
+@_output_options
 def task_run(task_id: str, version: int | None, start_step: int, end_step: int | None,
-             context_file: Path | None, output_dir: Path | None) -> None:
-    """Run a stored task, or the slice [start-step, end-step) of it, through Dagster."""
+             context_file: Path | None, output_dir: Path | None, verbose: bool, quiet: bool) -> None:
+    """Run a stored task, or the slice [start-step, end-step) of it, through Dagster (shown as
+    ``run`` shows it)."""
     config = _config()
+    if verbose and quiet:
+        _bad_input("--verbose and --quiet: choose one")
     store = TaskStore(config.state_dir / "tasks")
     initial = _saved_context(context_file) if context_file else {}
 
@@ -170,7 +194,7 @@ def task_run(task_id: str, version: int | None, start_step: int, end_step: int |
         return plan
 
     plan = _load_or_exit(load)
-    sys.exit(_execute(plan, config, output_dir, initial))
+    sys.exit(_execute(plan, config, output_dir, initial, verbose=verbose, quiet=quiet))
 
 
 @main.command()
@@ -264,12 +288,27 @@ def context_names(data: dict[str, Any]) -> set[tuple[str, str]]:
     return names
 
 
-def _execute(plan: TaskPlan, config: AgentEnvConfig, output_dir: Path | None, initial: dict) -> int:
+def _execute(plan: TaskPlan, config: AgentEnvConfig, output_dir: Path | None, initial: dict, *,
+             verbose: bool, quiet: bool) -> int:
     from .orchestration.execute import execute_plan  # Dagster only when running
 
-    result = execute_plan(plan, config, initial_context=initial, output_dir=output_dir)
+    with _progress(verbose, quiet) as progress:
+        result = execute_plan(plan, config, initial_context=initial, output_dir=output_dir)
     click.echo(result.summary())
+    _echo_lines(progress.summary_lines())
     return EXIT_OK if result.success else EXIT_FAILED
+
+
+def _progress(verbose: bool, quiet: bool):
+    """The progress of the runs a command executes, on stderr (``orchestration/progress.py``)."""
+    from .orchestration.progress import choose_mode, reporting  # Dagster only when running
+
+    return reporting(choose_mode(quiet=quiet, verbose=verbose, stream=sys.stderr), sys.stderr)
+
+
+def _echo_lines(lines: list[str]) -> None:
+    for line in lines:
+        click.echo(line)
 
 
 def _config() -> AgentEnvConfig:

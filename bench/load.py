@@ -127,19 +127,20 @@ def measure(mode: str, tasks_dir: Path, n: int) -> dict:
     repo.get_job("task_00000")
     run_load = time.process_time() - started
 
-    from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
-    from dagster._grpc.utils import max_rx_bytes, max_send_bytes
-    from dagster._serdes import serialize_value
+    from agentenv_dagster.orchestration.dagster_internals import (
+        grpc_message_limit,
+        job_snapshot_bytes,
+        repository_snapshot_bytes,
+    )
 
     repo.load_all_definitions()  # as the code server does when it starts
-    repo_bytes = len(serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True)))
+    repo_bytes = repository_snapshot_bytes(repo)
     for _fetched_by in ("webserver", "daemon"):
-        job_bytes = [len(serialize_value(JobDataSnap.from_job_def(job, include_parent_snapshot=True)))
-                     for job in repo.get_all_jobs()]
+        job_bytes = [job_snapshot_bytes(job) for job in repo.get_all_jobs()]
     return {
         "run_load": run_load, "loaded": time.process_time() - started,
         "repo_bytes": repo_bytes, "jobs_bytes": sum(job_bytes), "largest_job": max(job_bytes),
-        "jobs": len(job_bytes), "limit": min(max_rx_bytes(), max_send_bytes()),
+        "jobs": len(job_bytes), "limit": grpc_message_limit(),
     }
 
 

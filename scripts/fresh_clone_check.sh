@@ -2,6 +2,9 @@
 # What a newcomer does, checked: clone the committed HEAD alone into a temporary folder (no
 # ../shared beside it), make a fresh venv, run the README's install command and its test
 # command. Exits non-zero when either fails; prints the test command's wall time.
+# It is also the "newest" leg of the Dagster versions CI tests: nothing is pinned, so the fresh
+# venv resolves the newest Dagster pyproject.toml allows (it prints which);
+# scripts/dagster_versions_check.sh is the oldest leg.
 #
 #   scripts/fresh_clone_check.sh [REF]      (default: HEAD of this checkout)
 #
@@ -34,7 +37,7 @@ unset AGENTENV_UPSTREAM_CORPUS PYTHONPATH DAGSTER_HOME
 say "install: $install_cmd"
 start=$(date +%s)
 eval "$install_cmd"
-say "installed in $(( $(date +%s) - start )) s"
+say "installed in $(( $(date +%s) - start )) s, dagster $(python -c 'import dagster; print(dagster.__version__)')"
 say "the example: agentenv-dagster run tasks/reply_to_dana.json"
 agentenv-dagster run tasks/reply_to_dana.json >"$work/example.log" 2>&1 || { cat "$work/example.log" >&2; exit 1; }
 say "tests: $test_cmd"

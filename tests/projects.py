@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -165,7 +166,7 @@ def dagster_daemon(root: Path, log_path: Path, env: dict[str, str] | None = None
     ``env`` replaces the environment (an instance that reads its settings from it)."""
     with open(log_path, "a") as log:
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"], cwd=root,
+            [str(Path(sys.executable).with_name("dagster-daemon")), "run", "-w", "workspace.yaml"], cwd=root,
             env={**(env or os.environ), "DAGSTER_HOME": str(root / ".dagster_home"), "PYTHONPATH": str(root)},
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -174,6 +175,8 @@ def dagster_daemon(root: Path, log_path: Path, env: dict[str, str] | None = None
         finally:
             terminate(daemon.pid, grace_seconds=20)
             daemon.wait(timeout=30)
+            with contextlib.suppress(ProcessLookupError):  # a code server it started may outlive it
+                os.killpg(daemon.pid, signal.SIGKILL)
 
 
 def in_forked_child(report) -> str:

@@ -38,7 +38,9 @@ from ..spec.loader import variant_key
 from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import execute_plan, opened_instance
+from .progress import console_config, noted
 from .rows import REPLICATE_TAG, VARIANT_TAG, rows_not_passed, task_graph_of
+from .step_events import REPORTS_TAG, REPORTS_TASK_TAG
 from .suites import latest_row_results, suite_asset
 from .translator import TaskTranslator
 
@@ -225,7 +227,9 @@ def _rows_runs(
         keys, repeats = variant.keys, variant.repeats
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant.variant_id, str(replicate) if repeats > 1 else None) if p)
-            tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate)}
+            tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate),
+                    # where its rows' pages go: their verifications link them
+                    REPORTS_TAG: str(out.resolve()), REPORTS_TASK_TAG: task.task_id}
             row_result = _RowResult(
                 out, task.task_id, task.description, variant.task.agent.type if variant.task.agent else "none",
                 variant.plan.document.row_of, variant.task.model_dump(mode="json", exclude_none=True), str(path),
@@ -312,7 +316,9 @@ def materialize_suite(
         return
     with opened_instance(config, instance) as active:
         for variant in variants or [None]:
-            dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant)
+            done = dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant,
+                                  run_config=console_config())
+            noted(active, done.run_id, asset.key.to_user_string() + (f" [{variant}]" if variant else ""))
 
 
 def _write_experiment(out: Path, experiment, variant_ids: list[str], results: list[EvaluationResult]) -> None:

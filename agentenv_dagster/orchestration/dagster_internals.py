@@ -1,18 +1,20 @@
 """The one module that uses Dagster's private API, each use with why no public one does.
 
-Everything else in the package imports ``dagster`` (public names) only. When Dagster changes
-one of these, this file is where the port happens; the tests of the executor, the step
-events and the retries cover each name.
+Everything else in the package, and the tests and benchmarks, import ``dagster`` (public
+names) only (``tests/orchestration/test_dagster_internals.py`` checks it). When Dagster
+changes one of these, this file is where the port happens; the tests of the executor, the
+step events and the retries cover each name.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import sys
 import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -32,15 +34,6 @@ from dagster._core.execution.plan.instance_concurrency_context import InstanceCo
 from dagster._core.execution.plan.plan import ExecutionPlan
 from dagster._core.execution.retries import RetryMode
 from dagster._core.execution.step_dependency_config import StepDependencyConfig
-
-# A partition's check evaluation names the materialization it judged (else Dagster does not
-# count it as that materialization's check); a run over a range of partitions cannot use
-# ``AssetCheckResult``, which resolves only the step's own single partition.
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (  # noqa: F401 - re-exported
-    AssetCheckEvaluationPlanned,
-    AssetCheckEvaluationTargetMaterializationData,
-)
-from dagster._core.events import AssetMaterializationPlannedData, DagsterEventType  # noqa: F401 - re-exported
 
 
 @dataclass(frozen=True)
@@ -170,10 +163,7 @@ from dagster._core.definitions.job_base import InMemoryJob  # noqa: E402
 from dagster._core.definitions.reconstruct import ReconstructableRepository  # noqa: E402
 from dagster._core.execution.api import create_execution_plan, execute_run  # noqa: E402
 from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin  # noqa: E402
-from dagster._core.workspace.autodiscovery import (  # noqa: E402
-    loadable_targets_from_python_file,
-    loadable_targets_from_python_module,
-)
+from dagster._core.code_pointer import load_python_file, load_python_module  # noqa: E402
 from dagster._core.workspace.load import location_origins_from_yaml_paths  # noqa: E402
 
 
@@ -206,22 +196,151 @@ def location_job(workspace: str, job_name: str) -> LocationJob | None:
 
 
 def _attribute(target) -> str:
-    found = (loadable_targets_from_python_file(target.python_file, target.working_directory) if target.python_file
-             else loadable_targets_from_python_module(target.module_name, target.working_directory))
-    return found[0].attribute
+    """The module attribute holding the location's definitions (what Dagster's autodiscovery
+    finds, without the imports of its other cases)."""
+    module = (load_python_file(target.python_file, target.working_directory) if target.python_file
+              else load_python_module(target.module_name, target.working_directory))
+    found = [name for name, value in vars(module).items() if isinstance(value, (dg.Definitions, dg.RepositoryDefinition))]
+    if len(found) != 1:
+        raise dg.DagsterInvariantViolationError(
+            f"{target.python_file or target.module_name}: expected one Definitions or repository, found {found}")
+    return found[0]
 
 
 def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str],
-             location: LocationJob | None = None) -> str:
+             location: LocationJob | None = None, run_id: str | None = None) -> str:
     """Create a run of ``job_def`` (of the code location's job, with its origins, when
-    ``location`` is given) and execute it in this process with the job's executor; its id."""
+    ``location`` is given), with id ``run_id`` when given, and execute it in this process with
+    the job's executor; its id."""
     if location is not None:
         job_def = location.job_def
     plan = create_execution_plan(job_def, run_config, tags=tags)
     origins = {} if location is None else {
         "remote_job_origin": location.remote_origin,
         "job_code_origin": location.repository.get_reconstructable_job(job_def.name).get_python_origin()}
-    run = instance.create_run_for_job(job_def=job_def, execution_plan=plan, run_config=run_config,
+    run = instance.create_run_for_job(job_def=job_def, execution_plan=plan, run_config=run_config, run_id=run_id,
                                       tags={**job_def.run_tags, **tags}, **origins)
-    execute_run(InMemoryJob(job_def), run, instance)
+    execute_here(job_def, run, instance)
     return run.run_id
+
+
+def execute_here(job_def: dg.JobDefinition, run: dg.DagsterRun, instance: dg.DagsterInstance) -> None:
+    """Execute the created ``run`` of ``job_def`` in this process, with the job's executor."""
+    execute_run(InMemoryJob(job_def), run, instance)
+
+
+# A partition's check evaluation names the materialization it judged (else Dagster does not
+# count it as that materialization's check); a run over a range of partitions cannot use
+# ``AssetCheckResult``, which resolves only the step's own single partition.
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (  # noqa: E402
+    AssetCheckEvaluationTargetMaterializationData,
+)
+
+
+def evaluation_target(record: dg.EventLogRecord) -> AssetCheckEvaluationTargetMaterializationData:
+    """What a check evaluation of a partition names as the materialization it judged."""
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
+
+
+# The rows a step stopped will never reach the assets after it: reported as planned
+# materializations (and planned check evaluations), which open source storage then shows as
+# failed partitions, the way it shows a step that failed before materializing. Dagster's run
+# planning reports those events; no public API reports them from a running op.
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationPlanned  # noqa: E402
+from dagster._core.events import AssetMaterializationPlannedData  # noqa: E402
+
+
+def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKey, list[str]]],
+                   rows: list[str | None], partitions: dg.PartitionsDefinition | None) -> None:
+    """Report, from ``context``'s op, ``rows`` (of ``partitions``; None: the whole asset) of
+    each of ``assets`` as planned materializations, and each asset's checks as planned
+    evaluations of those rows, as Dagster's run planning reports them."""
+    subset = partitions.subset_with_partition_keys(rows) if partitions is not None and rows else None
+    step_key = str(context.op_handle)
+    events = []
+    for asset_key, checks in assets:
+        events += [DagsterEvent.build_asset_materialization_planned_event(
+            context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
+        events += [DagsterEvent(
+            event_type_value=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
+            message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
+            event_specific_data=AssetCheckEvaluationPlanned(asset_key=asset_key, check_name=check,
+                                                            partitions_subset=subset),
+            step_key=step_key) for check in checks if rows]
+    for event in events:
+        context.instance.report_dagster_event(event, run_id=context.run_id, log_level=logging.DEBUG)
+
+
+# A retry_config retry is a re-execution of the failed run's span, created by the run-failure
+# sensor and handed to the run queue, or executed by the CLI in its process. Dagster's public
+# re-execution (``ReexecutionOptions`` with ``execute_job``) executes at once and needs a job
+# another process can import again, and ``instance.create_reexecuted_run`` needs a code
+# location loaded from a workspace. The tags a child run drops from its parent's, and those
+# naming the sensor that launched a run (the UI reads them), are Dagster's storage constants.
+from dagster._core.execution.plan.state import KnownExecutionState  # noqa: E402
+from dagster._core.storage.tags import (  # noqa: E402, F401 - re-exported
+    RUN_KEY_TAG,
+    SENSOR_NAME_TAG,
+    TAGS_TO_MAYBE_OMIT_ON_RETRY,
+)
+
+
+def create_reexecution(instance: dg.DagsterInstance, job_def: dg.JobDefinition, parent: dg.DagsterRun,
+                       step_keys: list[str], tags: dict[str, str]) -> dg.DagsterRun:
+    """A child run of ``parent`` that executes ``step_keys`` and reads every other step's
+    outputs from the parent chain, as ``ReexecutionOptions(parent, step_selection)`` makes it."""
+    known = KnownExecutionState.build_for_reexecution(instance, parent).update_for_step_selection(step_keys)
+    plan = create_execution_plan(job_def, parent.run_config, step_keys_to_execute=step_keys,
+                                 known_state=known, tags=tags)
+    return instance.create_run_for_job(
+        job_def=job_def, execution_plan=plan, run_config=parent.run_config, tags=tags,
+        root_run_id=parent.root_run_id or parent.run_id, parent_run_id=parent.run_id,
+        remote_job_origin=parent.remote_job_origin, job_code_origin=parent.job_code_origin,
+    )
+
+
+# What a code server sends the webserver and the daemon for a repository: its snapshot, then
+# each job's, each under gRPC's message limit (the tests and bench/load.py watch their size).
+# Dagster builds and serializes them only inside its code server. (Imported when asked: a run
+# worker never needs them.)
+
+def repository_snapshot_bytes(repo: dg.RepositoryDefinition) -> int:
+    """The size of the repository's snapshot, its jobs' deferred, as a code server sends it."""
+    from dagster._core.remote_representation.external_data import RepositorySnap
+
+    return len(dg.serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True)))
+
+
+def job_snapshot_bytes(job_def: dg.JobDefinition) -> int:
+    """The size of a job's snapshot, as a code server sends it."""
+    from dagster._core.remote_representation.external_data import JobDataSnap
+
+    return len(dg.serialize_value(JobDataSnap.from_job_def(job_def, include_parent_snapshot=True)))
+
+
+def grpc_message_limit() -> int:
+    """The largest message a code server sends or receives."""
+    from dagster._grpc.utils import max_rx_bytes, max_send_bytes
+
+    return min(max_rx_bytes(), max_send_bytes())
+
+
+# For the tests: a code location loaded in the test's own process, and a run launcher that
+# executes a launched run there, so a test drives the run queue as the daemon does without a
+# code server; Dagster ships both with its test utilities only.
+IN_PROCESS_RUN_LAUNCHER = {"module": "dagster._core.launcher.sync_in_memory_run_launcher",
+                           "class": "SyncInMemoryRunLauncher"}
+
+
+@contextmanager
+def workspace_in_this_process(instance: dg.DagsterInstance, python_file: str, attribute: str,
+                              working_directory: str) -> Iterator:
+    """A workspace of the one code location ``attribute`` of ``python_file``, loaded here."""
+    from dagster._core.test_utils import in_process_test_workspace
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+
+    origin = LoadableTargetOrigin(executable_path=sys.executable, python_file=python_file, attribute=attribute,
+                                  working_directory=working_directory)
+    with in_process_test_workspace(instance, origin) as workspace:
+        yield workspace

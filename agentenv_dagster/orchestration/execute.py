@@ -26,6 +26,7 @@ from .task_job import run_config
 from .executors import job_executor
 from .io_manager import context_io_manager
 from .ops import IO_MANAGER_KEY
+from .progress import console_config, run_label, watching
 from .resources import RESOURCE_KEY, agentenv_resources
 from .retries import retry_in_process
 from .reaper import reap_dead_runs
@@ -139,11 +140,14 @@ def execute_plan(
     if location is not None:
         run_config = {**run_config, "resources": {RESOURCE_KEY: {"config": {
             "project_dir": str(config.root), **overrides}}}}  # run config replaces a resource's whole config
+    run_config = {**console_config(job_def), **run_config}  # Dagster's event lines on the console, or not
+    run_tags = {**(tags or {}), **run_tags}
     try:
         with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
             reap_dead_runs(active, config)  # what runs killed earlier left behind
-            run_id = run_here(job_def, active, run_config, {**(tags or {}), **run_tags}, location)
-            run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
+            with watching(active, run_label(job_name, run_tags), rows=len(partition_keys or [partition_key])) as new_id:
+                run_id = run_here(job_def, active, run_config, run_tags, location, run_id=new_id)
+                run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
             success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
     finally:
         seed.close()

@@ -1,4 +1,4 @@
-"""One op definition per step type, reused by every task through node aliases.
+"""The op of a step: one definition per step type, copied per step with its description.
 
 An op streams: it yields its Output (its row stream, ``streams.py``) as it starts, then runs
 its step for each row as that row arrives from the ops above it (a root op: as the run admits
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import signal
 import threading
 import time
@@ -31,8 +32,10 @@ from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, live_deployers, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
-from .step_events import asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata
-from .streams import Row, StreamRef, StreamWriter, joined, records, side_by_side, stop_requested
+from .step_events import (
+    asset_events, check_evaluations, code_version_tags, report_unreached, result_metadata, row_page_link,
+)
+from .streams import Row, StreamRef, StreamWriter, joined, records, running_side_by_side, side_by_side, stop_requested
 from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ID, TAG_STEP_TYPE
 
 IO_MANAGER_KEY = "task_context_io_manager"
@@ -92,7 +95,9 @@ def run_step_op(
     resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
     io: ContextIOManagerBase = getattr(context.resources, IO_MANAGER_KEY)
     refuse_changed_task(context)
-    step = resource.parse_step(step_type, step_fields(context))
+    node, graph = context.op_handle.name, context.op_handle.parent
+    step = resource.parse_step(step_type, step_fields(context), node,
+                               f"ops.{graph}.config.steps.{node}" if graph is not None else f"ops.{node}.config.step")
     refuse_ended_deployments(context, step)
     out = StreamWriter(io, context.run_id, str(context.op_handle))
     if "result" in context.selected_output_names:
@@ -130,6 +135,7 @@ class _RowsOfOp:
         replicate = context.run.tags.get(REPLICATE_TAG)
         self.replicate = int(replicate) if replicate is not None else None
         self.tags = code_version_tags(context)
+        self.row_page = row_page_link(context)
         self.passed = 0
         self.stopped_here: list[str] = []
         self.first_failure: StepFailed | None = None
@@ -224,23 +230,28 @@ class _RowsOfOp:
                                          f"{_row(key)}: {outcome.failure['error']}")
             passed[key] = ctx
             yield from asset_events(self.assets, outcome.step, ctx, key or None, prices=self.prices,
-                                    replicate=self.replicate, tags=self.tags)
+                                    replicate=self.replicate, tags=self.tags, row_page=self.row_page(key))
         if stopped:
             report_unreached(self.context, stopped)
         yield from check_evaluations(self.context.instance, self.assets, passed)
 
     def finish(self) -> None:
         """End the stream; fail the op when every row that reached it stopped here. Under an
-        executor that runs one step at a time, Dagster then skips every step below, the
-        teardown op too: what the run deployed ends here."""
+        executor that runs one step at a time, Dagster then skips every step below a failed
+        one, the teardown op too: what the run deployed ends with the last step that still
+        runs (this one, unless a step independent of the failure is still to run)."""
         self.out.end()
         stopped = self.stopped_here
         self.context.log.info(f"step '{self.step.id}': {self.passed} row(s) passed"
                               + (f", {len(stopped)} stopped here" if stopped else ""))
-        if stopped and not self.passed:
+        failing = bool(stopped and not self.passed)
+        ended = self.resource.teardown(self.context.run_id) \
+            if not side_by_side() and _one_step_at_a_time(self.context) \
+            and _last_to_run_after_a_failure(self.context, self.step.id, failing) else []
+        if ended and not failing:
+            self.context.log.info(f"the run's failed steps skip the rest of it: ended {len(ended)} deployment(s)")
+        if failing:
             first = self.first_failure
-            ended = [] if side_by_side() or not _one_step_at_a_time(self.context) else \
-                self.resource.teardown(self.context.run_id)
             raise dg.Failure(
                 description=str(first) if len(stopped) == 1 else f"{len(stopped)} rows failed; the first: {first}",
                 metadata={"error_type": first.record["error_type"], "torn_down": ended,
@@ -273,22 +284,28 @@ class _Departures:
 
 
 class _Outbox:
-    """What an op's rows hand its generator (which alone may yield Dagster events)."""
+    """What an op's rows hand its generator (which alone may yield Dagster events), across
+    threads: the rows run on the op's event loop thread, the generator in the op's thread."""
 
     def __init__(self) -> None:
-        self.items: list[Any] = []
-        self.ready = asyncio.Event()
+        self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
     def put(self, item: Any) -> None:
-        self.items.append(item)
-        self.ready.set()
+        self.items.put(item)
 
-    async def take(self, main: asyncio.Task) -> list[Any]:
-        if not self.items and not main.done():
-            await _first_of(self.ready.wait(), main)
-        self.ready.clear()
-        items, self.items = self.items, []
-        return items
+    def take(self) -> list[Any]:
+        """At least one item (blocking until there is one), and whatever else is waiting."""
+        while True:  # a timeout now and then: the main thread's signal handlers run meanwhile
+            try:
+                items = [self.items.get(timeout=STOP_POLL_SECONDS)]
+                break
+            except queue.Empty:
+                continue
+        while True:
+            try:
+                items.append(self.items.get_nowait())
+            except queue.Empty:
+                return items
 
 
 async def _first_of(awaited: Awaitable[Any], task: asyncio.Task) -> None:
@@ -303,41 +320,81 @@ async def _first_of(awaited: Awaitable[Any], task: asyncio.Task) -> None:
 STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
 
 
+_MAIN_ENDED = object()  # what the loop thread puts in the outbox last
+
+
 def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
             to_events: Callable[[list[Any]], Iterator[Any]]) -> Iterator[Any]:
-    """Run ``main`` on an event loop of the op's own, handing what it puts in its outbox to
-    ``to_events`` between the loop's turns (Dagster takes events from the op's thread only);
-    returns once ``main`` has ended, raising what it raised. The loop runs only while the op
-    waits for its rows, so storing an event pauses this op's rows, not the run's.
+    """Run ``main`` on an event loop in a thread of the op's own, handing what it puts in its
+    outbox to ``to_events`` in the op's thread (Dagster takes events from there only); returns
+    once ``main`` has ended, raising what it raised. Storing an event takes the op's thread,
+    never the loop: the op's rows go on meanwhile.
 
     Asked to stop (the run terminated: SIGINT in the main thread, ``streams.request_stop`` from
     the executor), ``main`` is cancelled and unwinds; then the interruption is raised."""
     loop = new_event_loop()
     outbox = _Outbox()
-    task = loop.create_task(main(outbox))
-    watcher = loop.create_task(_until_stopped(run_id, task))
+    ended: list[BaseException | None] = []
+    started = threading.Event()
+    tasks: list[asyncio.Task] = []
+
+    async def supervised() -> None:
+        task = asyncio.create_task(main(outbox))
+        tasks.append(task)
+        started.set()
+        watcher = asyncio.create_task(_until_stopped(run_id, task))
+        try:
+            await asyncio.wait({task})
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        ended.append(task.exception() if not task.cancelled() else asyncio.CancelledError())
+
+    beside = side_by_side()
+
+    def run_loop() -> None:
+        if beside:  # the loop's thread is the step's: it runs beside the other ops too
+            running_side_by_side()
+        try:
+            loop.run_until_complete(supervised())
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        except BaseException as exc:  # noqa: BLE001 - handed to the op's thread
+            ended.append(exc)
+        finally:
+            started.set()
+            loop.close()
+            outbox.put(_MAIN_ENDED)
+
+    def cancel(*_: Any) -> None:
+        started.wait()
+        if tasks and not loop.is_closed():
+            loop.call_soon_threadsafe(tasks[0].cancel)
+
     interrupted: list[Any] = []
     handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     if callable(handler):
-        signal.signal(signal.SIGINT, lambda signum, frame: (interrupted.append(frame), task.cancel()))
+        signal.signal(signal.SIGINT, lambda signum, frame: (interrupted.append(frame), cancel()))
+    thread = threading.Thread(target=run_loop, name=f"{threading.current_thread().name} rows", daemon=True)
+    thread.start()
     try:
-        while True:
-            items = loop.run_until_complete(outbox.take(task))
+        done = False
+        while not done:
+            items = outbox.take()
+            done = items[-1] is _MAIN_ENDED
+            if done:
+                items.pop()
             if items:
                 yield from to_events(items)
-            if task.done() and not outbox.items:
-                break
         if interrupted:
             handler(signal.SIGINT, interrupted[0])  # raises, unless the process defers interrupts
-        task.result()
+        if ended and ended[0] is not None:
+            raise ended[0]
     finally:
         if callable(handler):
             signal.signal(signal.SIGINT, handler)
-        for pending in (task, watcher):
-            pending.cancel()
-        loop.run_until_complete(asyncio.gather(task, watcher, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        if thread.is_alive():  # the generator was closed early: its rows end with it
+            cancel()
+            thread.join()
 
 
 async def _until_stopped(run_id: str, task: asyncio.Task) -> None:
@@ -361,6 +418,34 @@ def _results_asset(context: dg.OpExecutionContext) -> tuple[dg.AssetKey, dict[st
 def _one_step_at_a_time(context: dg.OpExecutionContext) -> bool:
     """Whether the run's executor runs its steps one after another in this process."""
     return context.job_def.executor_def.name in ONE_STEP_AT_A_TIME
+
+
+_STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
+
+
+def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, failing: bool) -> bool:
+    """Under a one-step-at-a-time executor: whether a step of the run has failed (this one,
+    when ``failing``) and no other step of it is still to run but those Dagster will skip
+    (descendants of a failed step, the teardown op among them). A step independent of the
+    failure still runs after it, against the run's deployments: they must not end before."""
+    plan = plan_of(context)
+    if plan is None:  # (a job not built from a task plan: nothing to wait for is known)
+        return failing
+    ends = context.instance.get_records_for_run(context.run_id, of_type=_STEP_ENDS).records
+    ended = {r.event_log_entry.step_key: r.event_log_entry.dagster_event_type for r in ends}
+    key = step_keys(context)
+    failed = {s for s, k in key.items() if ended.get(k) == dg.DagsterEventType.STEP_FAILURE}
+    failed |= {step_id} if failing else set()
+    selected = context.run.step_keys_to_execute
+    still_to_run = [s for s, k in key.items() if s != step_id and k not in ended
+                    and (selected is None or k in selected) and not plan.ancestors(s) & failed]
+    return bool(failed) and not still_to_run
+
+
+def step_keys(context: dg.OpExecutionContext) -> dict[str, str]:
+    """The step key of each step of the op's task, by step id (its node's tag)."""
+    return {step_id: _sibling(context, node.name) for node in op_graph(context).nodes
+            if (step_id := node.tags.get(TAG_STEP_ID))}
 
 
 def _sibling(context: dg.OpExecutionContext, name: str) -> str:
@@ -397,9 +482,8 @@ def refuse_ended_deployments(context, step: TaskStep) -> None:
     plan = plan_of(context)
     if not context.run.parent_run_id or selected is None or plan is None or step.id not in plan.step_by_id:
         return
-    nodes = {node.tags.get(TAG_STEP_ID): node.name for node in op_graph(context).nodes}
-    ended = sorted(d for d in live_deployers(plan, step.id)
-                   if nodes.get(d) and _sibling(context, nodes[d]) not in selected)
+    keys = step_keys(context)
+    ended = sorted(d for d in live_deployers(plan, step.id) if d in keys and keys[d] not in selected)
     if ended:
         raise dg.Failure(description=(
             f"step '{step.id}' uses what step(s) {', '.join(repr(d) for d in ended)} deployed in run "
@@ -414,7 +498,7 @@ def refuse_changed_task(context) -> None:
         return
     parent = context.instance.get_run_by_id(parent_id)
     before = parent.tags.get(TAG_CONTENT_HASH) if parent else None
-    now = context.job_def.tags.get(TAG_CONTENT_HASH)
+    now = context.op.tags.get(TAG_CONTENT_HASH)
     if before and now and before != now:
         raise dg.Failure(
             description=f"re-execution refused: the task changed since run {parent_id} "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from ..compiler import step_registry
 from ..config import AgentEnvConfig, load_config
@@ -21,6 +21,7 @@ from ..context import TaskStepContext
 from ..runtime.artifacts import FilesystemArtifactStore, ObjectStore
 from ..runtime.base import RunInfo, StepRuntime, artifact_store
 from ..runtime.local import Ledger
+from ..spec.loader import validation_problems
 from ..steps.base import TaskStep
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 
 RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY = "agentenv", "agentenv_artifacts", "agentenv_judge"
+MAX_PROBLEMS_SHOWN = 5  # of a step's fields in the run config that do not validate
 
 
 class ArtifactStoreResource(dg.ConfigurableResource):
@@ -105,11 +107,21 @@ class AgentEnvResource(dg.ConfigurableResource):
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id
 
-    def parse_step(self, step_type: str, fields: dict) -> TaskStep:
+    def parse_step(self, step_type: str, fields: dict, node: str, config_path: str) -> TaskStep:
+        """The step of node ``node`` from its fields at ``config_path`` in the run config (the
+        launchpad can edit them); a failure naming the node and the fields when they are not a step."""
         cls = step_registry(self.load_config()).get(step_type)
         if cls is None:
             raise dg.Failure(f"Unknown task step type: {step_type}")
-        return cls.model_validate(fields)
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            problems = [f"field '{f}': {m}" if f else m for f, m in validation_problems(exc, cls)]
+            shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN]) + (" ..." if len(problems) > MAX_PROBLEMS_SHOWN else "")
+            raise dg.Failure(description=(
+                f"step '{node}': its fields in the run config ({config_path}) are not "
+                f"a {step_type} step: {shown}. A step given there replaces the task's step whole: give all of its "
+                f"fields, or leave it out to run the task's own")) from None
 
     def initial_context(self, run_id: str, task_id: str, row: str = "", seed: dict | None = None) -> TaskStepContext:
         """A root op's context: the saved one of ``task run --context``, or a fresh one; a

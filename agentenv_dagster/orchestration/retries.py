@@ -22,16 +22,19 @@ from datetime import datetime, timezone
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.job_base import InMemoryJob
-from dagster._core.execution.api import create_execution_plan, execute_run
-from dagster._core.execution.plan.state import KnownExecutionState
-from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG, TAGS_TO_MAYBE_OMIT_ON_RETRY
 
 from ..context import TaskStepContext
 from ..plan import TaskPlan
 from ..steps.base import AGENT, ENV, SANDBOX, TaskStep
 from ..steps.containers import CONTAINER
 from ..steps.execution import record_retries, rolled_back_sandboxes
+from .dagster_internals import (
+    RUN_KEY_TAG,
+    SENSOR_NAME_TAG,
+    TAGS_TO_MAYBE_OMIT_ON_RETRY,
+    create_reexecution,
+    execute_here,
+)
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .rows import node_step_key, task_graph_of
 from .translator import TAG_CONTENT_HASH, TaskTranslator
@@ -141,22 +144,14 @@ def plan_retry(
 def create_retry_run(instance: dg.DagsterInstance, job_def: dg.JobDefinition, retry: Retry) -> dg.DagsterRun:
     """The child run, as ``ReexecutionOptions(parent, step_selection)`` makes it: the span's
     steps run, every other step's output comes from the parent chain."""
-    parent = retry.parent
-    known = KnownExecutionState.build_for_reexecution(instance, parent).update_for_step_selection(retry.step_keys)
-    plan = create_execution_plan(job_def, parent.run_config, step_keys_to_execute=retry.step_keys,
-                                 known_state=known, tags=retry.tags)
-    child = instance.create_run_for_job(
-        job_def=job_def, execution_plan=plan, run_config=parent.run_config, tags=retry.tags,
-        root_run_id=parent.root_run_id or parent.run_id, parent_run_id=parent.run_id,
-        remote_job_origin=parent.remote_job_origin, job_code_origin=parent.job_code_origin,
-    )
+    child = create_reexecution(instance, job_def, retry.parent, retry.step_keys, retry.tags)
     reset = retry.reset
     instance.report_engine_event(
         f"agentenv: step '{reset['step_id']}' failed; retrying from '{reset['retry_from_step_id']}' "
         f"(attempt {reset['attempt']}) in run {child.run_id}: {', '.join(reset['replayed'])}",
-        dagster_run=parent,
+        dagster_run=retry.parent,
     )
-    instance.add_run_tags(parent.run_id, {TAG_RETRIED_BY: child.run_id})
+    instance.add_run_tags(retry.parent.run_id, {TAG_RETRIED_BY: child.run_id})
     return child
 
 
@@ -199,7 +194,7 @@ def retry_in_process(
                 log.info(f"run {run_id}: {outcome}")
             return children
         child = create_retry_run(instance, job_def, outcome)
-        execute_run(InMemoryJob(job_def), child, instance)
+        execute_here(job_def, child, instance)
         run_id = child.run_id
         children.append(run_id)
 

@@ -1,25 +1,23 @@
 """What a step wrote, as Dagster events: verification scores and collected files as asset
 materializations (a row's under its partition), the artifacts a step loaded as observations,
 each verification's checks as evaluations, and the assets a stopped row will never reach as
-planned materializations (Dagster shows those as failed partitions).
+planned materializations (Dagster shows those as failed partitions). A row's ``results``
+materialization says how it came out (``outcome``): what the CLI's progress display counts.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationPlanned,
-    AssetCheckEvaluationTargetMaterializationData,
-)
-from dagster._core.events import AssetMaterializationPlannedData, DagsterEvent, DagsterEventType
 
 from ..context import TaskStepContext
+from ..reports.evaluation import row_outcome
+from ..reports.render import row_page_url
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.scoring import verification_passed
-from .rows import UNPARTITIONED, node_assets, op_graph
+from .dagster_internals import AssetCheckEvaluationTargetMaterializationData, evaluation_target, report_planned
+from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, node_assets, op_graph, plan_of, task_id_of
 from .translator import TAG_CODE_VERSION
 from .usage import usage_metadata
 
@@ -32,20 +30,7 @@ def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
     those rows."""
     partitions = context.assets_def.partitions_def if context.has_assets_def else context.job_def.partitions_def
     rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
-    step_key = str(context.op_handle)
-    events = []
-    subset = partitions.subset_with_partition_keys(rows) if partitions is not None and rows else None
-    for asset_key, checks in unreached_assets(op_graph(context), context.op_handle.name):
-        events += [DagsterEvent.build_asset_materialization_planned_event(
-            context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
-        events += [DagsterEvent(  # as Dagster's run planning builds it
-            event_type_value=DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
-            message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
-            event_specific_data=AssetCheckEvaluationPlanned(
-                asset_key=asset_key, check_name=check, partitions_subset=subset),
-            step_key=step_key) for check in checks if rows]
-    for event in events:
-        context.instance.report_dagster_event(event, run_id=context.run_id, log_level=logging.DEBUG)
+    report_planned(context, unreached_assets(op_graph(context), context.op_handle.name), rows, partitions)
 
 
 def unreached_assets(graph: dg.GraphDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
@@ -79,12 +64,12 @@ def code_version_tags(context: dg.OpExecutionContext) -> dict[str, str]:
 def asset_events(
     assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
     *, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
-    tags: dict[str, str] | None = None,
+    tags: dict[str, str] | None = None, row_page: str | None = None,
 ) -> Iterator[Any]:
     """Materializations for what the step wrote (``tags`` on the task's own assets), and
     observations of what it read (the version loaded), under the keys the translator gave the
-    step's node; a verification says which replicate of its row it is. Its checks follow:
-    ``check_evaluations``."""
+    step's node; a verification says which replicate of its row it is, and links the row's
+    page (``row_page``, see ``row_page_link``). Its checks follow: ``check_evaluations``."""
     for artifact_id, path in assets["loaded"].items():
         loaded = _loaded_version(ctx, step.id, artifact_id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
@@ -96,7 +81,8 @@ def asset_events(
             if entry is not None:
                 metadata = {**verification_metadata(entry),
                             **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None)),
-                            **({"replicate": replicate} if replicate is not None else {})}
+                            **({"replicate": replicate} if replicate is not None else {}),
+                            **({"row_page": dg.MetadataValue.url(row_page)} if row_page else {})}
                 yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition, tags=tags)
         elif kind == PRODUCER:
             entry = _produced(ctx, name)
@@ -125,6 +111,7 @@ def result_metadata(ctx: TaskStepContext, failure: dict[str, Any] | None) -> dic
     }) for step_id, timing in timings.items()]
     metadata: dict[str, Any] = {
         "status": "stopped" if failure else "done",
+        "outcome": "errored" if failure else row_outcome(ctx),
         "steps": dg.MetadataValue.table(steps, schema=dg.TableSchema(columns=[
             dg.TableColumn("step", "string"), dg.TableColumn("status", "string"),
             dg.TableColumn("seconds", "float"), dg.TableColumn("error", "string")])),
@@ -136,6 +123,33 @@ def result_metadata(ctx: TaskStepContext, failure: dict[str, Any] | None) -> dic
     if scores:
         metadata["scores"] = dg.MetadataValue.json(scores)
     return metadata
+
+
+# A run whose reports the CLI writes (a Coder Eval task run by ``agentenv-dagster run``): the
+# folder, and the task id its rows' pages are filed under (an experiment's job has an id of its own)
+REPORTS_TAG, REPORTS_TASK_TAG = "agentenv/reports", "agentenv/reports_task_id"
+
+
+def row_page_link(context: dg.OpExecutionContext) -> Callable[[str], str | None]:
+    """Each row's page (``row.html``) as a link, for a run whose reports the CLI writes (its
+    tags say where); for any other run, no link. The page is written as the CLI's run ends;
+    ``agentenv-dagster view`` serves the folder."""
+    folder = context.run.tags.get(REPORTS_TAG)
+    if not folder:
+        return lambda key: None
+    plan = plan_of(context)
+    task_id = context.run.tags.get(REPORTS_TASK_TAG) or task_id_of(context)
+    variant = context.run.tags.get(VARIANT_TAG) or "default"
+    replicate = int(context.run.tags.get(REPLICATE_TAG) or 0)
+
+    def link(key: str) -> str | None:
+        row = plan.document.row_of(key) if plan is not None and key else key
+        try:
+            return row_page_url(folder, f"{task_id}/{row}" if row else task_id, variant, replicate)
+        except ValueError:  # an id that cannot name a report folder: the reports refuse it too
+            return None
+
+    return link
 
 
 def _produced(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:
@@ -235,8 +249,7 @@ def _latest_materializations(
         records = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1)).records
         for record in reversed(records):  # newest wins
-            latest[record.partition_key] = AssetCheckEvaluationTargetMaterializationData(
-                storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
+            latest[record.partition_key] = evaluation_target(record)
     return latest
 
 

@@ -3,17 +3,20 @@
 The final status follows upstream: a pre_run or deployment failure is an ERROR, an agent
 that timed out or ran out of turns is TIMEOUT / MAX_TURNS_EXHAUSTED, otherwise the criteria
 decide (SUCCESS, FAILURE, or NOT_GRADED when a gating criterion could not be graded).
+The same rules, without the reports' budget caps, give any task's row its outcome while the
+run goes on (``row_outcome``).
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from ..context import TaskStepContext
 from ..runtime.artifacts import ObjectStore
-from .results import CommandRunResult, CriterionResultRow, EvaluationResult, FinalStatus
+from ..steps.scoring import verification_passed
+from .results import CommandRunResult, CriterionResultRow, EvaluationResult, FinalStatus, StatusCategory
 from .telemetry import CommandTelemetry, ResultSummary, TokenUsage, TurnRecord
 
 RESULT_SUMMARY_CHARS = 500  # of a tool call's result kept in task.json (the whole is in the trajectory object)
@@ -126,11 +129,30 @@ def _simulation(response, resolved: dict[str, Any], replicate_index: int,
     }
 
 
+RowOutcome = Literal["passed", "failed", "errored", "not graded"]
+_OUTCOMES: tuple[tuple[StatusCategory, RowOutcome], ...] = (
+    ("error", "errored"), ("failed", "failed"), ("ungraded", "not graded"), ("succeeded", "passed"))
+
+
+def row_outcome(context: TaskStepContext) -> RowOutcome:
+    """How a finished row counts, for any task: by the final status rules above applied to
+    each of its verifications and prompt responses, the worst. A row with nothing to grade
+    passes once its steps are done. Coder Eval's token and cost caps are left to the reports
+    (they need the task's ``run_limits`` and the model's prices), which may count such a row
+    failed."""
+    entries = [{"passed": verification_passed(entry)}
+               for entry in (context.metadata.get("verifications") or {}).values()] or [{"passed": True}]
+    responses = context.prompt_responses or [None]
+    categories = {_status(context, entry, response)[0].category for entry in entries for response in responses}
+    return next(outcome for category, outcome in _OUTCOMES if category in categories)
+
+
 def _status(context: TaskStepContext, entry: dict[str, Any], response) -> tuple[FinalStatus, str | None]:
-    """The task's status and error: a fatal step's failure, else the agent's (its prompt step
+    """The task's status and error: a fatal step's failure (of this attempt: not one a retry
+    re-ran), else the agent's (its prompt step
     failed before it had a response: the agent was never heard, as when upstream's agent
     invocation raises), else the criteria's verdict."""
-    fatal = [f for f in context.metadata.get("failed_steps") or [] if f.get("is_fatal")]
+    fatal = [f for f in context.metadata.get("failed_steps") or [] if f.get("is_fatal") and not f.get("retried")]
     if fatal:
         return FinalStatus.ERROR, f"step '{fatal[0]['step_id']}' failed: {fatal[0]['error']}"
     unheard = context.failure_of("prompt_agent") if response is None else None

@@ -1,8 +1,14 @@
 """The event loop every op and every embedded server runs on: uvloop where it is installed.
 
 A dataset op drives thousands of HTTP round trips on one loop, and an agent host answers
-them on another; uvloop's loop spends less CPU on each (figures: docs/performance.md).
-Without uvloop (Windows) the standard loop does the same.
+them on another; uvloop's loop spends less CPU on each (figures: docs/performance.md). Without uvloop (Windows) the standard loop does the same.
+
+uvloop refuses to start a process while a loop in another thread is starting one ("Racing
+with another loop to spawn a process", MagicStack/uvloop#508), and the ops of a run each run
+a loop in a thread of the run's process (``orchestration/executors.py``): independent
+verifiers that each run a script would fail one another. So the loops made here start their
+processes one at a time across the process (:data:`SPAWNING`): only the start (fork and
+exec) is serialized, not the processes' lives.
 """
 
 from __future__ import annotations
@@ -10,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+from functools import partial
 from types import FrameType
-from typing import Any, Coroutine, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
 
 T = TypeVar("T")
@@ -21,10 +28,35 @@ try:
 except ImportError:  # pragma: no cover - uvloop is a dependency wherever it builds
     uvloop = None
 
+SPAWNING = threading.Lock()  # held by the loop (of any thread) that is starting a process
+SPAWN_POLL_SECONDS = 0.002  # how often a loop waiting to start a process looks again
+
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A new loop of the fastest kind available."""
-    return uvloop.new_event_loop() if uvloop else asyncio.new_event_loop()
+    return _Loop() if uvloop else asyncio.new_event_loop()
+
+
+async def _spawning_alone(start: Callable[[], Awaitable[T]]) -> T:
+    """``start()`` (a process start) while no other loop of this process starts one. The
+    lock is taken without blocking the thread: another task of the same loop may hold it."""
+    while not SPAWNING.acquire(blocking=False):
+        await asyncio.sleep(SPAWN_POLL_SECONDS)
+    try:
+        return await start()
+    finally:
+        SPAWNING.release()
+
+
+if uvloop is not None:
+    class _Loop(uvloop.Loop):
+        """uvloop's loop, starting its processes one loop at a time (:data:`SPAWNING`)."""
+
+        async def subprocess_exec(self, *args: Any, **kwargs: Any) -> Any:
+            return await _spawning_alone(partial(super().subprocess_exec, *args, **kwargs))
+
+        async def subprocess_shell(self, *args: Any, **kwargs: Any) -> Any:
+            return await _spawning_alone(partial(super().subprocess_shell, *args, **kwargs))
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:

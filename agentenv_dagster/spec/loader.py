@@ -211,9 +211,14 @@ def _parse_step(raw: Any, position: int, registry: "StepRegistry") -> "TaskStep"
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:
-        first, *rest = [_describe(err, cls) for err in exc.errors()]
+        first, *rest = validation_problems(exc, cls)
         message = "; ".join([first[1], *(f"field '{f}': {m}" if f else m for f, m in rest)])
         raise SpecError(message, step_id=step_id, field=first[0]) from None
+
+
+def validation_problems(exc: ValidationError, cls: type) -> list[tuple[str | None, str]]:
+    """Each error of ``exc`` (validating ``cls``) as (field path, message), in the user's words."""
+    return [_describe(err, cls) for err in exc.errors()]
 
 
 def _describe(err: dict[str, Any], cls: type) -> tuple[str | None, str]:

@@ -58,6 +58,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def graphql(port: int, text: str, variables: dict | None = None) -> dict:
+    """The data the webserver on ``port`` answers a GraphQL query with, as the UI asks it."""
+    answer = httpx.post(f"http://127.0.0.1:{port}/graphql", json={"query": text, "variables": variables or {}},
+                        timeout=60)
+    answer.raise_for_status()
+    body = answer.json()
+    assert not body.get("errors"), body["errors"]
+    return body["data"]
+
+
 def wait_until(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -103,16 +113,16 @@ def look_at_the_ui(tmp_path, base: str) -> None:
         assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
 
 
-def re_execute_a_cli_run(client: DagsterGraphQLClient, project, env: dict) -> None:
+def re_execute_a_cli_run(client: DagsterGraphQLClient, port: int, project, env: dict) -> None:
     """A run the CLI made of a task the code location has is a run of the location's job: the
     UI lists it under the job and re-executes it (Re-execute all)."""
     done = subprocess.run([sys.executable, "-m", "agentenv_dagster.cli", "run", "tasks/reply_to_dana.json"],
                           cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     (parent,) = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("run ")]
-    run = client._execute(RUN_ORIGIN_QUERY, {"id": parent})["runOrError"]
+    run = graphql(port, RUN_ORIGIN_QUERY, {"id": parent})["runOrError"]
     assert run == {"jobName": "reply_to_dana", "repositoryOrigin": {"repositoryLocationName": "agentenv_tasks"}}
-    launched = client._execute(REEXECUTE, {"parent": parent})["launchPipelineReexecution"]
+    launched = graphql(port, REEXECUTE, {"parent": parent})["launchPipelineReexecution"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
     child = launched["run"]["runId"]
     status = wait_until(
@@ -121,7 +131,7 @@ def re_execute_a_cli_run(client: DagsterGraphQLClient, project, env: dict) -> No
     assert status.value == "SUCCESS"
 
 
-def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -> None:
+def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, port: int, project) -> None:
     """A dataset task's row launched as its partition (the launchpad's partition config and
     tag), and the partitions as the asset page and its checks' Partitions tab read them: the
     row materialized and its check passed, the others not run; the experiment's suite has a
@@ -132,12 +142,12 @@ def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -
     job = build_definitions(project / "tasks").resolve_job_def("triage_tickets")
     config = job.partitioned_config.get_run_config_for_partition_key("t2")
     # the automation sensor's first tick only takes stock: rows updated before it do not count
-    wait_until(lambda: client._execute(SUITES_SENSOR_TICKS)["sensorOrError"]["sensorState"]["ticks"], 180,
+    wait_until(lambda: graphql(port, SUITES_SENSOR_TICKS)["sensorOrError"]["sensorState"]["ticks"], 180,
                "the suites sensor's first tick")
     launch_and_wait(client, "triage_tickets", config, tags={"dagster/partition": "t2"})
 
     def node(*path: str) -> dict:
-        return client._execute(PARTITIONS_QUERY, {"path": list(path)})["assetNodeOrError"]
+        return graphql(port, PARTITIONS_QUERY, {"path": list(path)})["assetNodeOrError"]
 
     rows = node("verifications", "triage_tickets", "success_criteria")
     assert rows["partitionKeysByDimension"][0]["partitionKeys"] == ["t1", "t2", "t3", "t4", "t5", "t6"]
@@ -148,7 +158,7 @@ def launch_a_row_and_see_the_partitions(client: DagsterGraphQLClient, project) -
     assert [d["partitionKeys"] for d in suite["partitionKeysByDimension"]] == [["full", "terse"]]
 
     def rolled_up() -> dict | None:  # by the daemon's automation sensor, on its own
-        done = client._execute(SUITE_QUERY)["assetNodeOrError"]["assetMaterializations"]
+        done = graphql(port, SUITE_QUERY)["assetNodeOrError"]["assetMaterializations"]
         return done and {e["label"]: e.get("intValue") for e in done[0]["metadataEntries"]}
 
     assert wait_until(rolled_up, 180, "the suite's automatic roll-up")["rows_run"] == 1
@@ -178,15 +188,15 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
 
         wait_until(up, 120, "the webserver")
         client = DagsterGraphQLClient("127.0.0.1", port_number=port)
-        jobs = client._execute(JOBS_QUERY)["repositoriesOrError"]["nodes"][0]["jobs"]
+        jobs = graphql(port, JOBS_QUERY)["repositoriesOrError"]["nodes"][0]["jobs"]
         assert {"reply_to_dana", "broken__invalid"} <= {j["name"] for j in jobs}
 
         # the launchpad opens with the steps' fields, and launches what its editor holds
-        prefilled = yaml.safe_load(client._execute(LAUNCHPAD_QUERY)["runConfigSchemaOrError"]["rootDefaultYaml"])
+        prefilled = yaml.safe_load(graphql(port, LAUNCHPAD_QUERY)["runConfigSchemaOrError"]["rootDefaultYaml"])
         assert prefilled["ops"]["reply_to_dana_steps"]["config"]["steps"]["reply"]["prompt"] == "Reply to Dana."
         launch_and_wait(client, "reply_to_dana", prefilled)
 
-        nodes = {tuple(n["assetKey"]["path"]): n for n in client._execute(ASSETS_QUERY)["assetNodes"]}
+        nodes = {tuple(n["assetKey"]["path"]): n for n in graphql(port, ASSETS_QUERY)["assetNodes"]}
         sent = nodes[("verifications", "reply_to_dana", "sent")]
         metadata = {e["label"]: e.get("floatValue", e.get("boolValue")) for e in sent["assetMaterializations"][0]["metadataEntries"]}
         assert metadata["score"] == 1.0 and metadata["passed"] is True
@@ -195,8 +205,8 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
         collected = nodes[("artifacts", "reply_to_dana", "collect")]
         assert ["artifacts", "inbox"] in [d["path"] for d in collected["dependencyKeys"]]
         assert collected["assetMaterializations"]
-        launch_a_row_and_see_the_partitions(client, project)
-        re_execute_a_cli_run(client, project, env)
+        launch_a_row_and_see_the_partitions(client, port, project)
+        re_execute_a_cli_run(client, port, project, env)
         if CHROMIUM:
             look_at_the_ui(tmp_path, f"http://127.0.0.1:{port}")
     finally:

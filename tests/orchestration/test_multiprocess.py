@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from projects import REPO, leaked_servers, make_project, stream_rows
+from projects import REPO, leaked_servers, make_project, node_of, stream_rows
 
 SLEEP_STEP = textwrap.dedent('''
     import asyncio, time
@@ -39,7 +39,7 @@ def dagster(project, *args, timeout=300):
 
 def run_contexts(project):
     (run_dir,) = (project / ".agentenv" / "state" / "runs").iterdir()
-    return {p.stem: stream_rows(run_dir, p.stem)[""] for p in (run_dir / "context").glob("*.jsonl")}
+    return {node_of(p.stem): stream_rows(run_dir, p.stem)[""] for p in (run_dir / "context").glob("*.jsonl")}
 
 
 @pytest.mark.slow

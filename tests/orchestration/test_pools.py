@@ -41,7 +41,8 @@ def test_a_pool_limit_on_an_agent_serializes_its_prompts_across_runs(tmp_path):
     root = make_project(tmp_path / "p", extra_config=SLOW_AGENT, tasks={"one.json": task("one"), "two.json": task("two")})
     shutil.copy(REPO / "definitions.py", root / "definitions.py")
     defs = build_definitions(root / "tasks")
-    assert defs.resolve_job_def("one").graph.node_named("ask").tags["dagster/concurrency_key"] == "agentenv_agent_slow"
+    (steps,) = defs.resolve_job_def("one").graph.nodes  # the task's graph
+    assert steps.definition.node_named("ask").tags["dagster/concurrency_key"] == "agentenv_agent_slow"
     home = root / ".dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text(dagster_yaml(home) + "concurrency:\n  pools:\n    default_limit: 1\n")  # the project's instance

@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import dagster as dg
 import yaml
-from dagster._config import process_config
-from dagster._core.instance.config import dagster_instance_config_schema
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.config import AgentEnvConfig, ConfigError
@@ -128,10 +127,14 @@ def test_production_profile_fails_dead_runs_and_requeues_lost_celery_steps(monke
     get_validated_config = pytest.importorskip("dagster_celery.cli").get_validated_config  # the prod extra
 
     settings = yaml.safe_load((REPO / "deploy" / "dagster.yaml").read_text())["run_monitoring"]
-    assert process_config(dagster_instance_config_schema(), {"run_monitoring": settings}).success
-    assert settings["enabled"] is True and settings["max_resume_run_attempts"] == 0
+    with dg.instance_for_test(overrides={"run_monitoring": settings}) as instance:  # Dagster validates the section
+        assert instance.run_monitoring_enabled and instance.run_monitoring_max_resume_run_attempts == 0
+        assert settings["max_runtime_seconds"] == 86400  # the last bound on any run (docs/production.md)
     monkeypatch.setenv("AGENTENV_CELERY_BROKER", "redis://127.0.0.1:6379/0")
     monkeypatch.setenv("AGENTENV_CELERY_BACKEND", "redis://127.0.0.1:6379/1")
     celery = get_validated_config(str(REPO / "deploy" / "celery.yaml"))
-    assert celery["config_source"] == {"task_acks_late": True, "task_reject_on_worker_lost": True,
-                                       "worker_prefetch_multiplier": 1}
+    assert celery["config_source"] == {
+        "task_acks_late": True, "task_reject_on_worker_lost": True, "worker_prefetch_multiplier": 1,
+        # a step lost with its whole worker comes back to a running one (docs/production.md, "Faults")
+        "broker_transport_options": {"visibility_timeout": 21600, "unacked_restore_interval": 60,
+                                     "unacked_restore_throttle": 1}}

@@ -7,10 +7,19 @@ import json
 import textwrap
 
 import dagster as dg
-from dagster._core.definitions.reconstruct import ReconstructableJob
 import pytest
 
 from projects import leaked_servers, make_project, node_of, stream_rows
+
+def task_job(project, module: str, task: str):
+    """The job of ``task`` as a pointer another process can load again: a function of a
+    module ``module`` written into the project."""
+    (project / f"{module}.py").write_text(
+        "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n\n"
+        f"def job():\n    return build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def({task!r})\n"
+    )
+    return dg.build_reconstructable_job(module, "job", reconstructor_working_directory=str(project))
+
 
 GATE_STEP = textwrap.dedent('''
     from pathlib import Path
@@ -40,14 +49,10 @@ def test_reexecution_from_failure_resumes_and_refuses_a_changed_task(tmp_path):
                            tasks={"t.json": steps})
     (project / "gate_steps.py").write_text(GATE_STEP)
 
-    def job_pointer(name: str) -> ReconstructableJob:
+    def job_pointer(name: str):
         """A fresh module per pointer: this process caches imported modules, so a changed
         task file is only seen through a new one."""
-        (project / f"{name}.py").write_text(
-            "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
-            "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def('t')\n"
-        )
-        return ReconstructableJob.for_file(str(project / f"{name}.py"), "job")
+        return task_job(project, name, "t")
 
     recon = job_pointer("jobs_v1")
 
@@ -86,11 +91,7 @@ def test_regrading_reruns_only_the_rubric_of_a_finished_run(tmp_path, fake_messa
     monkeypatch.setenv("AGENTENV_DAGSTER_EXECUTOR", "in_process")
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     project = make_project(tmp_path / "p")
-    (project / "jobs.py").write_text(
-        "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
-        "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def('reply_to_dana')\n"
-    )
-    recon = ReconstructableJob.for_file(str(project / "jobs.py"), "job")
+    recon = task_job(project, "jobs", "reply_to_dana")
     tone = dg.AssetKey(["verifications", "reply_to_dana", "tone"])
     with dg.instance_for_test() as instance:
         with dg.execute_job(recon, instance=instance) as first:
@@ -124,11 +125,7 @@ def test_re_executing_a_step_whose_env_ended_with_its_run_is_refused_with_what_t
     with the parent run: the step is refused (not a connection error) and says what to select."""
     monkeypatch.setenv("AGENTENV_DAGSTER_EXECUTOR", "in_process")
     project = make_project(tmp_path / "p")
-    (project / "jobs.py").write_text(
-        "from pathlib import Path\nfrom agentenv_dagster import build_definitions\n"
-        "job = build_definitions(Path(__file__).parent / 'tasks', strict=True).resolve_job_def('reply_to_dana')\n"
-    )
-    recon = ReconstructableJob.for_file(str(project / "jobs.py"), "job")
+    recon = task_job(project, "jobs", "reply_to_dana")
     with dg.instance_for_test() as instance:
         with dg.execute_job(recon, instance=instance) as first:
             assert first.success

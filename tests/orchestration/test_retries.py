@@ -12,13 +12,13 @@ import textwrap
 from pathlib import Path
 
 import dagster as dg
+import httpx
 import pytest
-from dagster._core.test_utils import in_process_test_workspace
-from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.compiler import load_plan
 from agentenv_dagster.config import load_config
+from agentenv_dagster.orchestration.dagster_internals import IN_PROCESS_RUN_LAUNCHER, workspace_in_this_process
 from agentenv_dagster.orchestration.definitions import build_job
 from agentenv_dagster.orchestration.rows import task_graph_of
 from agentenv_dagster.orchestration.execute import execute_plan
@@ -285,11 +285,8 @@ def test_the_failure_sensor_queues_one_child_run_that_re_executes_the_span(tmp_p
     (project / "definitions.py").write_text(DEFINITIONS)
     defs = build_definitions(project / "tasks")
     assert defs.get_repository_def().get_sensor_def(RETRY_SENSOR).default_status == dg.DefaultSensorStatus.RUNNING
-    launcher = {"module": "dagster._core.launcher.sync_in_memory_run_launcher", "class": "SyncInMemoryRunLauncher"}
-    origin = LoadableTargetOrigin(executable_path=sys.executable, python_file=str(project / "definitions.py"),
-                                  attribute="defs", working_directory=str(project))
-    with dg.instance_for_test(overrides={"run_launcher": launcher}) as instance, \
-            in_process_test_workspace(instance, origin) as workspace:
+    with dg.instance_for_test(overrides={"run_launcher": IN_PROCESS_RUN_LAUNCHER}) as instance, \
+            workspace_in_this_process(instance, str(project / "definitions.py"), "defs", str(project)) as workspace:
         location = workspace.get_code_location(workspace.code_location_names[0])
         remote = next(iter(location.get_repositories().values())).get_full_job("t")
         job = defs.resolve_job_def("t")
@@ -344,7 +341,7 @@ def test_under_dagster_dev_the_sensor_s_child_run_is_launched_by_the_daemon_and_
     from agentenv_dagster.orchestration.execute import dagster_yaml
     from agentenv_dagster.runtime.processes import is_running, terminate
     from projects import REPO
-    from test_dagster_dev import free_port, wait_until
+    from test_dagster_dev import free_port, graphql, wait_until
 
     project = make(tmp_path, chain_task(tmp_path, failures=1, max_retries=1))
     for name in ("definitions.py", "workspace.yaml"):
@@ -363,8 +360,8 @@ def test_under_dagster_dev_the_sensor_s_child_run_is_launched_by_the_daemon_and_
 
         def sensor_ticked():
             try:
-                state = client._execute(SENSOR_TICKS % RETRY_SENSOR)["sensorOrError"]["sensorState"]
-            except Exception:  # the webserver is not up yet
+                state = graphql(port, SENSOR_TICKS % RETRY_SENSOR)["sensorOrError"]["sensorState"]
+            except (httpx.HTTPError, KeyError):  # the webserver or its code location is not up yet
                 return False
             return bool(state["ticks"])
 

@@ -145,3 +145,23 @@ def test_the_judge_resource_is_configurable_from_the_launchpad(tmp_path, monkeyp
     assert fake_messages_api.requests[0].body["model"] == "claude-launchpad"
     assert fake_messages_api.requests[0].headers["authorization"] == "Bearer sk-launchpad"
     assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_step_fields_in_the_run_config_that_are_not_a_step_fail_naming_the_node_and_the_fields(project):
+    """The launchpad's ``steps`` replace a step whole: an incomplete one is a clear failure
+    (not pydantic's dump), and the run deploys nothing."""
+    run_config = {"ops": {"reply_to_dana_steps": {"config": {"steps": {"email": {"env_id": "email"}}}}}}
+    defs = build_definitions(project / "tasks")
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("reply_to_dana").execute_in_process(
+            instance=instance, run_config=run_config, raise_on_error=False)
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert node_of(failure.step_key) == "email"
+    message = failure.event_specific_data.error.message
+    assert "validation error" not in message
+    assert message.rstrip().endswith(
+        "step 'email': its fields in the run config (ops.reply_to_dana_steps.config.steps.email) are not a "
+        "deploy_env step: field 'id': required field is missing; field 'type': required field is missing. "
+        "A step given there replaces the task's step whole: give all of its fields, or leave it out to run "
+        "the task's own")

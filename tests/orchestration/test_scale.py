@@ -13,10 +13,9 @@ import textwrap
 
 import dagster as dg
 import pytest
-from dagster._core.remote_representation.external_data import JobDataSnap, RepositorySnap
-from dagster._serdes import serialize_value
 
 from agentenv_dagster import build_repository
+from agentenv_dagster.orchestration.dagster_internals import job_snapshot_bytes, repository_snapshot_bytes
 from projects import REPO, default_steps, make_project
 
 COUNTING_TRANSLATOR = textwrap.dedent('''
@@ -48,9 +47,7 @@ def many_tasks(count: int) -> dict[str, object]:
 
 def snapshot_bytes(repo: dg.RepositoryDefinition) -> int:
     """What the code server sends the webserver: the repository, then each job."""
-    size = len(serialize_value(RepositorySnap.from_def(repo, defer_snapshots=True)))
-    return size + sum(len(serialize_value(JobDataSnap.from_job_def(j, include_parent_snapshot=True)))
-                      for j in repo.get_all_jobs())
+    return repository_snapshot_bytes(repo) + sum(job_snapshot_bytes(j) for j in repo.get_all_jobs())
 
 
 @pytest.mark.slow

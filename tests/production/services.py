@@ -12,6 +12,7 @@ import logging
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -203,3 +204,90 @@ def moto_s3(bucket: str = "agentenv-test") -> Iterator[S3Server]:
         yield s3
     finally:
         server.stop()
+
+
+class CeleryWorker:
+    """A ``dagster-celery`` worker (its main process and its pool) started in its own session."""
+
+    def __init__(self, process: subprocess.Popen, log_path: Path) -> None:
+        self.process, self.log_path = process, log_path
+
+    def processes(self) -> list:
+        """The worker's main process and its pool processes, while they run."""
+        import psutil
+
+        try:
+            main = psutil.Process(self.process.pid)
+            return [main, *main.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def pool(self) -> list:
+        """The pool processes that run the worker's tasks (the children of celery's main
+        process)."""
+        import psutil
+
+        def celery(process) -> bool:
+            with contextlib.suppress(psutil.Error):
+                return "celery" in " ".join(process.cmdline())
+            return False
+
+        mains = [p for p in self.processes()[1:] if celery(p) and p.ppid() == self.process.pid]
+        return [child for main in mains for child in main.children() if celery(child)]
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool at once, as a lost machine or the OOM killer would:
+        nothing of it runs a shutdown, acknowledges or requeues a task."""
+        import psutil
+
+        everyone = self.processes()
+        for process in everyone:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(everyone, timeout=30)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Celery's warm shutdown (the pool first, then the ``dagster-celery`` parent); what
+        still runs after a grace period (a task that would run on) is killed."""
+        import psutil
+
+        everyone = self.processes()
+        if self.process.poll() is None:
+            for child in everyone[0].children() if everyone else []:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.send_signal(signal.SIGTERM)  # celery's warm shutdown ends its pool first
+            _, alive = psutil.wait_procs(everyone[1:], timeout=30)
+            for process in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        psutil.wait_procs(everyone, timeout=10)
+        left = [p.pid for p in everyone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"celery worker processes left running: {left}"
+
+
+@contextlib.contextmanager
+def celery_worker(root: Path, env: dict[str, str], log_path: Path, *, name: str,
+                  concurrency: int = 2) -> Iterator[CeleryWorker]:
+    """``dagster-celery worker start`` in project ``root`` with its ``celery.yaml``, ready
+    (its log says so) before it is yielded; stopped on the way out unless it was killed."""
+    with open(log_path, "a") as log:
+        process = subprocess.Popen(
+            [shutil.which("dagster-celery") or "dagster-celery", "worker", "start", "-A", "dagster_celery.app",
+             "-y", "celery.yaml", "-n", name, "--", f"--concurrency={concurrency}"],
+            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    worker = CeleryWorker(process, log_path)
+    try:
+        wait_until(lambda: "ready." in log_path.read_text() or process.poll() is not None,
+                   "the celery worker", timeout=90, interval=0.25)
+        assert process.poll() is None, log_path.read_text()[-3000:]
+        yield worker
+    finally:
+        worker.stop()

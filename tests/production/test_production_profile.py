@@ -8,17 +8,15 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import uuid
 
-import psutil
 import pytest
 
 from projects import REPO, dagster_daemon, leaked_servers, make_project
-from services import wait_until
+import services
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +47,11 @@ region = "us-east-1"
 
 
 def environment(root, pg, s3, **extra: str) -> dict[str, str]:
+    """The profile's environment for the CLIs, daemons and workers the tests start: the
+    project's folder first on the path (its definitions.py), then the path the tests got."""
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     return {**os.environ, **pg.env, **s3.env, "DAGSTER_HOME": str(root / ".dagster_home"),
-            "PYTHONPATH": str(root), **extra}
+            "PYTHONPATH": path, **extra}
 
 
 def materializations(pg, run_id: str) -> list[str]:
@@ -69,6 +70,24 @@ def run_status(pg, run_id: str) -> str:
 def bucket_run_ids(s3, root) -> set[str]:
     prefix = f"{PREFIX}/{root.parent.name}/runs/"
     return {key[len(prefix):].split("/")[0] for key in s3.keys(prefix)}
+
+
+def bucket_streams(s3, root, run_id: str) -> dict[str, list[dict]]:
+    """The run's row streams in the bucket (``runs/<run_id>/context/<step key>/<n>.jsonl``,
+    appended in name order): each step key's records."""
+    prefix = f"{PREFIX}/{root.parent.name}/runs/{run_id}/context/"
+    streams: dict[str, list[dict]] = {}
+    for key in sorted(s3.keys(prefix)):
+        body = s3.client().get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+        streams.setdefault(key[len(prefix):].split("/")[0], []).extend(json.loads(line) for line in body.splitlines())
+    return streams
+
+
+def final_context(s3, root, run_id: str, row: str = "") -> dict:
+    """A row's final context: its record in the teardown op's stream."""
+    (teardown,) = [records for name, records in bucket_streams(s3, root, run_id).items()
+                   if name.endswith(".teardown_run")]
+    return next(r for r in reversed(teardown) if r.get("row") == row)["context"]
 
 
 def test_reply_to_dana_on_postgres_with_s3_io_manager_and_artifacts(tmp_path, pg, s3):
@@ -90,11 +109,10 @@ def test_reply_to_dana_on_postgres_with_s3_io_manager_and_artifacts(tmp_path, pg
     # the contexts between ops are objects in the bucket (none on local disk), and so are the
     # collected files and the trajectory
     base = f"{PREFIX}/{tmp_path.name}"
-    contexts = s3.keys(f"{base}/runs/{run_id}/context/")
-    assert {k.rsplit("/", 1)[1] for k in contexts} >= {"email.json", "reply.json", "sent.json", "teardown_run.json"}
+    streams = bucket_streams(s3, root, run_id)
+    assert {f"reply_to_dana_steps.{step}" for step in ("email", "reply", "sent", "teardown_run")} <= set(streams)
     assert not (root / ".agentenv" / "state" / "runs" / run_id / "context").exists()
-    final = json.loads(s3.client().get_object(Bucket=s3.bucket, Key=f"{base}/runs/{run_id}/context/teardown_run.json")["Body"].read())
-    assert final["rows"][""]["metadata"]["verifications"]["sent"]["score"] == 1.0
+    assert final_context(s3, root, run_id)["metadata"]["verifications"]["sent"]["score"] == 1.0
     collected = context["metadata"]["collected_artifacts"]["collect"]["artifacts"]
     assert collected and all(url.startswith(f"s3://{s3.bucket}/{base}/artifacts/") for url in collected.values())
     assert any(k.startswith(f"{base}/objects/") for k in s3.keys(base))
@@ -152,7 +170,7 @@ def test_the_run_queue_holds_a_task_to_two_runs_and_its_agent_pool_to_its_limit(
     assert most_at_once(runs) == 2  # the queue started two, and the third when one ended
 
     steps = pg.query("""SELECT run_id, dagster_event_type, extract(epoch FROM timestamp) FROM event_logs
-                        WHERE run_id IN %s AND step_key = 'reply'
+                        WHERE run_id IN %s AND step_key = 'reply_to_dana_steps.reply'
                           AND dagster_event_type IN ('STEP_START', 'STEP_SUCCESS')""", tuple(run_ids))
     times = {(run_id, kind): float(at) for run_id, kind, at in steps}
     spans = [(times[r, "STEP_START"], times[r, "STEP_SUCCESS"]) for r in run_ids]
@@ -161,43 +179,22 @@ def test_the_run_queue_holds_a_task_to_two_runs_and_its_agent_pool_to_its_limit(
     assert leaked_servers(root / ".agentenv" / "state") == []
 
 
-@pytest.fixture
-def celery_worker(tmp_path, pg, s3, redis_url):
-    """A project whose jobs use the Celery executor, and a `dagster-celery` worker for it on
-    loopback; stopped afterwards (the celery process first, then the dagster-celery parent)."""
+def celery_project(tmp_path, pg, s3, redis_url):
+    """A project whose jobs use the Celery executor, with the broker and backend on
+    ``redis_url`` and deploy/celery.yaml as its workers' settings; its environment."""
     root = s3_project(tmp_path, s3, extra='\n[dagster]\nexecutor = "celery"\n')
     env = environment(root, pg, s3, AGENTENV_CELERY_BROKER=f"{redis_url}/0", AGENTENV_CELERY_BACKEND=f"{redis_url}/1")
     shutil.copy(REPO / "deploy" / "celery.yaml", root / "celery.yaml")
-    log = open(tmp_path / "worker.log", "w")
-    parent = subprocess.Popen(
-        [shutil.which("dagster-celery") or "dagster-celery", "worker", "start", "-A", "dagster_celery.app",
-         "-y", "celery.yaml", "-n", f"agentenv-test-{os.getpid()}", "--", "--concurrency=2"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    processes: list[psutil.Process] = []
-    try:
-        wait_until(lambda: "ready." in (tmp_path / "worker.log").read_text() or parent.poll() is not None,
-                   "the celery worker", timeout=90, interval=0.25)
-        assert parent.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+    return root, env
+
+
+@pytest.fixture
+def celery_worker(tmp_path, pg, s3, redis_url):
+    """A Celery project and a `dagster-celery` worker for it on loopback; stopped afterwards
+    (the celery process first, then the dagster-celery parent)."""
+    root, env = celery_project(tmp_path, pg, s3, redis_url)
+    with services.celery_worker(root, env, tmp_path / "worker.log", name=f"agentenv-test-{os.getpid()}"):
         yield root, env
-    finally:
-        try:
-            processes = psutil.Process(parent.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            processes = []
-        for child in psutil.Process(parent.pid).children() if parent.poll() is None else []:
-            child.send_signal(signal.SIGTERM)  # celery's warm shutdown ends its pool first
-        psutil.wait_procs(processes, timeout=30)
-        if parent.poll() is None:
-            parent.terminate()
-        try:
-            parent.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(parent.pid, signal.SIGKILL)
-            parent.wait(timeout=10)
-        log.close()
-    assert not [p.pid for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], \
-        "celery worker processes left running"
 
 
 def test_reply_to_dana_under_the_celery_executor(celery_worker, pg, s3):
@@ -212,9 +209,7 @@ def test_reply_to_dana_under_the_celery_executor(celery_worker, pg, s3):
     # every step ran in the celery worker, its events went to PostgreSQL
     delegated = pg.query("SELECT step_key FROM event_logs WHERE run_id = %s AND event LIKE %s", run_id,
                          "%in celery worker%")
-    assert {"email", "reply", "sent", "teardown_run"} <= {key for (key,) in delegated}
+    assert {"email", "reply", "sent", "teardown_run"} <= {key.rsplit(".", 1)[-1] for (key,) in delegated}
     assert {"verifications/reply_to_dana/sent", "artifacts/reply_to_dana/collect"} <= set(materializations(pg, run_id))
-    final = json.loads(s3.client().get_object(
-        Bucket=s3.bucket, Key=f"{PREFIX}/{root.parent.name}/runs/{run_id}/context/teardown_run.json")["Body"].read())
-    assert final["rows"][""]["metadata"]["verifications"]["sent"]["score"] == 1.0
+    assert final_context(s3, root, run_id)["metadata"]["verifications"]["sent"]["score"] == 1.0
     assert leaked_servers(root / ".agentenv" / "state") == []

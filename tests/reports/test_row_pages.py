@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import re
 
+import dagster as dg
 import pytest
 import viewer_runs
 
@@ -141,3 +142,19 @@ def test_the_real_run_s_variants_side_by_side(ticket_run):
     assert '<a href="fixed/tickets/t3/00/row.html">0.95</a>' in page
     # the filter's hooks: every row of both tables and every section says its outcome
     assert re.findall(r'<tr data-category="(\w+)" data-task="tickets/t3">', page) == ["failed", "failed", "succeeded"]
+
+
+def test_each_verification_of_the_real_run_links_its_variant_s_row_page(ticket_run):
+    """In the Dagster instance, each row's verification under each variant links the page the
+    run wrote for that row and variant."""
+    with dg.DagsterInstance.from_config(str(ticket_run.out.parent / "project" / ".dagster_home")) as instance:
+        links = {}
+        for key in instance.get_asset_keys():
+            if key.path[0] == "verifications":
+                for record in instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key), limit=100).records:
+                    materialization = record.asset_materialization
+                    links[(key.path[-1], materialization.partition)] = materialization.metadata["row_page"].value
+    rows = [(v, r) for v in ("as-is", "fixed") for r in ("t1", "t2", "t3", "t4")]
+    assert {partition: link for (_, partition), link in links.items()} == {
+        f"{r}|{v}": row_page_url(ticket_run.out, f"tickets/{r}", v) for v, r in rows}
+    assert {verifier for verifier, _ in links} == {"success_criteria"}

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from agentenv_dagster.runtime.loop import run
+from agentenv_dagster.runtime.loop import new_event_loop, run
 
 
 class Interrupted(BaseException):
@@ -72,3 +72,33 @@ def test_results_and_errors_come_back_unchanged():
     assert run(answer()) == 42
     with pytest.raises(ValueError, match="no"):
         run(fail())
+
+
+def test_loops_in_several_threads_start_processes_without_racing():
+    """uvloop refuses a process start while another thread's loop is starting one ("Racing
+    with another loop to spawn a process"); the ops of a run each run such a loop in a thread
+    of their own, so the loops made here take turns to start their processes."""
+    failures: list[BaseException] = []
+    started = threading.Barrier(8)
+
+    def start_processes() -> None:
+        async def go() -> None:
+            started.wait()  # every thread's loop at once
+            for _ in range(15):
+                process = await asyncio.create_subprocess_exec("true")
+                assert await process.wait() == 0
+
+        loop = new_event_loop()
+        try:
+            loop.run_until_complete(go())
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            failures.append(exc)
+        finally:
+            loop.close()
+
+    threads = [threading.Thread(target=start_processes) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []

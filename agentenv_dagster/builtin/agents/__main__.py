@@ -16,41 +16,10 @@ import os
 import sys
 from pathlib import Path
 
-# No tracer is set up in an embedded agent, yet a2a-sdk's no-op spans cost CPU on every
-# message: off unless the environment asks for them (before a2a is imported).
-os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
-UNUSED_BY_AGENTS = (
-    "sqlalchemy", "fastapi", "grpc", "httpx._main",
-)
-
-
-def without_a2a_spans() -> None:
-    """With its tracing off, a2a-sdk still wraps each method of its server classes in one that
-    opens a no-op span, paid on every message. Unless tracing is on, its
-    decorator returns the method itself; it must run before a2a's server modules are imported."""
-    from a2a.utils import telemetry
-
-    if telemetry.otel_installed and telemetry.otel_enabled:
-        return
-
-    def untraced(func=None, **_):
-        return func if func is not None else untraced
-
-    telemetry.trace_function = untraced
-
-
 if __name__ == "__main__":
-    # The agent's own process: a2a-sdk imports its optional database stores (SQLAlchemy),
-    # FastAPI routes and gRPC handler when they are installed, as they are beside Dagster, and
-    # httpx its command-line client (rich, click, pygments); an agent uses none of them, and
-    # without them (a2a-sdk's install without its `sql` and `http-server` extras) it starts
-    # sooner, and so does a run's first agent answer.
-    for _optional in UNUSED_BY_AGENTS:
-        sys.modules.setdefault(_optional, None)
-    from agentenv_dagster.builtin.agents import queues
-
-    queues.install()  # before a2a's telemetry, which imports a2a's queues
-    without_a2a_spans()
+    # No tracer is set up in an embedded agent: a2a-sdk's own switch turns its spans off
+    # (read as a2a is imported) unless the environment asks for them.
+    os.environ.setdefault("OTEL_INSTRUMENTATION_A2A_SDK_ENABLED", "false")
 
 from agentenv_dagster.builtin.agents.brains import BRAINS, build_brain
 from agentenv_dagster.builtin.agents.model_access import MODELS
