@@ -18,8 +18,8 @@ import textwrap
 import dagster as dg
 import httpx
 import pytest
-from dagster_graphql import DagsterGraphQLClient
-from test_dagster_dev import PARTITIONS_QUERY, free_port, wait_until
+import psutil
+from test_dagster_dev import PARTITIONS_QUERY, free_port, graphql, wait_until
 from test_pipelined_rows import most_at_once, spans
 
 from agentenv_dagster import build_definitions
@@ -63,6 +63,8 @@ LAUNCH_BACKFILL = """mutation ($params: LaunchBackfillParams!) { launchPartition
   __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
 BACKFILL = """query ($id: String!) { partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill {
   status runs(limit: 100) { runId jobName status tags { key value } } } } }"""
+UNFINISHED = """{ runsOrError(filter: {statuses: [QUEUED, NOT_STARTED, STARTING, STARTED, CANCELING]}) {
+  ... on Runs { results { runId } } } }"""
 SCORES = """query ($path: [String!]!) { assetNodeOrError(assetKey: {path: $path}) { ... on AssetNode {
   assetMaterializations(limit: 100) { partition runId metadataEntries { label ... on FloatMetadataEntry { floatValue } } }
 } } }"""
@@ -120,12 +122,12 @@ def test_dg_launch_of_the_assets_runs_every_row_in_one_bounded_run(project):
     assert_every_row_ran_in_one_bounded_run(project, run.run_id)
 
 
-def backfill_every_row(client: DagsterGraphQLClient, params: dict) -> dict:
+def backfill_every_row(port: int, params: dict) -> dict:
     """Submits a backfill as the UI does; its one run, once the daemon has completed it."""
-    launched = client._execute(LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
+    launched = graphql(port, LAUNCH_BACKFILL, {"params": params})["launchPartitionBackfill"]
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
     backfill = wait_until(
-        lambda: (b := client._execute(BACKFILL, {"id": launched["backfillId"]})["partitionBackfillOrError"])["status"]
+        lambda: (b := graphql(port, BACKFILL, {"id": launched["backfillId"]})["partitionBackfillOrError"])["status"]
         not in ("REQUESTED", "CANCELING", "FAILING") and b, 300, "the backfill to complete")
     assert backfill["status"] == "COMPLETED_SUCCESS", backfill
     (run,) = backfill["runs"]  # the single-run backfill policy: every row in one run
@@ -134,18 +136,18 @@ def backfill_every_row(client: DagsterGraphQLClient, params: dict) -> dict:
     return run
 
 
-def assert_the_run_scored_every_row(client: DagsterGraphQLClient, run_id: str) -> None:
+def assert_the_run_scored_every_row(port: int, run_id: str) -> None:
     def scores(path: list[str]) -> dict[str, float | None]:
-        found = client._execute(SCORES, {"path": path})["assetNodeOrError"]["assetMaterializations"]
+        found = graphql(port, SCORES, {"path": path})["assetNodeOrError"]["assetMaterializations"]
         return {m["partition"]: next((e.get("floatValue") for e in m["metadataEntries"] if e["label"] == "score"), None)
                 for m in found if m["runId"] == run_id}
 
     assert scores(VERIFICATION) == {key: 1.0 for key in KEYS}  # each row graded against its own label
     assert sorted(scores(RESULTS)) == KEYS
     for path in (VERIFICATION, RESULTS):
-        node = client._execute(PARTITIONS_QUERY, {"path": path})["assetNodeOrError"]
+        node = graphql(port, PARTITIONS_QUERY, {"path": path})["assetNodeOrError"]
         assert node["assetPartitionStatuses"] == {"materializedPartitions": KEYS, "failedPartitions": []}
-    node = client._execute(PARTITIONS_QUERY, {"path": VERIFICATION})["assetNodeOrError"]
+    node = graphql(port, PARTITIONS_QUERY, {"path": VERIFICATION})["assetNodeOrError"]
     checks = {c["name"]: c["partitionStatuses"] for c in node["assetChecksOrError"]["checks"]}
     assert checks["passed"] == {"succeededPartitions": KEYS, "failedPartitions": []}
 
@@ -167,18 +169,28 @@ def test_a_backfill_launched_from_the_ui_runs_every_row_in_one_bounded_run(proje
                 return False
 
         wait_until(up, 120, "the webserver")
-        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
         # from the asset graph: Dagster's implicit asset job runs the task's graph
-        run = backfill_every_row(client, FROM_THE_ASSET_GRAPH)
+        run = backfill_every_row(port, FROM_THE_ASSET_GRAPH)
         assert run["jobName"] == "__ASSET_JOB"
-        assert_the_run_scored_every_row(client, run["runId"])
+        assert_the_run_scored_every_row(port, run["runId"])
         assert_every_row_ran_in_one_bounded_run(project, run["runId"])
         # from the job's page: the task's own job
-        run = backfill_every_row(client, FROM_THE_JOB_PAGE)
+        run = backfill_every_row(port, FROM_THE_JOB_PAGE)
         assert run["jobName"] == "tickets"
-        assert_the_run_scored_every_row(client, run["runId"])
+        assert_the_run_scored_every_row(port, run["runId"])
         assert_every_row_ran_in_one_bounded_run(project, run["runId"])
+        assert graphql(port, UNFINISHED)["runsOrError"]["results"] == []  # no run queued or still going
     finally:
         terminate(dev.pid, grace_seconds=20)
         dev.wait(timeout=30)
     wait_until(lambda: not is_running(dev.pid), 30, "dagster dev to stop")
+    # nor any process it started (webserver, daemon, code servers, run workers): the fixture
+    # checks the rows' sandboxes and agents
+    assert [p.pid for p in psutil.process_iter() if _in_group(p, dev.pid)] == []
+
+
+def _in_group(process: psutil.Process, group: int) -> bool:
+    try:
+        return os.getpgid(process.pid) == group and process.status() != psutil.STATUS_ZOMBIE
+    except (ProcessLookupError, psutil.Error):
+        return False
