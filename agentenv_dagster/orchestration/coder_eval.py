@@ -39,7 +39,7 @@ from ..spec.coder_eval.lowering import PROMPT_ID, VERIFIER_ID
 from .definitions import build_job
 from .execute import execute_plan, opened_instance
 from .progress import console_config, noted
-from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, rows_not_passed
+from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, rows_not_passed, task_graph_of
 from .staleness import plan_asset_graph, stale_rows
 from .step_events import REPORTS_TAG, REPORTS_TASK_TAG
 from .suites import latest_row_results, suite_asset
@@ -190,7 +190,7 @@ def _prepare(
         label = f"{loaded.task.task_id}{f' [{variant_id}]' if variant_id else ''}"
         if failed_only and keys:
             with opened_instance(config, instance) as active:
-                again = rows_not_passed(active, build_job(plan), keys)
+                again = rows_not_passed(active, task_graph_of(build_job(plan)), keys)
             keys, kept = again, [k for k in keys if k not in again]
             if not keys:
                 notes.append(f"{label}: all {len(kept)} selected rows passed last time; none runs again "

@@ -252,11 +252,10 @@ from dagster._core.events import AssetMaterializationPlannedData  # noqa: E402
 
 
 def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKey, list[str]]],
-                   rows: list[str | None]) -> None:
-    """Report, from ``context``'s op, ``rows`` (partitions; None: the whole asset) of each of
-    ``assets`` as planned materializations, and each asset's checks as planned evaluations of
-    those rows, as Dagster's run planning reports them."""
-    partitions = context.job_def.partitions_def
+                   rows: list[str | None], partitions: dg.PartitionsDefinition | None) -> None:
+    """Report, from ``context``'s op, ``rows`` (of ``partitions``; None: the whole asset) of
+    each of ``assets`` as planned materializations, and each asset's checks as planned
+    evaluations of those rows, as Dagster's run planning reports them."""
     subset = partitions.subset_with_partition_keys(rows) if partitions is not None and rows else None
     step_key = str(context.op_handle)
     events = []

@@ -98,6 +98,9 @@ def build_definitions(
         assets=[*translator.get_artifact_specs(plans), *assets, *suites],
         asset_checks=checks,
         resources=resources,
+        # the implicit asset job's, which runs an asset backfill, Materialize in the asset graph
+        # and `dg launch --assets`: the same as the task jobs', so its rows stream and are bounded
+        executor=job_executor(config),
         sensors=[*task_sensors(tasks_dir, config, plans, jobs, translator), review_tag_sensor(),
                  *suites_sensor(suites)],
         schedules=task_schedules(plans, config, jobs, translator),

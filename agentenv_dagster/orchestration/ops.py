@@ -32,12 +32,12 @@ from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .provenance import Provenance
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import carry_retries, live_deployers, self_retry_pending
-from .rows import REPLICATE_TAG, ROWS, node_assets, node_step_key, plan_of, row_seed, run_keys, step_fields, task_graph_of
+from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
 from .step_events import (
     asset_events, asset_provenance, check_evaluations, report_unreached, result_materialization, row_page_link,
 )
 from .streams import Row, StreamRef, StreamWriter, joined, records, running_side_by_side, side_by_side, stop_requested
-from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ID, TAG_STEP_TYPE, TAG_TASK_ID
+from .translator import TAG_CONTENT_HASH, TAG_SEED, TAG_STEP_ID, TAG_STEP_TYPE
 
 IO_MANAGER_KEY = "task_context_io_manager"
 TEARDOWN_OP = FINAL_STEP
@@ -130,7 +130,7 @@ class _RowsOfOp:
     def __init__(self, context: dg.OpExecutionContext, resource: AgentEnvResource, io: ContextIOManagerBase,
                  step: TaskStep, out: StreamWriter) -> None:
         self.context, self.resource, self.io, self.step, self.out = context, resource, io, step, out
-        self.task_id = context.run.tags.get(TAG_TASK_ID) or context.job_name
+        self.task_id = task_id_of(context)
         self.assets = node_assets(context.op.tags)
         self.prices = resource.load_config().model.prices if self.assets["produced"] else {}
         replicate = context.run.tags.get(REPLICATE_TAG)
@@ -447,7 +447,7 @@ def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, f
 
 def step_keys(context: dg.OpExecutionContext) -> dict[str, str]:
     """The step key of each step of the op's task, by step id (its node's tag)."""
-    return {step_id: node_step_key(context.job_def, node.name) for node in task_graph_of(context.job_def).nodes
+    return {step_id: _sibling(context, node.name) for node in op_graph(context).nodes
             if (step_id := node.tags.get(TAG_STEP_ID))}
 
 
@@ -458,8 +458,12 @@ def _sibling(context: dg.OpExecutionContext, name: str) -> str:
 
 
 def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
-    """The task's default token values, from the run's tag (the launchpad can edit it)."""
+    """The task's default token values, from the run's tag (the launchpad can edit it), else
+    its plan's (a run of the implicit asset job has no task tags)."""
     raw = context.run.tags.get(TAG_SEED)
+    if raw is None:
+        plan = plan_of(context)
+        return plan.document.seed if plan is not None else None
     try:
         value = json.loads(raw) if raw else None
     except ValueError:
@@ -497,7 +501,7 @@ def refuse_changed_task(context) -> None:
         return
     parent = context.instance.get_run_by_id(parent_id)
     before = parent.tags.get(TAG_CONTENT_HASH) if parent else None
-    now = context.job_def.tags.get(TAG_CONTENT_HASH)
+    now = context.op.tags.get(TAG_CONTENT_HASH)
     if before and now and before != now:
         raise dg.Failure(
             description=f"re-execution refused: the task changed since run {parent_id} "

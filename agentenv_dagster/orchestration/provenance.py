@@ -36,7 +36,7 @@ from .dagster_internals import (
     input_data_version_tag,
     input_event_pointer_tag,
 )
-from .rows import node_assets, task_graph_of
+from .rows import node_assets, op_graph
 from .translator import TAG_CODE_VERSION
 
 
@@ -112,7 +112,7 @@ class Provenance:
         if key is None or version is None or not context.has_assets_def:  # (a job of the op graph alone)
             return cls(None)
         task_assets: dict[tuple[str, ...], tuple[str, str]] = {}
-        for node in task_graph_of(context.job_def).nodes:
+        for node in op_graph(context).nodes:
             assets = node_assets(node.tags)
             task_assets.update({tuple(path): (kind, name) for kind, name, path in assets["produced"]})
             task_assets.update({tuple(path): (ARTIFACT, name) for name, path in assets["loaded"].items()})

@@ -29,23 +29,39 @@ RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster
 ROWS_TAG, FAILED_ROWS = "agentenv/rows", "failed"
 STEP_ASSETS_TAG = "agentenv/assets"  # a node's asset keys (the translator sets it)
 REGRESSION_TAG = "agentenv/regression"  # a verifier node's: its task's regression gate settings (JSON)
+TASK_ID_TAG = "agentenv/task_id"  # a task job's (and so its runs'): the task id
 VARIANT_TAG = "agentenv/variant"  # an experiment's variant the run's steps are (one a run)
 REPLICATE_TAG = "agentenv/replicate"  # which of a task's replicates (trials, repeats) the run is
-CONTENT_HASH_TAG = "agentenv/content_hash"  # a task job's: the plan its definitions were built from
+CONTENT_HASH_TAG = "agentenv/content_hash"  # a task job's and each node's: the plan its definitions were built from
 
-# The plan of each task job this process built (``task_job.build_task``), by job name and
-# content hash: what an op reads a dataset's rows and an experiment's variants from. Like the
-# job definition itself, it exists in every process that loads the code location.
+# The plan of each task graph this process built (``task_job.build_task``), by graph name and
+# content hash: what an op reads a dataset's rows and an experiment's variants from, in the
+# task's job or in any other job that runs the task's assets (Dagster's implicit asset job, which
+# an asset backfill, Materialize in the asset graph and ``dg launch --assets`` run). Like the
+# definitions themselves, it exists in every process that loads the code location.
 _PLANS: dict[tuple[str, str], "TaskPlan"] = {}
 
 
-def register_plan(job_name: str, plan: "TaskPlan") -> None:
-    _PLANS[(job_name, plan.document.content_hash)] = plan
+def register_plan(graph_name: str, plan: "TaskPlan") -> None:
+    _PLANS[(graph_name, plan.document.content_hash)] = plan
 
 
 def plan_of(context: dg.OpExecutionContext) -> "TaskPlan | None":
-    """The plan the op's job was built from."""
-    return _PLANS.get((context.job_def.name, context.job_def.tags.get(CONTENT_HASH_TAG, "")))
+    """The plan the op's task graph was built from."""
+    return _PLANS.get((op_graph(context).name, context.op.tags.get(CONTENT_HASH_TAG, "")))
+
+
+def op_graph(context: dg.OpExecutionContext) -> dg.GraphDefinition:
+    """The task graph the op is a node of, whichever job runs it (the task's own, or the
+    implicit asset job, where each task's graph is one node among others)."""
+    parent = context.op_handle.parent
+    return context.job_def.graph.get_node(parent).definition if parent is not None else context.job_def.graph
+
+
+def task_id_of(context: dg.OpExecutionContext) -> str:
+    """The task the op's run is of: the run's tag (a task job's runs carry it), else its plan's."""
+    plan = plan_of(context)
+    return context.run.tags.get(TASK_ID_TAG) or (plan.task_id if plan is not None else context.job_name)
 
 
 def run_keys(context: dg.OpExecutionContext, selected: list[str] | None) -> list[str]:
@@ -79,7 +95,7 @@ def run_keys(context: dg.OpExecutionContext, selected: list[str] | None) -> list
         raise dg.Failure(description=f"this run's steps are variant '{variant}'; it cannot run partitions {other[:5]}")
     if failed_only:
         named = keys
-        failed = set(rows_not_passed(context.instance, context.job_def, named))
+        failed = set(rows_not_passed(context.instance, op_graph(context), named))
         keys = [k for k in named if k in failed]
         context.log.info(f"{ROWS_TAG}={FAILED_ROWS}: {len(keys)} of {len(named)} rows did not pass: {keys[:20]}")
     return keys
@@ -127,10 +143,11 @@ def node_assets(tags: dict[str, str]) -> dict[str, Any]:
             "regression": tags.get(REGRESSION_TAG)}
 
 
-def rows_not_passed(instance: dg.DagsterInstance, job: dg.JobDefinition, keys: list[str]) -> list[str]:
-    """Of ``keys``, the rows to run again: a verification of theirs is a failed partition (the
-    row stopped), was never reached, or its latest materialization did not pass."""
-    verifications = [dg.AssetKey(path) for node in task_graph_of(job).nodes
+def rows_not_passed(instance: dg.DagsterInstance, graph: dg.GraphDefinition, keys: list[str]) -> list[str]:
+    """Of ``keys``, the rows to run again (``graph`` is the task's): a verification of theirs is
+    a failed partition (the row stopped), was never reached, or its latest materialization did
+    not pass."""
+    verifications = [dg.AssetKey(path) for node in graph.nodes
                      for kind, _, path in node_assets(node.tags)["produced"] if kind == VERIFICATION]
     again: set[str] = set()
     for key in verifications:

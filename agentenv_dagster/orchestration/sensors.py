@@ -215,15 +215,16 @@ def task_file_sensor(
 
 def job_shape(plan: TaskPlan, translator: TaskTranslator) -> tuple:
     """What a run cannot change through run config: the nodes of the task's graph (op, tags —
-    assets and pool —, retry policy), their edges, and the rows. (The code version, which
-    follows the content, is left out: a task whose steps only changed their fields runs.)"""
+    assets and pool —, retry policy), their edges, and the rows. (The code version and the
+    content hash, which follow the content, are left out: a task whose steps only changed
+    their fields runs.)"""
     from .task_job import task_graph  # task_job imports this module (through definitions)
 
     graph, _, _ = task_graph(plan, translator, code_versions={})
     nodes = []
     for invocation, inputs in graph.dependencies.items():
         retry = invocation.retry_policy
-        tags = {k: v for k, v in (invocation.tags or {}).items() if k != TAG_CODE_VERSION}
+        tags = {k: v for k, v in (invocation.tags or {}).items() if k not in (TAG_CODE_VERSION, TAG_CONTENT_HASH)}
         nodes.append((
             invocation.alias or invocation.name, invocation.name, tuple(sorted(tags.items())),
             (retry.max_retries, retry.delay, str(retry.backoff), str(retry.jitter)) if retry else None,

@@ -24,8 +24,7 @@ from .provenance import (
     verification_version,
 )
 from .regression import REGRESSION_CHECK, node_regression, score_evaluation
-from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, node_assets, plan_of, task_graph_of
-from .translator import TAG_TASK_ID
+from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, node_assets, op_graph, plan_of, task_id_of
 from .usage import usage_metadata
 
 
@@ -35,15 +34,14 @@ def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
     what Dagster shows as a failed partition of the asset and an execution-failed partition of
     the check (open source storage keeps no failure events), so a backfill can pick out just
     those rows."""
-    partitions = context.job_def.partitions_def
+    partitions = context.assets_def.partitions_def if context.has_assets_def else context.job_def.partitions_def
     rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
-    report_planned(context, unreached_assets(context.job_def, context.op_handle.name), rows)
+    report_planned(context, unreached_assets(op_graph(context), context.op_handle.name), rows, partitions)
 
 
-def unreached_assets(job: dg.JobDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
-    """The task-scoped assets (verifications, collections) of ``node`` and every node after it,
-    each with its checks."""
-    graph = task_graph_of(job)
+def unreached_assets(graph: dg.GraphDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
+    """The task-scoped assets (verifications, collections) of ``node`` of the task's ``graph``
+    and every node after it, each with its checks."""
     structure = graph.dependency_structure
     seen, todo = set(), [node]
     while todo:
@@ -155,7 +153,7 @@ def row_page_link(context: dg.OpExecutionContext) -> Callable[[str], str | None]
     if not folder:
         return lambda key: None
     plan = plan_of(context)
-    task_id = context.run.tags.get(REPORTS_TASK_TAG) or context.run.tags.get(TAG_TASK_ID) or context.job_name
+    task_id = context.run.tags.get(REPORTS_TASK_TAG) or task_id_of(context)
     variant = context.run.tags.get(VARIANT_TAG) or "default"
     replicate = int(context.run.tags.get(REPLICATE_TAG) or 0)
 

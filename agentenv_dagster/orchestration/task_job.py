@@ -28,7 +28,7 @@ from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, tea
 from .regression import produces_verification, regression_tag
 from .retries import span_tags
 from .rows import ROWS, STEPS, register_plan, step_config
-from .translator import TAG_CODE_VERSION, TAG_STEP_ASSETS, TAG_STEP_ID, TaskTranslator
+from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_STEP_ASSETS, TAG_STEP_ID, TaskTranslator
 
 POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
 
@@ -46,7 +46,7 @@ def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
                config: AgentEnvConfig | None = None) -> TaskDefinitions:
     translator = translator or TaskTranslator()
     config = config or AgentEnvConfig()
-    register_plan(translator.get_job_name(plan), plan)
+    register_plan(translator.get_graph_name(plan), plan)
     code_versions = asset_code_versions(plan, translator, config)
     regression = config.regression.for_task(plan.task_id)
     graph, outputs, inputs = task_graph(plan, translator, code_versions, regression if regression.enabled else None)
@@ -105,6 +105,7 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
             tags={
                 **translator.get_op_tags(step), TAG_STEP_ID: step.id,
                 TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
+                TAG_CONTENT_HASH: plan.document.content_hash,
                 **({TAG_CODE_VERSION: code_versions[node]} if node in code_versions else {}),
                 **(regression_tag(regression) if regression is not None and produces_verification(
                     translator, plan, step) else {}),
@@ -129,7 +130,8 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
     teardown = teardown_op()
     node_defs[teardown.name] = teardown
     sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
-    teardown_tags = {TAG_CODE_VERSION: code_versions[TEARDOWN_OP]} if TEARDOWN_OP in code_versions else {}
+    teardown_tags = {TAG_CONTENT_HASH: plan.document.content_hash,
+                     **({TAG_CODE_VERSION: code_versions[TEARDOWN_OP]} if TEARDOWN_OP in code_versions else {})}
     deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP, tags=teardown_tags)] = _fan_in(sinks)
     outputs[TEARDOWN_OP] = (translator.get_results_asset_key(plan),
                             f"Each row's outcome in task `{plan.task_id}`: its status and each step's.")

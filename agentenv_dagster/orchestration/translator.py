@@ -21,9 +21,9 @@ from ..config import AgentEnvConfig
 from ..naming import job_name, node_name
 from ..plan import TaskPlan
 from ..steps.base import AGENT, ARTIFACT, PRODUCER, SELF, VERIFICATION, TaskStep
-from .rows import CONTENT_HASH_TAG, STEP_ASSETS_TAG
+from .rows import CONTENT_HASH_TAG, STEP_ASSETS_TAG, TASK_ID_TAG
 
-TAG_TASK_ID = "agentenv/task_id"
+TAG_TASK_ID = TASK_ID_TAG
 TAG_TASK_VERSION = "agentenv/task_version"
 TAG_CONTENT_HASH = CONTENT_HASH_TAG
 TAG_FORMAT = "agentenv/format"
