@@ -58,6 +58,13 @@ def _ledger_entry(kind: str, pid: int | None = None, container_id: str | None = 
     return {**entry, **{k: v for k, v in more.items() if v is not None}}
 
 
+@functools.lru_cache(maxsize=4096)
+def _written_once(path: str) -> dict[str, Any]:
+    """A ledger file of several deployments: its name is unique and it is never rewritten, so
+    each process parses it once (each row's end looks its agent up among them)."""
+    return json.loads(Path(path).read_text())
+
+
 @dataclass(frozen=True)
 class Ledger:
     folder: Path
@@ -138,11 +145,10 @@ class Ledger:
     def entries(self) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
         for path in self.folder.glob("*.json") if self.folder.is_dir() else ():
-            data = json.loads(path.read_text())
             if path.stem.endswith(SEVERAL):
-                found.update(data)
+                found.update(_written_once(str(path)))
             else:
-                found[path.stem] = data
+                found[path.stem] = json.loads(path.read_text())
         return found
 
     def entry(self, instance_id: str) -> dict[str, Any] | None:
