@@ -259,7 +259,7 @@ class Reporter:
         lines = [f"  dagster UI: {ui_url()}  (that of `dagster dev -w workspace.yaml`; {UI_URL_ENV} names another)"]
         for tally in self.tallies:
             lines += tally.summary()
-        assets = list(dict.fromkeys(key for tally in self.tallies for key in tally.assets))
+        assets = sorted({key for tally in self.tallies for key in tally.assets})  # the same order every run
         lines += [f"    {'assets:' if i == 0 else '':8}{asset_url(key)}" for i, key in enumerate(assets)]
         return lines
 

@@ -136,7 +136,9 @@ def test_a_dataset_run_s_lines_count_its_rows_as_its_results_do(project, tickets
     assert "    tickets: SUCCESS, 4 rows: 2 passed, 1 failed, 1 errored" in stdout
     assert f"      run:    http://127.0.0.1:3000/runs/{run_id}" in stdout
     assert f"  view:    agentenv-dagster view {out}" in stdout
-    assert "    assets: http://127.0.0.1:3000/assets/verifications/tickets/success_criteria" in stdout
+    (first,) = [i for i, line in enumerate(stdout) if line.startswith("    assets: ")]
+    assets = [line.split()[-1] for line in stdout[first:]]
+    assert assets == sorted(assets) and "http://127.0.0.1:3000/assets/verifications/tickets/success_criteria" in assets
 
 
 def test_each_verification_links_its_row_s_page(project, tickets):
