@@ -233,7 +233,8 @@ async def test_anthropic_agent_runs_a_tool_loop(start_agent, a2a, notes_env, fak
 
     assert (reply.state, reply.text) == ("completed", "All saved.")
     assert reply.data == {"tool_call_count": 1, "model": "claude-test",
-                          "usage": {"input_tokens": 20, "output_tokens": 10}}
+                          "usage": {"input_tokens": 20, "output_tokens": 10,
+                                    "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
     assert notes_env.notes == ["from the model"]
     first, second = fake_messages_api.requests
     assert first.headers["authorization"] == "Bearer sk-test"
@@ -318,7 +319,8 @@ async def test_the_agent_runs_its_tool_loop_through_chat_completions(start_agent
 
     assert (reply.state, reply.text) == ("completed", "All saved.")
     assert reply.data == {"tool_call_count": 1, "model": "openai-compatible/qwen-test",
-                          "usage": {"input_tokens": 20 + 40, "output_tokens": 12}}  # cached prompt tokens apart
+                          "usage": {"input_tokens": 20 + 40, "output_tokens": 12,  # cached prompt tokens apart
+                                    "cache_creation_input_tokens": 0, "cache_read_input_tokens": 10}}
     assert notes_env.notes == ["from the model"]
     first, second = fake_chat_api.requests
     assert first.headers["authorization"] == "Bearer sk-chat"

@@ -6,6 +6,7 @@ import textwrap
 
 import dagster as dg
 import pytest
+from fakes.chat_completions_api import chat_text_reply
 from fakes.messages_api import text_reply
 
 from agentenv_dagster.config import load_config
@@ -111,4 +112,29 @@ def test_an_anthropic_simulator_with_a_token_budget(tmp_path, fake_messages_api)
     assert "A terse user." in first["system"] and "a.txt and b.txt exist." in first["system"]
     assert "You open the conversation" in first["system"] and "tools" not in first
     assert first["messages"][0]["content"].startswith("Start the conversation")
+    assert leaked_servers(root / ".agentenv" / "state") == []
+
+
+def test_a_chat_completions_simulator_opens_the_dialog_and_is_priced(tmp_path, fake_chat_api):
+    """A simulator on an ``openai``-protocol model speaks Chat Completions: same dialog, same cost."""
+    root = make_project(tmp_path / "p", tasks={}, model={"default": "openai/gpt-sim"},
+                        extra_config=f'[model.providers.openai]\nbase_url = "{fake_chat_api.base_url}"\n'
+                                     'api_key = "sk-sim"\n[model.prices."openai/gpt-sim"]\ninput = 2.0\noutput = 8.0\n')
+    text = TASK.replace("    type: replay\n    episodes:\n      - {match: \"wrote a\", reply: \"Now b please\"}\n"
+                        "      - {match: \"wrote b\", reply: \"Thanks <<<END>>>\"}\n",
+                        "    {type: anthropic, model: openai/gpt-sim}\n")
+    text = text.replace("n_trials: 2", "n_trials: 1").replace("initial_prompt: Write a.txt\n", "")
+    fake_chat_api.enqueue(chat_text_reply("Write a.txt now", usage=(40, 5, 0)),
+                          chat_text_reply("Now b please", usage=(50, 5, 0)),
+                          chat_text_reply("Thanks <<<END>>>", usage=(60, 5, 10)))
+    (result,) = run(root, text, tmp_path).results
+    assert [t.user_input for t in result.iterations] == ["Write a.txt now", "Now b please", "Thanks"]
+    assert (result.final_status.value, result.simulation["stop_reason"]) == ("SUCCESS", "stop_token")
+    assert {k: result.simulation[k] for k in ("simulator_input_tokens", "simulator_output_tokens", "simulator_model")} == {
+        "simulator_input_tokens": 140, "simulator_output_tokens": 15, "simulator_model": "openai/gpt-sim"}
+    assert result.simulation["simulator_cost_usd"] == pytest.approx((140 * 2.0 + 15 * 8.0) / 1_000_000)
+    first = fake_chat_api.requests[0]
+    assert first.headers["authorization"] == "Bearer sk-sim" and first.body["model"] == "gpt-sim"
+    assert first.body["messages"][0]["role"] == "system" and "A terse user." in first.body["messages"][0]["content"]
+    assert "tools" not in first.body
     assert leaked_servers(root / ".agentenv" / "state") == []

@@ -23,6 +23,8 @@ Config file::
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from agentenv_dagster.builtin.agents.model_access import MODELS
 from agentenv_dagster.builtin.agents.server import AgentFailure, Reply, TaskSession
 from agentenv_dagster.config import ModelConfig, ResolvedModel, model_key_env
@@ -51,8 +53,8 @@ class AnthropicBrain:
             for _ in range(max_turns):
                 session.turn_started()
                 response = await _create(client, messages, params)
-                session.usage["input_tokens"] += response.usage.input_tokens
-                session.usage["output_tokens"] += response.usage.output_tokens
+                for bucket, tokens in asdict(response.usage).items():  # cache reads too (OpenAI caches unasked)
+                    session.usage[bucket] = session.usage.get(bucket, 0) + tokens
                 text = response.text
                 calls = response.tool_uses()
                 if response.stop_reason != "tool_use" or not calls:
