@@ -122,6 +122,24 @@ class ResolvedModel(BaseModel):
         return f"set {section} {setting} in .agentenv/config.toml" + (f" or {variable}" if variable else "")
 
 
+def token_cost(price: dict[str, float] | None, *, uncached: int, output: int, cache_write: int = 0,
+               cache_read: int = 0) -> float | None:
+    """USD for one usage at ``price`` (a model's ``[model] prices`` entry; None: the cost is
+    unknown). Every caller prices alike: cached prompt tokens at the price given for them, else at
+    the input price, so a cost is never below what was spent.
+
+    ```python
+    token_cost({"input": 3.0, "output": 15.0, "cache_read": 0.3}, uncached=1000, output=100, cache_read=5000)
+    # 0.0045
+    ```
+    """
+    if not price:
+        return None
+    given = price.get("input", 0.0)
+    return (uncached * given + output * price.get("output", 0.0) + cache_write * price.get("cache_write", given)
+            + cache_read * price.get("cache_read", given)) / 1_000_000
+
+
 class ModelConfig(_Section):
     """Models are named ``provider/model`` (``anthropic/claude-sonnet-4-6``, ``openai/gpt-4.1``,
     ``openai-compatible/llama3``); a bare name is an Anthropic model. ``base_url`` and
@@ -145,7 +163,9 @@ class ModelConfig(_Section):
     # USD per million tokens, {"<model>": {"input": 3.0, "output": 15.0}}: what turns usage
     # into cost (run_limits.max_usd). No price, no cost: the cap is skipped, as upstream. A
     # model is found under its ``provider/model`` name or, for Anthropic's, its bare name too.
-    prices: dict[str, dict[str, float]] = Field(default_factory=dict)
+    # Cached prompt tokens bill at ``cache_read`` / ``cache_write`` when given, else at ``input``.
+    prices: dict[str, dict[Literal["input", "output", "cache_read", "cache_write"], float]] = Field(
+        default_factory=dict)
 
     @model_validator(mode="after")
     def _models_and_prices(self) -> "ModelConfig":

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import token_cost
 from ..redaction import redact_text
 from .base import CriterionContext, ToolCall
 from .paths import glob_paths
@@ -337,8 +338,8 @@ def capped_transcript(transcript: dict[str, Any], limit: int) -> dict[str, Any]:
 
 
 def token_usage(usage: Any, model: str, prices: dict[str, dict[str, float]] | None) -> dict[str, Any]:
-    """The judge's token buckets as a report ``TokenUsage``; priced when ``[model] prices``
-    knows the model (input price for every input bucket), else the cost stays unknown."""
+    """The judge's token buckets as a report ``TokenUsage``; priced (``token_cost``) when
+    ``[model] prices`` knows the model, else the cost stays unknown."""
     buckets = {
         "uncached_input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
@@ -346,10 +347,8 @@ def token_usage(usage: Any, model: str, prices: dict[str, dict[str, float]] | No
         "cache_read_input_tokens": usage.cache_read_input_tokens,
     }
     tokens_in = usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
-    price = (prices or {}).get(model)
-    cost = None
-    if price:
-        cost = (tokens_in * price.get("input", 0.0) + usage.output_tokens * price.get("output", 0.0)) / 1_000_000
+    cost = token_cost((prices or {}).get(model), uncached=usage.input_tokens, output=usage.output_tokens,
+                      cache_write=usage.cache_creation_input_tokens, cache_read=usage.cache_read_input_tokens)
     return {**buckets, "input_tokens": tokens_in, "total_cost_usd": cost, "calls": usage.calls, "model": model}
 
 

@@ -13,6 +13,7 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
+from ..config import token_cost
 from ..context import TaskStepContext
 from ..runtime.artifacts import ObjectStore
 from ..steps.scoring import verification_passed
@@ -231,13 +232,12 @@ def _command(event: dict[str, Any]) -> CommandTelemetry:
 
 def priced_usage(usage: dict[str, Any] | None, price: dict[str, float] | None) -> TokenUsage | None:
     """Token buckets (``input_tokens`` is the uncached input; cache writes and reads are
-    counted apart), priced when ``[model] prices`` knows the model (else cost stays unknown)."""
+    counted apart), priced (``token_cost``) when ``[model] prices`` knows the model (else cost
+    stays unknown)."""
     if not usage:
         return None
     tokens_in, tokens_out = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
-    cost = None
-    if price:
-        cost = (tokens_in * price.get("input", 0.0) + tokens_out * price.get("output", 0.0)) / 1_000_000
+    written, read = usage.get("cache_creation_input_tokens", 0), usage.get("cache_read_input_tokens", 0)
+    cost = token_cost(price, uncached=tokens_in, output=tokens_out, cache_write=written, cache_read=read)
     return TokenUsage(uncached_input_tokens=tokens_in, output_tokens=tokens_out, total_cost_usd=cost,
-                      cache_creation_input_tokens=usage.get("cache_creation_input_tokens", 0),
-                      cache_read_input_tokens=usage.get("cache_read_input_tokens", 0))
+                      cache_creation_input_tokens=written, cache_read_input_tokens=read)

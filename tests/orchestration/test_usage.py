@@ -33,13 +33,16 @@ def test_each_bucket_is_summed_and_priced_where_the_model_has_a_price():
     assert got["judge_cost_usd"] == pytest.approx(0.001 + (400 * 1 + 40 * 5) / 1e6)
 
 
-def test_an_agent_s_cache_reads_and_writes_are_counted_and_the_uncached_input_billed():
+def test_an_agent_s_cache_reads_and_writes_are_counted_and_billed_at_their_price_else_the_input_s():
     ctx = TaskStepContext(prompt_responses=[PromptResponse(
         prompt_id="p", response="a", model="claude-agent",
         usage={"input_tokens": 100, "output_tokens": 10, "cache_creation_input_tokens": 30, "cache_read_input_tokens": 900})])
     got = values(usage_metadata(ctx, {}, PRICES))
     assert (got["agent_input_tokens"], got["agent_output_tokens"]) == (1030, 10)
-    assert got["agent_cost_usd"] == pytest.approx((100 * 3 + 10 * 15) / 1e6)  # TokenUsage: cost bills the uncached bucket
+    assert got["agent_cost_usd"] == pytest.approx((1030 * 3 + 10 * 15) / 1e6)  # no cache prices: never below what was spent
+    cache_priced = {**PRICES, "claude-agent": {**PRICES["claude-agent"], "cache_write": 3.75, "cache_read": 0.3}}
+    got = values(usage_metadata(ctx, {}, cache_priced))
+    assert got["agent_cost_usd"] == pytest.approx((100 * 3 + 30 * 3.75 + 900 * 0.3 + 10 * 15) / 1e6, abs=1e-6)  # metadata keeps 6 decimals
 
 
 def test_a_verifier_of_one_prompt_counts_that_prompt_only():
