@@ -419,6 +419,9 @@ def _defines_to_context(defines: tuple[str, ...]) -> dict[str, Any]:
         for part in parents:
             target = target.setdefault(part, {})
         target[leaf] = value
+    metadata = context.get("metadata")
+    if isinstance(metadata, dict) and "universe_id" in metadata:  # it names a folder of the artifact store
+        _load_or_exit(lambda: check_id(metadata["universe_id"], "-D metadata.universe_id"))
     return context
 
 

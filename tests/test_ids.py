@@ -99,6 +99,17 @@ def test_a_universe_id_from_the_run_cannot_write_outside_the_artifact_store(tmp_
     assert not list(tmp_path.rglob("escape"))
 
 
+@pytest.mark.parametrize("define", ["metadata.universe_id=../../escape", 'metadata={"universe_id": "/tmp/escape"}'])
+def test_a_universe_id_given_with_d_is_refused_before_the_run_starts(project, define):
+    task = project / "tasks" / "t.json"
+    task.write_text(json.dumps([{"id": "env", "type": "deploy_env", "env_id": "email"}]))
+    done = cli(project, "run", str(task), "-D", define)
+    assert done.returncode == 2
+    shown = "'../../escape'" if "../" in define else "'/tmp/escape'"
+    assert f"error: -D metadata.universe_id {shown} is not a safe id ({RULE})" in done.stderr
+    assert not (project / ".agentenv" / "state" / "runs").exists()  # nothing ran
+
+
 def test_the_artifact_store_refuses_ids_and_files_that_leave_it(tmp_path):
     bundles = tmp_path / "bundles"
     bundles.mkdir()

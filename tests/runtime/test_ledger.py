@@ -1,16 +1,18 @@
 """A run's ledger: what it deployed, written down so that any process of the run can end it.
-The agents of one batch into the run's agent host are written down in one file."""
+The agents of one batch into the run's agent host are written down in one file; a server is
+written down before it is started, so a run that dies while it starts one still ends it."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import httpx
 
 from agentenv_dagster.config import load_config
 from agentenv_dagster.runtime.local import SEVERAL, Ledger, LocalProvider
-from agentenv_dagster.runtime.processes import is_running
-from projects import make_project
+from agentenv_dagster.runtime.processes import is_running, spawn_server, terminate
+from projects import REPO, make_project
 
 
 def test_agents_deployed_in_one_batch_are_one_ledger_file_and_each_can_be_ended(tmp_path):
@@ -64,3 +66,20 @@ def test_a_single_deployment_keeps_a_file_of_its_own(tmp_path):
     assert ledger.entry("a1") == {"kind": "agent", "pid": None, "container_id": None,
                                   "url": "http://127.0.0.1:1/agents/a1", "host": "agent-host-1"}
     assert ledger.entry("a2") is None
+
+
+def test_a_server_written_down_only_before_it_started_is_ended_by_the_run_s_teardown(tmp_path):
+    """What a step writes before it starts a server (where the server will announce itself) is
+    enough to end it: the process that started it may have died before writing its pid."""
+    ledger = Ledger(tmp_path / "deployments")
+    workdir = tmp_path / "envs" / "email-1"
+    ledger.record("email-1", "env", workdir=str(workdir))
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    server = spawn_server("agentenv_dagster.builtin.envs", ["email"], workdir=workdir, ttl_seconds=120,
+                          env={"PYTHONPATH": pythonpath}, token=ledger.token())
+    try:
+        assert ledger.entry("email-1")["pid"] is None  # nothing but where it announces itself
+        assert ledger.close() == ["email-1"]
+        assert not is_running(server.pid)
+    finally:
+        terminate(server.pid, started=server.started)
