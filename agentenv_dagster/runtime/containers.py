@@ -97,6 +97,11 @@ def docker_available() -> str | None:
     return None
 
 
+def container_name(instance_id: str | None, prefix: str = "agentenv") -> str:
+    """A new container's unique name; the engine finds a container by it as by its id."""
+    return "-".join(_name_part(part) for part in (prefix, instance_id, secrets.token_hex(4)) if part)
+
+
 def _name_part(value: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", value)
 
@@ -143,13 +148,15 @@ class ContainerSandbox:
         name_prefix: str = "agentenv",
         run_id: str | None = None,
         instance_id: str | None = None,
+        name: str | None = None,
     ) -> ContainerSandbox:
         """Create and start the container; it idles until ``exec`` calls or ``stop``.
 
         ``workspace`` (a host folder) is mounted at ``working_dir``; without one the image's
         WORKDIR is used when ``working_dir`` is None. ``ports`` are published on 127.0.0.1 at
         ports the engine picks; ``run_image_command`` also starts the image's ENTRYPOINT+CMD.
-        Labels ``agentenv.run_id`` / ``agentenv.instance_id`` let leftovers of a run be found.
+        Labels ``agentenv.run_id`` / ``agentenv.instance_id`` let leftovers of a run be found;
+        ``name`` (:func:`container_name`) is one its caller chose, to write down before it exists.
         """
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, not {network!r}")
@@ -177,9 +184,7 @@ class ContainerSandbox:
             for key, value in (("agentenv.run_id", run_id), ("agentenv.instance_id", instance_id))
             if value is not None
         }
-        name = "-".join(
-            _name_part(part) for part in (name_prefix, instance_id, secrets.token_hex(4)) if part
-        )
+        name = name or container_name(instance_id, name_prefix)
         limits: dict = {}
         if memory_mb is not None:
             # Swap equal to memory: the limit is the memory a task can use, not twice that.

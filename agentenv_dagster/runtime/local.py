@@ -411,12 +411,15 @@ class LocalProvider:
                          image: str, workspace: Path | None, working_dir: str | None, **settings: Any):
         """Start a sandbox's container and record it in the ledger, or say which step and
         field could not be served: ``fields`` = (what asks for a container, the image field)."""
-        from .containers import ContainerSandbox, ContainerSandboxError, MissingImageError, NoEngineError
+        from .containers import ContainerSandbox, ContainerSandboxError, MissingImageError, NoEngineError, container_name
 
         asked_by, image_field = fields
+        name = container_name(instance_id)
+        self.ledger.record(instance_id, "container", container_id=name)  # before it exists: a kill can't orphan it
         try:
             started = ContainerSandbox.start(
-                image, workspace, working_dir, run_id=self.run_dir.name, instance_id=instance_id, **settings,
+                image, workspace, working_dir, run_id=self.run_dir.name, instance_id=instance_id, name=name,
+                **settings,
             )
         except NoEngineError as exc:
             raise DeploymentError(

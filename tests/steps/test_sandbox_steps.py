@@ -23,6 +23,7 @@ from agentenv_dagster.config import load_config
 from agentenv_dagster.context import TaskStepContext
 from agentenv_dagster.errors import TaskLoadError
 from agentenv_dagster.runner import run_plan
+from agentenv_dagster.runtime.local import Ledger
 from agentenv_dagster.steps.execution import StepFailed
 from projects import FIXTURES
 
@@ -185,6 +186,20 @@ def test_without_an_engine_a_container_sandbox_fails_naming_step_and_field(tmp_p
         "engine: no Docker engine at unix:///nonexistent/docker.sock"
     )):
         run(plan, config)
+
+
+def test_a_container_is_written_in_the_run_s_ledger_before_the_engine_is_asked_for_it(tmp_path, monkeypatch):
+    """A kill between the engine's start and the ledger's write could orphan a container: its
+    name is written first (the engine finds a container by its name as by its id)."""
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    config = project(tmp_path)
+    plan = plan_of(tmp_path, config, [{"id": "box", "type": "deploy_sandbox", "sandbox_name": "box",
+                                       "sandbox_mode": "container", "image": BUSYBOX, "port": 8000}])
+    run_id = uuid.uuid4().hex
+    with pytest.raises(StepFailed, match="needs a Docker engine"):
+        run(plan, config, TaskStepContext(), run_id)
+    (entry,) = Ledger.of_run(config.state_dir / "runs" / run_id).entries().values()
+    assert entry["kind"] == "container" and entry["container_id"].startswith("agentenv-")
 
 
 def test_an_image_not_built_locally_fails_naming_the_image_field(docker_engine, tmp_path):
