@@ -280,7 +280,49 @@ def _python_yaml_problem(text: str) -> SpecError | None:
         return _yaml_error(exc)
     except SpecError as exc:
         return exc
-    except (yaml.YAMLError, RecursionError):
+    except RecursionError:  # composing recurses; some libyaml builds refuse deep nesting first
+        return _too_deep(text)
+    except yaml.YAMLError:
+        return None
+    finally:
+        loader.dispose()
+    return None
+
+
+def _too_deep(text: str) -> SpecError | None:
+    """Where a document nests past the limit, read from the parser's events (parsing, unlike
+    composing, does not recurse): the same error ``_check_nodes`` gives."""
+    path: list[str] = []
+    open_collections: list[list] = []  # per open collection: [is a mapping, next key or index, awaiting a key]
+    loader = yaml.SafeLoader(text)
+    try:
+        while (event := loader.get_event()) is not None and not isinstance(event, yaml.StreamEndEvent):
+            if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                open_collections.pop()
+                if path:
+                    path.pop()
+                continue
+            if not isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent, yaml.CollectionStartEvent)):
+                continue
+            parent = open_collections[-1] if open_collections else None
+            segment = None
+            if parent is not None and parent[0] and parent[2]:  # a mapping's key
+                parent[1], parent[2] = getattr(event, "value", "?"), False
+                if not isinstance(event, yaml.CollectionStartEvent):
+                    continue
+                segment = "?"  # a collection as a key
+            elif parent is not None:
+                segment = _segment(parent[1]) if parent[0] else str(parent[1])
+                parent[1], parent[2] = (None, True) if parent[0] else (parent[1] + 1, False)
+            if isinstance(event, yaml.CollectionStartEvent):
+                if segment is not None:
+                    path.append(segment)
+                if len(path) >= MAX_NESTING:
+                    return SpecError(f"nested deeper than {MAX_NESTING} levels", field=_dotted_start(tuple(path)),
+                                     line=event.start_mark.line + 1)
+                is_mapping = isinstance(event, yaml.MappingStartEvent)
+                open_collections.append([is_mapping, None if is_mapping else 0, is_mapping])
+    except yaml.YAMLError:
         return None
     finally:
         loader.dispose()

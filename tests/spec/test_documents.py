@@ -73,6 +73,23 @@ def test_yaml_nested_past_the_limit_is_refused_at_its_line(depth):
     assert refusal(parse_yaml, text) == f"doc:2: field 'success_criteria.0.0...': nested deeper than {MAX_NESTING} levels"
 
 
+@pytest.mark.parametrize("text", [
+    "task_id: t\nsuccess_criteria: " + "[" * 10_000 + "]" * 10_000 + "\n",
+    "a:\n  b:\n" + "".join("  " * (i + 2) + f"k{i}:\n" for i in range(120)) + "  " * 122 + "v\n",
+    "? [a, b]\n: " + "[" * 200 + "]" * 200 + "\n",
+], ids=["flow", "block", "complex-key"])
+def test_a_document_too_deep_to_compose_in_python_is_located_as_libyaml_s_composition_is(text):
+    """Some libyaml builds refuse deep nesting themselves, and Python's composer recurses past
+    its stack on such a document: the refusal is then read from the parser's events, and says
+    what the composed check says."""
+    from agentenv_dagster.spec.documents import _too_deep
+
+    located = _too_deep(text)
+    with pytest.raises(SpecError) as composed:
+        parse_yaml(text)
+    assert (str(located), located.line) == (str(composed.value), composed.value.line)
+
+
 def test_nesting_up_to_the_limit_loads():
     assert parse_json("[" * MAX_NESTING + "]" * MAX_NESTING) is not None
     assert parse_yaml("a: " + "[" * (MAX_NESTING - 1) + "]" * (MAX_NESTING - 1)) is not None
