@@ -56,6 +56,7 @@ def test_validate_reports_one_line_per_problem_and_exits_1(project):
     ]
 
 
+@pytest.mark.slow
 def test_run_writes_the_redacted_context_and_prints_where_things_are(project, tmp_path):
     out = tmp_path / "out"
     done = cli(project, "run", "tasks/reply_to_dana.json", "--output-dir", str(out),

@@ -101,6 +101,7 @@ def test_a_dataset_is_one_run_over_its_rows(project, monkeypatch):
     assert all(r.started_at <= r.completed_at and r.duration_seconds < 60 for r in done.results)
 
 
+@pytest.mark.slow
 def test_a_row_s_check_run_on_its_own_judges_that_row(project):
     """The UI's Execute on a partition of the check (the asset job, its check alone, tagged
     with the row): it reads that row's latest verification, not the asset's latest of any row."""
@@ -198,6 +199,7 @@ def test_a_launch_over_a_partition_range_without_row_config_reads_the_rows_from_
         assert instance.get_materialized_partitions(VERIFICATION) == {"r1", "r2"}
 
 
+@pytest.mark.slow
 def test_a_run_tagged_rows_failed_runs_only_the_rows_that_did_not_pass(project):
     from agentenv_dagster import build_definitions
 

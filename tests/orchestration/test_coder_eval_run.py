@@ -257,6 +257,7 @@ def test_the_anthropic_agent_on_a_coder_task_and_its_token_budget(tmp_path, fake
     assert leaked_servers(root / ".agentenv" / "state") == []
 
 
+@pytest.mark.slow
 def test_skipped_tasks_are_listed_not_run_and_command_stats_are_reported(project, tmp_path):
     text = (project / "tasks" / "hello_python.yaml").read_text()
     (project / "tasks" / "skipped.yaml").write_text(text.replace("task_id: hello-python", "task_id: skipped\nskip: true"))
@@ -487,6 +488,7 @@ def test_a_dataset_suite_is_aggregated_and_its_thresholds_gate_the_exit_code(pro
             "criterion_1_accuracy": False, "criterion_1_completion_rate": True}
 
 
+@pytest.mark.slow
 def test_a_gate_on_any_label_is_a_check_dagster_can_name_and_a_metric_never_computed_warns(project, tmp_path):
     gates = '{"recall.(other)": 0.5, "f1.bug-fix": 0.5, "f1.bug_fix": 0.5, "f1.macro": 0.5}'
     (project / "tasks" / "labels.yaml").write_text(
@@ -528,6 +530,7 @@ def test_a_task_whose_definitions_dagster_refuses_is_a_broken_job_not_a_broken_l
         build_definitions(project / "tasks", translator=OddGroups(), strict=True)
 
 
+@pytest.mark.slow
 def test_the_suite_asset_rolls_up_the_row_partitions_with_blocking_threshold_checks(project):
     (project / "tasks" / "words.yaml").write_text(WORDS_TASK.format(extra=", suite_thresholds: {mean: 0.5}"))
     defs = build_definitions(project / "tasks")

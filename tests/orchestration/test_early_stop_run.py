@@ -111,6 +111,7 @@ def test_a_live_pass_with_on_pass_stop_banks_the_rest_and_gates_on_the_armed_onl
     assert result.final_status.value == "SUCCESS"  # fired-only gating: the unarmed failure is advisory
 
 
+@pytest.mark.slow
 def test_decide_within_fails_a_criterion_still_undecided_and_spares_one_decided_in_time(project):
     actions = [bash("ls"), bash("date"), LOAD_SKILL, WRITE_REPORT]
     (late,) = run(project, actions, [loads_skill(decide_within=2), REPORT_EXISTS]).results
@@ -132,6 +133,7 @@ def test_a_distractor_misfire_waits_until_the_positive_signal_has_resolved(proje
     assert result.final_status.value == "FAILURE"
 
 
+@pytest.mark.slow
 def test_a_light_failure_the_weighted_ceiling_absorbs_does_not_stop_the_run(project):
     criteria = [never("curl", weight=1), never("rm -rf", weight=3), REPORT_EXISTS]
     actions = [bash("curl http://x"), bash("ls"), WRITE_REPORT]

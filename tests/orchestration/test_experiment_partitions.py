@@ -44,6 +44,7 @@ def passed_by_partition(instance: dg.DagsterInstance) -> dict[str, bool]:
             for r in reversed(records)}  # oldest first: the latest wins
 
 
+@pytest.mark.slow
 def test_an_experiment_s_job_is_partitioned_by_variant_and_row(project):
     defs = build_definitions(project / "tasks", strict=True)
     job = defs.resolve_job_def("words__compare")
@@ -194,6 +195,7 @@ def test_the_cli_writes_a_suite_per_variant_and_exits_1_when_one_falls_short(pro
     assert passed == {"base": True, "strict": False}
 
 
+@pytest.mark.slow
 def test_a_schedule_or_the_task_file_sensor_launches_a_run_per_variant(project):
     config = project / ".agentenv" / "config.toml"
     config.write_text(config.read_text() + '[schedules]\n"words__compare" = "@daily"\n')

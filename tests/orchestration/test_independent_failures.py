@@ -98,6 +98,7 @@ def assert_only_the_broken_check_failed(instance, run_id, state):
     assert leaked_servers(state) == []
 
 
+@pytest.mark.slow
 def test_under_the_default_executor_the_others_grade_and_only_the_failure_is_reported(tmp_path, monkeypatch):
     monkeypatch.delenv("AGENTENV_DAGSTER_EXECUTOR", raising=False)
     root = fourteen_verifiers(tmp_path / "p")

@@ -88,6 +88,7 @@ def test_off_a_terminal_a_run_shows_lines_of_progress_not_dagster_s_events_and_e
     assert not any("row_page" in m.metadata for m in materialized)
 
 
+@pytest.mark.slow
 def test_verbose_shows_dagster_s_event_lines_instead_of_the_progress(project):
     done = cli(project, "run", "tasks/reply_to_dana.json", "--verbose")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -157,6 +158,7 @@ def test_each_verification_links_its_row_s_page(project, tickets):
         assert page.is_file() and "<html" in page.read_text()[:200].lower()
 
 
+@pytest.mark.slow
 def test_on_a_terminal_the_live_display_shows_the_rows_then_leaves_the_summary(project, tmp_path):
     out = tmp_path / "out"
     shown, code = under_a_terminal(project, "run", "tasks/tickets.yaml", "--output-dir", str(out))

@@ -280,6 +280,7 @@ DEFINITIONS = "from pathlib import Path\nfrom agentenv_dagster import build_defi
               "defs = build_definitions(Path(__file__).parent / 'tasks')\n"
 
 
+@pytest.mark.slow
 def test_the_failure_sensor_queues_one_child_run_that_re_executes_the_span(tmp_path):
     project = make(tmp_path, chain_task(tmp_path, failures=1, max_retries=1))
     (project / "definitions.py").write_text(DEFINITIONS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import dagster as dg
+import pytest
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.orchestration.io_manager import final_context
@@ -111,6 +112,7 @@ def test_a_fatal_failure_fails_the_run_skips_dependents_and_tears_down(tmp_path)
     assert leaked_servers(state) == []
 
 
+@pytest.mark.slow
 def test_a_tolerated_failure_lets_dependents_run(tmp_path):
     steps = [dict(s) for s in FAILING_TASK]
     steps[2]["fail_task_on_error"] = False
@@ -123,6 +125,7 @@ def test_a_tolerated_failure_lets_dependents_run(tmp_path):
     assert leaked_servers(state) == []
 
 
+@pytest.mark.slow
 def test_the_judge_resource_is_configurable_from_the_launchpad(tmp_path, monkeypatch, fake_messages_api):
     from fakes.messages_api import tool_use_reply
 

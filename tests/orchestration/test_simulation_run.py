@@ -74,6 +74,7 @@ def test_each_trial_is_a_dialog_that_ends_on_the_stop_token(project, tmp_path):
     assert '"stop_reason": "stop_token"' in saved and '"user_input": "Now b please"' in saved
 
 
+@pytest.mark.slow
 def test_max_turns_and_stop_on_criteria_pass_end_the_dialog(project, tmp_path):
     capped = run(project, TASK.replace("max_turns: 5", "max_turns: 1").replace("n_trials: 2", "n_trials: 1"), tmp_path)
     (result,) = capped.results
@@ -87,6 +88,7 @@ def test_max_turns_and_stop_on_criteria_pass_end_the_dialog(project, tmp_path):
     assert result.final_status.value == "SUCCESS"
 
 
+@pytest.mark.slow
 def test_an_anthropic_simulator_with_a_token_budget(tmp_path, fake_messages_api):
     root = make_project(tmp_path / "p", tasks={}, model={"api_key": "sk-test", "base_url": fake_messages_api.base_url,
                                                         "default": "claude-sim"},

@@ -5,6 +5,7 @@ a task loading the snapshot has it upstream, and the load round-trips."""
 from __future__ import annotations
 
 import dagster as dg
+import pytest
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.config import load_config
@@ -46,6 +47,7 @@ def test_the_lineage_reads_loaded_universe_then_snapshot_then_the_task_that_load
     assert graph.get(artifact("unnamed", "snap")).parent_keys == {artifact("inbox")}
 
 
+@pytest.mark.slow
 def test_a_run_materializes_the_universe_version_and_the_reload_observes_it(tmp_path):
     project = make_project(tmp_path / "p", tasks={"snapshot.json": SNAPSHOT, "reload.json": RELOAD})
     defs = build_definitions(project / "tasks")

@@ -220,6 +220,7 @@ def test_servers_that_cannot_sync_are_skipped_unless_intolerant(tmp_path, caplog
 
 
 # -- register_env_triggers -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_register_env_triggers_refusals(project):
     with pytest.raises(TaskLoadError, match=re.escape("triggers must be a list of objects")):
         run_steps(project, [EMAIL, {**ON_DANA, "triggers": ["dana"], "depends_on": ["email"]}])
@@ -263,6 +264,7 @@ def _reacts(**when) -> dict:
             "triggers": [{**first, "when": {**first["when"], "of": [condition, *first["when"]["of"][1:]]}}, rest]}
 
 
+@pytest.mark.slow
 def test_agent_triggers_register_on_the_embedded_agent_and_must_name_registered_env_triggers(project):
     context = run_steps(project, [EMAIL, CLOCK, ASSISTANT, ON_DANA, DANA, DANA_REACTS])
     assert context.metadata["agent_trigger_registrations"] == [
