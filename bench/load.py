@@ -75,7 +75,7 @@ def hand_built_definitions(n: int, with_config: bool = True):
 
     from agentenv_dagster.compiler import load_plan
     from agentenv_dagster.config import load_config
-    from agentenv_dagster.orchestration.definitions import step_config
+    from agentenv_dagster.orchestration.rows import step_config
 
     plan = load_plan(TASK, load_config(ROOT))
     steps = plan.steps
