@@ -23,8 +23,8 @@ backfill's time went: submit -> run created (the backfill daemon's next iteratio
 run itself, run end -> backfill completed (the daemon's next iteration again). Dagster's
 backfill daemon iterates every 30 s (a constant of Dagster's, not a ``dagster.yaml`` setting),
 so a backfill waits 0-30 s for its run and 0-30 s after it; the run queue dequeues every
-``run_queue: dequeue_interval_seconds`` (Dagster's default 5; ``--dequeue-interval`` writes it
-into the instance's ``dagster.yaml``). Needs ``pip install -e '.[bench]'``.
+``run_queue: dequeue_interval_seconds`` (Dagster's default 5; ``--dequeue-interval`` sets it in
+the instance's ``dagster.yaml``). Needs ``pip install -e '.[bench]'``.
 
     python bench/backfill.py [--rows 240] [--in-flight 32] [--grade 0.5] [--via asset|job] [--dequeue-interval S]
 """
@@ -44,6 +44,7 @@ from pathlib import Path
 
 import dagster as dg
 import httpx
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import busy_cpu_seconds, list_schedule, timed  # noqa: E402
@@ -183,8 +184,10 @@ def project(root: Path, rows: int, grade: float, dequeue_interval: int | None) -
         shutil.copy(REPO / name, root / name)
     home = root / ".dagster_home"
     home.mkdir()
-    queue = f"run_queue:\n  dequeue_interval_seconds: {dequeue_interval}\n" if dequeue_interval else ""
-    (home / "dagster.yaml").write_text(dagster_yaml(home) + queue)
+    settings = yaml.safe_load(dagster_yaml(home))  # the project's own, as its first run writes it
+    if dequeue_interval:
+        settings["run_queue"] = {**settings.get("run_queue", {}), "dequeue_interval_seconds": dequeue_interval}
+    (home / "dagster.yaml").write_text(yaml.safe_dump(settings))
     return task
 
 

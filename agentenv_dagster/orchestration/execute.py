@@ -68,10 +68,8 @@ class RunResult:
 
 
 # Offline by default: no telemetry, no newsletter prompt in the UI; Dagster's own storage and
-# compute logs (SQLite in the folder; `deploy/dagster.yaml` for PostgreSQL). The daemon looks
-# at the run queue every second, not every five: a launch or backfill from the UI starts sooner.
-DAGSTER_YAML = ("telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
-                "run_queue:\n  dequeue_interval_seconds: 1\n")
+# compute logs (SQLite in the folder; `deploy/dagster.yaml` for PostgreSQL).
+DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
 
 
 def dagster_yaml(home: Path) -> str:
