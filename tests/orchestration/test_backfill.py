@@ -12,21 +12,18 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import dagster as dg
-import httpx
 import pytest
 import psutil
-from test_dagster_dev import PARTITIONS_QUERY, free_port, graphql, wait_until
+from test_dagster_dev import PARTITIONS_QUERY, dagster_dev, graphql, wait_until
 from test_pipelined_rows import most_at_once, spans
 
 from agentenv_dagster import build_definitions
 from agentenv_dagster.orchestration.execute import dagster_yaml
 from agentenv_dagster.orchestration.io_manager import final_contexts
 from agentenv_dagster.orchestration.rows import RANGE_END_TAG, RANGE_START_TAG
-from agentenv_dagster.runtime.processes import is_running, terminate
 from projects import REPO, leaked_servers, make_project
 
 LABELS = {"billing": "I was charged twice", "bug": "The export button crashes", "question": "How do I invite a teammate"}
@@ -155,20 +152,7 @@ def assert_the_run_scored_every_row(port: int, run_id: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_backfill_launched_from_the_ui_runs_every_row_in_one_bounded_run(project):
-    port = free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home")}
-    dev = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)],
-        cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
-        def up():
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, 120, "the webserver")
+    with dagster_dev(project) as (port, dev):
         # from the asset graph: Dagster's implicit asset job runs the task's graph
         run = backfill_every_row(port, FROM_THE_ASSET_GRAPH)
         assert run["jobName"] == "__ASSET_JOB"
@@ -180,10 +164,6 @@ def test_a_backfill_launched_from_the_ui_runs_every_row_in_one_bounded_run(proje
         assert_the_run_scored_every_row(port, run["runId"])
         assert_every_row_ran_in_one_bounded_run(project, run["runId"])
         assert graphql(port, UNFINISHED)["runsOrError"]["results"] == []  # no run queued or still going
-    finally:
-        terminate(dev.pid, grace_seconds=20)
-        dev.wait(timeout=30)
-    wait_until(lambda: not is_running(dev.pid), 30, "dagster dev to stop")
     # nor any process it started (webserver, daemon, code servers, run workers; they end as their
     # parents stop them, or on their heartbeat): the fixture checks the rows' sandboxes and agents
     def group():

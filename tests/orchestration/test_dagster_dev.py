@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -76,6 +77,31 @@ def wait_until(predicate, timeout: float, what: str):
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextmanager
+def dagster_dev(project):
+    """``dagster dev`` of ``project``'s workspace on a free port, its instance the project's
+    ``.dagster_home``: ``(port, process)`` once the webserver answers; stopped afterwards."""
+    port = free_port()
+    env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home")}
+    dev = subprocess.Popen(
+        [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)],
+        cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        def up():
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, 120, "the webserver")
+        yield port, dev
+    finally:
+        terminate(dev.pid, grace_seconds=20)
+        dev.wait(timeout=30)
+    wait_until(lambda: not is_running(dev.pid), 30, "dagster dev to stop")
 
 
 def launch_and_wait(client: DagsterGraphQLClient, job: str, run_config: dict, **options) -> str:
@@ -194,20 +220,8 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
     shutil.copy(REPO / "workspace.yaml", project / "workspace.yaml")
     (project / ".dagster_home").mkdir()
     (project / ".dagster_home" / "dagster.yaml").write_text(dagster_yaml(project / ".dagster_home"))
-    port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home")}
-    dev = subprocess.Popen(
-        [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-p", str(port)],
-        cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
-        def up():
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, 120, "the webserver")
+    with dagster_dev(project) as (port, _dev):
         client = DagsterGraphQLClient("127.0.0.1", port_number=port)
         jobs = graphql(port, JOBS_QUERY)["repositoriesOrError"]["nodes"][0]["jobs"]
         assert {"reply_to_dana", "broken__invalid"} <= {j["name"] for j in jobs}
@@ -232,8 +246,4 @@ def test_dagster_dev_lists_launches_and_shows_scores(tmp_path):
         a_new_judge_makes_the_rubric_stale(port, project)
         if CHROMIUM:
             look_at_the_ui(tmp_path, f"http://127.0.0.1:{port}")
-    finally:
-        terminate(dev.pid, grace_seconds=20)
-        dev.wait(timeout=30)
-    wait_until(lambda: not is_running(dev.pid), 30, "dagster dev to stop")
     assert leaked_servers(project / ".agentenv" / "state") == []

@@ -172,16 +172,23 @@ def test_every_verification_and_suite_declares_no_regression_as_configured(tmp_p
     assert not any(key.startswith("verifications/hello_python") for key in gates)
 
 
+def graded_then_dropped(project, workspace, config, instance):
+    """The task graded on the workspace as it is, then again with one of its files gone (a
+    lower score): both runs' results."""
+    first = run_coder_eval_task(TASK, config, instance=instance, grade_only_from=workspace,
+                                output_dir=project / "out" / "first")
+    (workspace / "b.txt").unlink()
+    dropped = run_coder_eval_task(TASK, config, instance=instance, grade_only_from=workspace,
+                                  output_dir=project / "out" / "dropped")
+    return first, dropped
+
+
 def test_a_blocking_gate_fails_the_run_that_regressed(project, workspace):
     (project / ".agentenv" / "config.toml").write_text(
         (project / ".agentenv" / "config.toml").read_text() + "\n[regression]\nblocking = true\n")
     config = load_config(project)
     with dg.instance_for_test() as instance:
-        first = run_coder_eval_task(TASK, config, instance=instance, grade_only_from=workspace,
-                                    output_dir=project / "out" / "first")
-        (workspace / "b.txt").unlink()
-        dropped = run_coder_eval_task(TASK, config, instance=instance, grade_only_from=workspace,
-                                      output_dir=project / "out" / "dropped")
+        first, dropped = graded_then_dropped(project, workspace, config, instance)
         statuses = [instance.get_run_by_id(run_id).status for run_id in (*first.run_ids, *dropped.run_ids)]
         check = no_regression_of(instance, dropped.run_ids[0])
     assert statuses == [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE]
@@ -193,11 +200,7 @@ def test_the_check_executed_alone_judges_the_latest_score_against_the_ones_befor
     config = load_config(project)
     key = dg.AssetCheckKey(SCORE_KEY, REGRESSION_CHECK)
     with dg.instance_for_test() as instance:
-        first = run_coder_eval_task(TASK, config, instance=instance, grade_only_from=workspace,
-                                    output_dir=project / "out" / "first")
-        (workspace / "b.txt").unlink()
-        dropped = run_coder_eval_task(TASK, config, instance=instance, grade_only_from=workspace,
-                                      output_dir=project / "out" / "dropped")
+        first, dropped = graded_then_dropped(project, workspace, config, instance)
         alone = build_definitions(project / "tasks").resolve_implicit_global_asset_job_def().get_subset(
             asset_check_selection={key})
         (evaluation,) = alone.execute_in_process(instance=instance).get_asset_check_evaluations()
