@@ -413,3 +413,24 @@ def run_check_evaluations(instance: dg.DagsterInstance, run_id: str) -> list[dg.
     return [entry.dagster_event.event_specific_data
             for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
             if entry.dagster_event is not None]
+
+
+# A run launcher that forks each run's worker from a warm process (orchestration/run_launcher.py):
+# Dagster's ``RunLauncher`` base and ``ConfigurableClass`` (how dagster.yaml names a launcher)
+# are not exported, and what a run worker does (``dagster api execute_run``: the run's engine
+# events, its execution, its exit code) is the body of Dagster's internal CLI command.
+from dagster._core.launcher import LaunchRunContext, RunLauncher  # noqa: E402, F401 - re-exported
+from dagster._core.instance import InstanceRef  # noqa: E402, F401 - re-exported
+from dagster._serdes import ConfigurableClass, ConfigurableClassData  # noqa: E402, F401 - re-exported
+
+RUN_WORKER_MODULES = ("dagster", "dagster._cli.api", "dagster._utils.interrupts")  # what a run worker imports
+
+
+def execute_launched_run(run_id: str, instance: dg.DagsterInstance) -> int:
+    """Execute the launched run ``run_id`` in this process as ``dagster api execute_run``
+    does, interrupts delivered as Dagster's run workers take them. The worker's exit code."""
+    from dagster._cli.api import _execute_run_command_body
+    from dagster._utils.interrupts import capture_interrupts
+
+    with capture_interrupts():
+        return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=False)

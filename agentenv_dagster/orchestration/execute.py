@@ -68,8 +68,16 @@ class RunResult:
 
 
 # Offline by default: no telemetry, no newsletter prompt in the UI; Dagster's own storage and
-# compute logs (SQLite in the folder; `deploy/dagster.yaml` for PostgreSQL).
-DAGSTER_YAML = "telemetry:\n  enabled: false\nnux:\n  enabled: false\n"
+# compute logs (SQLite in the folder; `deploy/dagster.yaml` for PostgreSQL); runs launched from
+# the UI or by the daemon start from a warm process (orchestration/run_launcher.py).
+DAGSTER_YAML = """telemetry:
+  enabled: false
+nux:
+  enabled: false
+run_launcher:
+  module: agentenv_dagster.orchestration.run_launcher
+  class: ForkingRunLauncher
+"""
 
 
 def dagster_yaml(home: Path) -> str:
