@@ -31,7 +31,7 @@ from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .provenance import Provenance
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
-from .retries import carry_retries, live_deployers, self_retry_pending
+from .retries import live_deployers, retries_carried, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
 from .step_events import (
     asset_events, asset_provenance, check_evaluations, report_unreached, result_materialization, row_page_link,
@@ -137,6 +137,9 @@ class _RowsOfOp:
         self.replicate = int(replicate) if replicate is not None else None
         self.provenance = asset_provenance(context)
         self.row_page = row_page_link(context)
+        self.carry_retries = retries_carried(context, step, io)
+        # a self-retry pending: its budget comes before fail_task_on_error, and Dagster runs the op again
+        self.retried_here = self_retry_pending(context, step)
         self.passed = 0
         self.stopped_here: list[str] = []
         self.first_failure: StepFailed | None = None
@@ -191,11 +194,9 @@ class _RowsOfOp:
 
     async def _one(self, row: Row, lanes: asyncio.Queue, outbox: "_Outbox") -> None:
         ctx = TaskStepContext.from_dict(row.context)
-        step = self.step
-        carry_retries(self.context, step, {row.key: ctx}, self.io)
-        retried_here = self_retry_pending(self.context, step)
-        if retried_here:  # the budget comes before fail_task_on_error
-            step = step.model_copy(update={"fail_task_on_error": True})
+        if self.carry_retries is not None:
+            self.carry_retries(row.key, ctx)
+        step = self.step.model_copy(update={"fail_task_on_error": True}) if self.retried_here else self.step
         rt = await lanes.get()
         try:
             outcome: StepOutcome | StepFailed = await run_step(step, ctx, rt)
@@ -204,7 +205,7 @@ class _RowsOfOp:
         finally:
             lanes.put_nowait(rt)
         if isinstance(outcome, StepFailed):
-            if retried_here:  # Dagster runs the op again: this row's attempt is kept for its record
+            if self.retried_here:  # Dagster runs the op again: this row's attempt is kept for its record
                 StreamWriter(self.io, self.context.run_id, f"{self.out.ref.name}{FAILED_ATTEMPT}").stopped(
                     row.key, outcome.record, ctx)
                 raise _RetryPending(outcome)
@@ -285,27 +286,21 @@ class _Departures:
         self._reading.cancel()
 
 
-class _Outbox:
+class _Outbox(queue.SimpleQueue):
     """What an op's rows hand its generator (which alone may yield Dagster events), across
     threads: the rows run on the op's event loop thread, the generator in the op's thread."""
-
-    def __init__(self) -> None:
-        self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-    def put(self, item: Any) -> None:
-        self.items.put(item)
 
     def take(self) -> list[Any]:
         """At least one item (blocking until there is one), and whatever else is waiting."""
         while True:  # a timeout now and then: the main thread's signal handlers run meanwhile
             try:
-                items = [self.items.get(timeout=STOP_POLL_SECONDS)]
+                items = [self.get(timeout=STOP_POLL_SECONDS)]
                 break
             except queue.Empty:
                 continue
         while True:
             try:
-                items.append(self.items.get_nowait())
+                items.append(self.get_nowait())
             except queue.Empty:
                 return items
 
