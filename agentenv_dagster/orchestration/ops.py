@@ -154,11 +154,16 @@ class _RowsOfOp:
         plan = plan_of(context)
         task_bound = plan.document.max_sandboxes if plan is not None else None
         bound = resource.live_rows_bound(task_bound) if side_by_side() and len(keys) > 1 else None
-        left = _Departures(self.io, StreamRef(context.run_id, _sibling(context, TEARDOWN_OP))) if bound else None
+        left = records(self.io, StreamRef(context.run_id, _sibling(context, TEARDOWN_OP))) if bound else None
+        departed = 0  # rows the teardown op's stream has passed on
         try:
             for index, key in enumerate(keys):
-                if left is not None:
-                    await left.at_least(index + 1 - bound)
+                while left is not None and departed <= index - bound:
+                    try:
+                        await anext(left)
+                        departed += 1
+                    except StopAsyncIteration:  # the teardown op ended: no row will leave any more
+                        left = None
                 # a re-execution (a retry) is the same task instance as its root run
                 ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key,
                                                row_seed(context, key))
@@ -166,7 +171,7 @@ class _RowsOfOp:
                 yield Row(key, ctx.to_dict())
         finally:
             if left is not None:
-                left.close()
+                await left.aclose()
 
     async def run(self, source: AsyncIterator[Row], outbox: "_Outbox") -> None:
         """Every row of ``source`` through the step, ``rows_in_flight`` at once."""
@@ -262,30 +267,6 @@ class _RowsOfOp:
             )
 
 
-class _Departures:
-    """How many rows have left the run (the teardown op's stream), for a root op's admissions."""
-
-    def __init__(self, io: ContextIOManagerBase, teardown: StreamRef) -> None:
-        self.count = 0
-        self._changed = asyncio.Event()
-        self._reading = asyncio.create_task(self._read(io, teardown))
-
-    async def _read(self, io: ContextIOManagerBase, teardown: StreamRef) -> None:
-        async for _ in records(io, teardown):
-            self.count += 1
-            self._changed.set()
-
-    async def at_least(self, count: int) -> None:
-        while self.count < count:
-            self._changed.clear()
-            if self._reading.done():  # the teardown op ended: no row will leave any more
-                return
-            await _first_of(self._changed.wait(), self._reading)
-
-    def close(self) -> None:
-        self._reading.cancel()
-
-
 class _Outbox(queue.SimpleQueue):
     """What an op's rows hand its generator (which alone may yield Dagster events), across
     threads: the rows run on the op's event loop thread, the generator in the op's thread."""
@@ -303,15 +284,6 @@ class _Outbox(queue.SimpleQueue):
                 items.append(self.get_nowait())
             except queue.Empty:
                 return items
-
-
-async def _first_of(awaited: Awaitable[Any], task: asyncio.Task) -> None:
-    """Until ``awaited`` is done or ``task`` has ended (``awaited`` is dropped then)."""
-    waiting = asyncio.ensure_future(awaited)
-    try:
-        await asyncio.wait({waiting, task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiting.cancel()
 
 
 STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
