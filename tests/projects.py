@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -13,7 +12,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from agentenv_dagster.runtime.local import Ledger, LocalProvider
+from agentenv_dagster.runtime.local import Ledger
 from agentenv_dagster.runtime.processes import is_running, terminate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,14 +192,3 @@ def in_forked_child(report) -> str:
     finally:
         os.close(read)
         os.waitpid(child, 0)
-
-
-def deploy_agent(provider: LocalProvider, agent_id: str, **options):
-    """``provider.deploy_agent_async`` from code that runs no event loop (its client closed after)."""
-    async def deploy():
-        try:
-            return await provider.deploy_agent_async(agent_id, **options)
-        finally:
-            await provider.aclose()
-
-    return asyncio.run(deploy())

@@ -239,17 +239,33 @@ class LocalProvider:
             **record, env_provider_type="local", instance_id=instance_id, mcp_url=f"{server.url}/mcp",
         )
 
-    async def deploy_agent_async(
+    def deploy_agent(
         self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
         workspace: Path | None = None, container: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
         """Deploy agent ``agent_id`` (its registry entry, with ``overrides`` on top) into the
-        run's agent host, started on first use (see ``builtin/agents/host.py``); the agents
-        asked for in the same turn of the loop (a batch of dataset rows) go there in one
-        request. With a ``workspace`` folder the agent works there, with Bash/Write/Read/Skill
-        tools (its Bash inside the sandbox's ``container`` when it has one) whose environment
-        is an allowlist plus ``tools_env``."""
+        run's agent host, started on first use (see ``builtin/agents/host.py``). With a
+        ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools (its Bash
+        inside the sandbox's ``container`` when it has one) whose environment is an allowlist
+        plus ``tools_env``."""
+        request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides,
+                                       tools_env)
+        try:
+            created = _http().post(f"{request.host_url}/agents", json=request.body, headers=self._auth())
+        except httpx.HTTPError as exc:
+            raise request.host_failed(exc) from None
+        answer = created.json() if created.status_code == 201 else {"error": created.text}
+        self._record_hosted(request.host_id, [(request.body, answer)])
+        return self._hosted_agent(request, answer)
+
+    async def deploy_agent_async(
+        self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
+        workspace: Path | None = None, container: dict[str, Any] | None = None,
+        overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
+    ) -> DeployedAgent:
+        """:meth:`deploy_agent` from an event loop: the agents asked for in the same turn of
+        the loop (a batch of dataset rows) go to their host in one request."""
         args = (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides, tools_env)
         request = self._hosted_request(*args, start_host=False)
         if request is None:

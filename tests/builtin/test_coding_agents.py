@@ -23,7 +23,6 @@ import httpx
 import pytest
 from fakes.messages_api import text_reply, tool_use_reply
 from fakes.responses_api import FakeResponsesAPI, function_call, message
-from projects import deploy_agent
 
 from agentenv_dagster.config import AgentEntry, AgentEnvConfig, AgentsConfig, ModelConfig
 from agentenv_dagster.runtime.a2a_client import AGENT_CONFIG_URI, MCP_CONFIG_URI, A2AClient
@@ -92,9 +91,7 @@ async def deploy(a2a: A2AClient, provider: LocalProvider, workspace: Path, env, 
                  **agent_config) -> tuple[str, dict]:
     """Deploy the provider's 'coder' as the deploy_agent step does: MCP env (with its token),
     then agent-config."""
-    agent = await provider.deploy_agent_async("coder", agent_name="agent", ttl_seconds=120, workspace=workspace,
-                                              env_vars=env_vars)
-    await provider.aclose()
+    agent = provider.deploy_agent("coder", agent_name="agent", ttl_seconds=120, workspace=workspace, env_vars=env_vars)
     card = await a2a.get_card(agent.a2a_url)
     await a2a.post_extension(agent.a2a_url, card, MCP_CONFIG_URI,
                              {"url": f"{env.url}/mcp", "name": "items", "headers": env.auth_headers})
@@ -397,29 +394,28 @@ def test_codex_without_its_cli_or_a_key_fails_at_deploy(provide, tmp_path, monke
     monkeypatch.delenv("OPENAI_API_KEY")
     monkeypatch.delenv("CODEX_API_KEY", raising=False)
     with pytest.raises(DeploymentError, match=r"^A2A agent 'coder' \(kind codex\) needs an API key: set OPENAI_API_KEY"):
-        deploy_agent(provide(AgentEntry(kind="codex")), "coder", agent_name="a", ttl_seconds=60)
+        provide(AgentEntry(kind="codex")).deploy_agent("coder", agent_name="a", ttl_seconds=60)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(DeploymentError, match=r"needs the Codex CLI \('codex' is not on PATH\): npm install -g @openai/codex$"):
-        deploy_agent(provide(AgentEntry(kind="codex")), "coder", agent_name="a", ttl_seconds=60)
+        provide(AgentEntry(kind="codex")).deploy_agent("coder", agent_name="a", ttl_seconds=60)
 
 
 @needs_claude_sdk
 def test_claude_code_without_a_key_fails_at_deploy(provide):
     with pytest.raises(DeploymentError, match=r"^A2A agent 'coder' \(kind claude-code\) needs an API key"):
-        deploy_agent(provide(AgentEntry(kind="claude-code"), api_key=None), "coder", agent_name="a", ttl_seconds=60)
+        provide(AgentEntry(kind="claude-code"), api_key=None).deploy_agent("coder", agent_name="a", ttl_seconds=60)
 
 
 def test_claude_code_without_the_sdk_fails_at_deploy(provide, monkeypatch):
     monkeypatch.setitem(sys.modules, "claude_agent_sdk", None)  # as if it were not installed
     with pytest.raises(DeploymentError, match=r"needs the claude-agent-sdk package: pip install 'agentenv-dagster\[agents\]'"):
-        deploy_agent(provide(AgentEntry(kind="claude-code"), api_key="sk-test"), "coder", agent_name="a",
-                     ttl_seconds=60)
+        provide(AgentEntry(kind="claude-code"), api_key="sk-test").deploy_agent("coder", agent_name="a", ttl_seconds=60)
 
 
 def test_a_coding_cli_in_a_container_sandbox_is_refused(provide):
     with pytest.raises(DeploymentError, match=r"runs its CLI on this machine in the sandbox folder, not inside"):
-        deploy_agent(provide(AgentEntry(kind="claude-code"), api_key="sk-test"), "coder", agent_name="a",
-                     ttl_seconds=60, workspace=Path("/tmp"), container={"container_id": "c"})
+        provide(AgentEntry(kind="claude-code"), api_key="sk-test").deploy_agent(
+            "coder", agent_name="a", ttl_seconds=60, workspace=Path("/tmp"), container={"container_id": "c"})
 
 
 @needs_claude_sdk
@@ -427,4 +423,4 @@ def test_unknown_sdk_options_fail_the_deploy(provide, tmp_path):
     provider = provide(AgentEntry(kind="claude-code", sdk_options={"max_thinking_tokens": 1000, "warp_speed": 9}),
                        api_key="sk-test")
     with pytest.raises(DeploymentError, match=r"sdk_options \['warp_speed'\] are not ClaudeAgentOptions fields"):
-        deploy_agent(provider, "coder", agent_name="a", ttl_seconds=60, workspace=tmp_path / "ws")
+        provider.deploy_agent("coder", agent_name="a", ttl_seconds=60, workspace=tmp_path / "ws")

@@ -24,7 +24,7 @@ from agentenv_dagster.orchestration.sensors import (
 from agentenv_dagster.orchestration.staleness import STALE_SCORES_SENSOR
 from agentenv_dagster.runtime.local import Ledger, LocalProvider
 from agentenv_dagster.runtime.processes import is_running
-from projects import REPO, deploy_agent, leaked_servers, make_project
+from projects import REPO, leaked_servers, make_project
 
 FAILED, CANCELED = teardown_sensors()[:2]
 
@@ -46,7 +46,7 @@ def deploy_for_run(project, run_id: str) -> dict[str, int]:
     config = load_config(project)
     provider = LocalProvider(config, config.state_dir / "runs" / run_id)
     provider.deploy_env("email", step_id="email", ttl_seconds=120)
-    deploy_agent(provider, "claude-code", agent_name="assistant", ttl_seconds=120)
+    provider.deploy_agent("claude-code", agent_name="assistant", ttl_seconds=120)
     return {iid: e["pid"] for iid, e in provider.ledger.entries().items() if e.get("pid")}
 
 
