@@ -169,18 +169,11 @@ class Ledger:
         hosted = _HOSTED_HERE.get(self.folder, {}).get(instance_id)
         if hosted is not None:
             return hosted
-        try:
-            return json.loads((self.folder / f"{instance_id}.json").read_text())
-        except FileNotFoundError:
-            pass
-        try:
-            names = os.listdir(self.folder)
-        except FileNotFoundError:
-            return None
-        for name in names:
-            if name.endswith(f"{SEVERAL}.json") and instance_id in (found := _written_once(str(self.folder / name))):
-                return found[instance_id]
-        return None
+        own = self.folder / f"{instance_id}.json"
+        if own.is_file():
+            return json.loads(own.read_text())
+        batches = [n for n in os.listdir(self.folder) if n.endswith(f"{SEVERAL}.json")] if self.folder.is_dir() else []
+        return next((b[instance_id] for n in batches if instance_id in (b := _written_once(str(self.folder / n)))), None)
 
     def terminate(self, instance_id: str) -> bool:
         entry = self.entry(instance_id)
