@@ -26,7 +26,6 @@ from ..spec.documents import load_json, load_yaml
 from .translator import TaskTranslator
 
 SINGLETON_REPOSITORY = "__repository__"  # the name Dagster gives a Definitions' repository
-INVALID_SUFFIX = "__invalid"
 
 
 def build_repository(

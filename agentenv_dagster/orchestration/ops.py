@@ -31,7 +31,7 @@ from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .provenance import Provenance
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
-from .retries import carry_retries, live_deployers, self_retry_pending
+from .retries import live_deployers, retries_carried, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
 from .step_events import (
     asset_events, asset_provenance, check_evaluations, report_unreached, result_materialization, row_page_link,
@@ -137,6 +137,9 @@ class _RowsOfOp:
         self.replicate = int(replicate) if replicate is not None else None
         self.provenance = asset_provenance(context)
         self.row_page = row_page_link(context)
+        self.carry_retries = retries_carried(context, step, io)
+        # a self-retry pending: its budget comes before fail_task_on_error, and Dagster runs the op again
+        self.retried_here = self_retry_pending(context, step)
         self.passed = 0
         self.stopped_here: list[str] = []
         self.first_failure: StepFailed | None = None
@@ -151,11 +154,16 @@ class _RowsOfOp:
         plan = plan_of(context)
         task_bound = plan.document.max_sandboxes if plan is not None else None
         bound = resource.live_rows_bound(task_bound) if side_by_side() and len(keys) > 1 else None
-        left = _Departures(self.io, StreamRef(context.run_id, _sibling(context, TEARDOWN_OP))) if bound else None
+        left = records(self.io, StreamRef(context.run_id, _sibling(context, TEARDOWN_OP))) if bound else None
+        departed = 0  # rows the teardown op's stream has passed on
         try:
             for index, key in enumerate(keys):
-                if left is not None:
-                    await left.at_least(index + 1 - bound)
+                while left is not None and departed <= index - bound:
+                    try:
+                        await anext(left)
+                        departed += 1
+                    except StopAsyncIteration:  # the teardown op ended: no row will leave any more
+                        left = None
                 # a re-execution (a retry) is the same task instance as its root run
                 ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key,
                                                row_seed(context, key))
@@ -163,7 +171,7 @@ class _RowsOfOp:
                 yield Row(key, ctx.to_dict())
         finally:
             if left is not None:
-                left.close()
+                await left.aclose()
 
     async def run(self, source: AsyncIterator[Row], outbox: "_Outbox") -> None:
         """Every row of ``source`` through the step, ``rows_in_flight`` at once."""
@@ -191,11 +199,9 @@ class _RowsOfOp:
 
     async def _one(self, row: Row, lanes: asyncio.Queue, outbox: "_Outbox") -> None:
         ctx = TaskStepContext.from_dict(row.context)
-        step = self.step
-        carry_retries(self.context, step, {row.key: ctx}, self.io)
-        retried_here = self_retry_pending(self.context, step)
-        if retried_here:  # the budget comes before fail_task_on_error
-            step = step.model_copy(update={"fail_task_on_error": True})
+        if self.carry_retries is not None:
+            self.carry_retries(row.key, ctx)
+        step = self.step.model_copy(update={"fail_task_on_error": True}) if self.retried_here else self.step
         rt = await lanes.get()
         try:
             outcome: StepOutcome | StepFailed = await run_step(step, ctx, rt)
@@ -204,7 +210,7 @@ class _RowsOfOp:
         finally:
             lanes.put_nowait(rt)
         if isinstance(outcome, StepFailed):
-            if retried_here:  # Dagster runs the op again: this row's attempt is kept for its record
+            if self.retried_here:  # Dagster runs the op again: this row's attempt is kept for its record
                 StreamWriter(self.io, self.context.run_id, f"{self.out.ref.name}{FAILED_ATTEMPT}").stopped(
                     row.key, outcome.record, ctx)
                 raise _RetryPending(outcome)
@@ -261,62 +267,23 @@ class _RowsOfOp:
             )
 
 
-class _Departures:
-    """How many rows have left the run (the teardown op's stream), for a root op's admissions."""
-
-    def __init__(self, io: ContextIOManagerBase, teardown: StreamRef) -> None:
-        self.count = 0
-        self._changed = asyncio.Event()
-        self._reading = asyncio.create_task(self._read(io, teardown))
-
-    async def _read(self, io: ContextIOManagerBase, teardown: StreamRef) -> None:
-        async for _ in records(io, teardown):
-            self.count += 1
-            self._changed.set()
-
-    async def at_least(self, count: int) -> None:
-        while self.count < count:
-            self._changed.clear()
-            if self._reading.done():  # the teardown op ended: no row will leave any more
-                return
-            await _first_of(self._changed.wait(), self._reading)
-
-    def close(self) -> None:
-        self._reading.cancel()
-
-
-class _Outbox:
+class _Outbox(queue.SimpleQueue):
     """What an op's rows hand its generator (which alone may yield Dagster events), across
     threads: the rows run on the op's event loop thread, the generator in the op's thread."""
-
-    def __init__(self) -> None:
-        self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
-
-    def put(self, item: Any) -> None:
-        self.items.put(item)
 
     def take(self) -> list[Any]:
         """At least one item (blocking until there is one), and whatever else is waiting."""
         while True:  # a timeout now and then: the main thread's signal handlers run meanwhile
             try:
-                items = [self.items.get(timeout=STOP_POLL_SECONDS)]
+                items = [self.get(timeout=STOP_POLL_SECONDS)]
                 break
             except queue.Empty:
                 continue
         while True:
             try:
-                items.append(self.items.get_nowait())
+                items.append(self.get_nowait())
             except queue.Empty:
                 return items
-
-
-async def _first_of(awaited: Awaitable[Any], task: asyncio.Task) -> None:
-    """Until ``awaited`` is done or ``task`` has ended (``awaited`` is dropped then)."""
-    waiting = asyncio.ensure_future(awaited)
-    try:
-        await asyncio.wait({waiting, task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiting.cancel()
 
 
 STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop

@@ -103,16 +103,17 @@ class Comparison:
 def earlier_values(
     instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: list[str],
     settings: RegressionSettings, *, judged_run: str | None, code_version: str | None,
+    newest: tuple[list[dg.EventLogRecord], bool] | None = None,
 ) -> list[tuple[str, dict[str, float]]]:
     """The latest ``window`` earlier materializations of ``key`` (of ``partition``) that have
     one of ``metrics`` as a number, newest first, as (run id, values): the judged run's own
-    are not earlier; of another code version, left out when ``same_code_version``."""
+    are not earlier; of another code version, left out when ``same_code_version``. ``newest``:
+    the partition's newest records, read already, and whether they are all it has; the
+    instance is asked only when they fill no window and there are more."""
     found: list[tuple[str, dict[str, float]]] = []
-    records_filter = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None)
-    cursor = None
-    for _ in range(PAGES):
-        page = instance.fetch_materializations(records_filter, limit=settings.window, cursor=cursor)
-        for record in page.records:
+
+    def take(records: list[dg.EventLogRecord]) -> bool:
+        for record in records:
             materialization = record.asset_materialization
             if record.run_id == judged_run or materialization is None:
                 continue
@@ -122,8 +123,20 @@ def earlier_values(
             if values:
                 found.append((record.run_id, values))
                 if len(found) == settings.window:
-                    return found
-        if not page.has_more:
+                    return True
+        return False
+
+    most = PAGES * settings.window
+    if newest is not None:
+        records, all_of_them = newest
+        if take(records[:most]) or all_of_them or len(records) >= most:
+            return found
+        found.clear()
+    records_filter = dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None)
+    cursor = None
+    for _ in range(PAGES):
+        page = instance.fetch_materializations(records_filter, limit=settings.window, cursor=cursor)
+        if take(page.records) or not page.has_more:
             break
         cursor = page.cursor
     return found
@@ -138,17 +151,17 @@ def compare(values: dict[str, float], earlier: list[tuple[str, dict[str, float]]
 def score_evaluation(
     instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, score: float | None,
     settings: RegressionSettings, *, judged_run: str | None, code_version: str | None,
-    target: Any = None,
+    target: Any = None, newest: tuple[list[dg.EventLogRecord], bool] | None = None,
 ) -> dg.AssetCheckEvaluation:
     """A verification's ``no_regression`` evaluation of ``score`` (None: not graded, which
-    passes: there is nothing to compare)."""
+    passes: there is nothing to compare); ``newest`` as ``earlier_values`` takes it."""
     common = {"asset_key": key, "check_name": REGRESSION_CHECK, "partition": partition,
               "target_materialization_data": target, "blocking": settings.blocking}
     if score is None:
         return dg.AssetCheckEvaluation(**common, passed=True, description="not graded: no score to compare",
                                        metadata={"baseline": "not graded: no score to compare"})
     earlier = earlier_values(instance, key, partition, [SCORE], settings, judged_run=judged_run,
-                             code_version=code_version)
+                             code_version=code_version, newest=newest)
     (comparison,) = compare({SCORE: score}, earlier, settings)
     metadata: dict[str, Any] = {
         "score": score, "window": settings.window, "max_drop": settings.max_drop,

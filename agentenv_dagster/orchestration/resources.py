@@ -100,12 +100,8 @@ class AgentEnvResource(dg.ConfigurableResource):
         })
         return config.model_copy(update={"model": model})
 
-    @property
-    def runs_dir(self) -> Path:
-        return self.load_config().state_dir / "runs"
-
     def run_dir(self, run_id: str) -> Path:
-        return self.runs_dir / run_id
+        return self.load_config().state_dir / "runs" / run_id
 
     def parse_step(self, step_type: str, fields: dict, node: str, config_path: str) -> TaskStep:
         """The step of node ``node`` from its fields at ``config_path`` in the run config (the

@@ -19,7 +19,7 @@ import json
 import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 import dagster as dg
 
@@ -230,19 +230,21 @@ def self_retry_pending(context: dg.OpExecutionContext, step: TaskStep) -> bool:
     return bool(config and config.retry_from_step_id == step.id and context.retry_number < config.max_retries)
 
 
-def carry_retries(context: dg.OpExecutionContext, step: TaskStep, contexts: dict[str, TaskStepContext],
-                  io: ContextIOManagerBase) -> None:
-    """Before the step runs in a retried attempt: the chain's resets (run tag) and the failed
-    attempt's fatal records (the rows the parent run stopped); for a self-retry, this run's own
-    failed attempt, read from the record the op kept of it."""
+def retries_carried(context: dg.OpExecutionContext, step: TaskStep,
+                    io: ContextIOManagerBase) -> Callable[[str, TaskStepContext], None] | None:
+    """What a retried attempt writes into each row's context before the step runs (None in an
+    attempt that is no retry): the chain's resets (run tag) and the failed attempt's fatal
+    records (the rows the parent run stopped); for a self-retry, this run's own failed
+    attempt, read from the record the op kept of it. The records are read once, for every row."""
     resets = json.loads(context.run.tags.get(TAG_RETRY_RESETS) or "[]")
     parent = context.run.parent_run_id
     if not (resets and parent) and not context.retry_number:
-        return
+        return None
     inherited = _contexts(io.stopped_rows(parent)) if resets and parent else {}
     own = _contexts(io.rows(context.run_id, f"{context.op_handle}{FAILED_ATTEMPT}")) if context.retry_number else {}
     retried = {r["step_id"] for r in resets}
-    for key, ctx in contexts.items():
+
+    def carry(key: str, ctx: TaskStepContext) -> None:
         row_resets, records = list(resets), _fatal_records(inherited.get(key, []), retried)
         for failed in own.get(key, []):
             row_resets += [*failed.metadata.get("retry_resets", []), {
@@ -253,6 +255,8 @@ def carry_retries(context: dg.OpExecutionContext, step: TaskStep, contexts: dict
             records += _fatal_records([failed])
         if row_resets or records:
             record_retries(ctx, row_resets, records)
+
+    return carry
 
 
 def _contexts(rows: dict[str, dict[str, Any]]) -> dict[str, list[TaskStepContext]]:

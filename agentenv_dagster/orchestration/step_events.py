@@ -238,32 +238,36 @@ def check_evaluations(
         if not entries:
             continue
         key = dg.AssetKey(path)
-        judged = _latest_materializations(instance, key, [row for row in entries if row])
+        per_row = regression.window + 1 if regression is not None else 1  # the judged one and a baseline
+        recent = _recent_materializations(instance, key, [row for row in entries if row], per_row)
         for row, entry in entries.items():
-            record = judged.get(row or None)
+            newest = recent.get(row or None, ([], True))
+            record = newest[0][0] if newest[0] else None
             target = evaluation_target(record) if record else None
             yield from _check_evaluations(key, entry, assets["checks"], row or None, target)
             if regression is not None:
                 tags = (record.asset_materialization.tags or {}) if record else {}
                 yield score_evaluation(instance, key, row or None, entry.get("score"), regression,
                                        judged_run=record.run_id if record else None,
-                                       code_version=tags.get(CODE_VERSION_TAG), target=target)
+                                       code_version=tags.get(CODE_VERSION_TAG), target=target, newest=newest)
 
 
-def _latest_materializations(
-    instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str],
-) -> dict[str | None, Any]:
-    """The latest materialization record of each of ``rows`` (of the asset, when none), a
-    query per ``ROWS_A_QUERY``: the op has just written one a row, so they are the newest of
-    those partitions (and SQLite takes a bounded number of parameters)."""
-    latest: dict[str | None, Any] = {}
+def _recent_materializations(
+    instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], per_row: int,
+) -> dict[str | None, tuple[list[dg.EventLogRecord], bool]]:
+    """The newest materialization records of each of ``rows`` (of the asset, when none), newest
+    first, and whether they are all it has; a query per ``ROWS_A_QUERY`` rows of at most
+    ``per_row`` records a row: the op has just written one a row, so the first is the one each
+    row's checks judge, and the others are what a regression baseline reads (and SQLite takes a
+    bounded number of parameters)."""
+    recent: dict[str | None, tuple[list[dg.EventLogRecord], bool]] = {}
     for start in range(0, max(len(rows), 1), ROWS_A_QUERY):
         chunk = rows[start:start + ROWS_A_QUERY]
-        records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1)).records
-        for record in reversed(records):  # newest wins
-            latest[record.partition_key] = record
-    return latest
+        page = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=key, asset_partitions=chunk or None), limit=max(len(chunk), 1) * per_row)
+        for record in page.records:  # newest first
+            recent.setdefault(record.partition_key, ([], not page.has_more))[0].append(record)
+    return recent
 
 
 def _check_evaluations(

@@ -88,15 +88,6 @@ def _client(timeout: float = 60.0) -> docker.DockerClient:
     return client
 
 
-def docker_available() -> str | None:
-    """None when a Docker engine answers at ``DOCKER_HOST``, else the reason it does not."""
-    try:
-        _client(timeout=5.0).close()
-    except ContainerSandboxError as exc:
-        return str(exc)
-    return None
-
-
 def container_name(instance_id: str | None, prefix: str = "agentenv") -> str:
     """A new container's unique name; the engine finds a container by it as by its id."""
     return "-".join(_name_part(part) for part in (prefix, instance_id, secrets.token_hex(4)) if part)

@@ -65,6 +65,13 @@ def _written_once(path: str) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
+# The agents each process wrote into each open ledger (its folder -> instance id -> entry): a
+# hosted agent's entry is written once and never changes, so the end of its row need not read
+# it back. Dropped when the ledger closes.
+_HOSTED_HERE: dict[Path, dict[str, dict[str, Any]]] = {}
+_TOKENS: dict[Path, str] = {}  # each ledger's token, once read (it never changes)
+
+
 @dataclass(frozen=True)
 class Ledger:
     folder: Path
@@ -88,8 +95,12 @@ class Ledger:
     def token(self, *, create: bool = True) -> str | None:
         """The run's bearer token, made on first use (None without ``create`` until then).
         Only the run's servers and the processes of the run read it."""
-        token = self._once(TOKEN_FILE, lambda: secrets.token_urlsafe(32)) if create else self._read(TOKEN_FILE)
-        remember_secret(token)  # never to be recorded anywhere
+        token = _TOKENS.get(self.folder)
+        if token is None:
+            token = self._once(TOKEN_FILE, lambda: secrets.token_urlsafe(32)) if create else self._read(TOKEN_FILE)
+            if token is not None:
+                remember_secret(token)  # never to be recorded anywhere
+                _TOKENS[self.folder] = token
         return token
 
     def owner(self) -> ProcessIdentity | None:
@@ -135,6 +146,7 @@ class Ledger:
             self._write(*next(iter(entries.items())))
         elif entries:
             self._write(f"{secrets.token_hex(6)}{SEVERAL}", entries)
+        _HOSTED_HERE.setdefault(self.folder, {}).update(entries)
 
     def _write(self, name: str, data: dict[str, Any]) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -152,9 +164,16 @@ class Ledger:
         return found
 
     def entry(self, instance_id: str) -> dict[str, Any] | None:
-        """One deployment: its own file, else among those recorded together."""
-        path = self.folder / f"{instance_id}.json"
-        return json.loads(path.read_text()) if path.is_file() else self.entries().get(instance_id)
+        """One deployment: an agent this process wrote down, else its own file, else among
+        those recorded together."""
+        hosted = _HOSTED_HERE.get(self.folder, {}).get(instance_id)
+        if hosted is not None:
+            return hosted
+        own = self.folder / f"{instance_id}.json"
+        if own.is_file():
+            return json.loads(own.read_text())
+        batches = [n for n in os.listdir(self.folder) if n.endswith(f"{SEVERAL}.json")] if self.folder.is_dir() else []
+        return next((b[instance_id] for n in batches if instance_id in (b := _written_once(str(self.folder / n)))), None)
 
     def terminate(self, instance_id: str) -> bool:
         entry = self.entry(instance_id)
@@ -167,6 +186,8 @@ class Ledger:
         (self.folder / ".closed").touch()
         entries = self.entries()
         token = self.token(create=False)
+        _HOSTED_HERE.pop(self.folder, None)
+        _TOKENS.pop(self.folder, None)
         ended = {iid: _end(entry, token) for iid, entry in entries.items() if entry.get("host") not in entries}
         hosted = [iid for iid, entry in entries.items() if entry.get("host") in ended and ended[entry["host"]]]
         return sorted([iid for iid, was_running in ended.items() if was_running] + hosted)

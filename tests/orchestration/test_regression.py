@@ -113,12 +113,17 @@ def report(instance: dg.DagsterInstance, score: float | None, code_version: str 
     # a rise is never a regression
     ([0.2], 0.9, {}, True, 0.2),
 ])
-def test_the_baseline_is_the_median_of_the_last_window_scores(earlier, score, settings, passed, baseline):
+@pytest.mark.parametrize("read_ahead", [None, 1, 2, 100])
+def test_the_baseline_is_the_median_of_the_last_window_scores(earlier, score, settings, passed, baseline, read_ahead):
+    """Alike whether the baseline reads the scores itself or is handed the newest records read
+    already (``read_ahead`` of them: all there are, or too few, when it reads the rest itself)."""
     with dg.instance_for_test() as instance:
         for value in earlier:
             report(instance, value)
+        page = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=SCORE_KEY), limit=read_ahead or 1)
+        newest = (list(page.records), not page.has_more) if read_ahead else None
         evaluation = score_evaluation(instance, SCORE_KEY, None, score, RegressionSettings(**settings),
-                                      judged_run="this-run", code_version="v1")
+                                      judged_run="this-run", code_version="v1", newest=newest)
     assert evaluation.passed is passed
     assert evaluation.metadata.get("baseline_median", dg.MetadataValue.text("none")).value == (
         baseline if baseline is not None else "none")

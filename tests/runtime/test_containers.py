@@ -12,11 +12,7 @@ import docker
 import docker.errors
 import pytest
 
-from agentenv_dagster.runtime.containers import (
-    ContainerSandbox,
-    MissingImageError,
-    docker_available,
-)
+from agentenv_dagster.runtime.containers import ContainerSandbox, MissingImageError
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -123,12 +119,6 @@ def test_missing_image_says_how_to_build_it(docker_engine, tmp_path):
         "image 'agentenv-sandbox:absent' is not present locally and no registry is reachable: "
         "build it (scripts/docker_engine.sh image)"
     )
-
-
-def test_docker_available_names_the_missing_engine(docker_engine, monkeypatch):
-    assert docker_available() is None
-    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    assert docker_available().startswith("no Docker engine at unix:///nonexistent/docker.sock: ")
 
 
 def test_unknown_network_is_refused(tmp_path):
