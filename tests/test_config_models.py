@@ -58,19 +58,23 @@ def test_prices_are_found_under_either_name_of_a_model():
     assert "gpt-x" not in config.prices  # a bare name is Anthropic's
 
 
+def project_config(root, text: str):
+    """``root``'s ``.agentenv/config.toml`` holding ``text``: its path."""
+    path = root / ".agentenv" / "config.toml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+    return path
+
+
 def test_a_misspelled_price_field_is_refused_with_the_ones_there_are(tmp_path):
-    path = tmp_path / ".agentenv" / "config.toml"
-    path.parent.mkdir()
-    path.write_text('[model.prices]\n"claude-x" = { input = 3.0, cache_reads = 0.3 }\n')
+    project_config(tmp_path, '[model.prices]\n"claude-x" = { input = 3.0, cache_reads = 0.3 }\n')
     with pytest.raises(ConfigError, match=r"config\.toml: model\.prices\.claude-x\.cache_reads\.\[key\]: Input should be "
                                           r"'input', 'output', 'cache_read' or 'cache_write'"):
         load_config(tmp_path)
 
 
 def test_a_bad_model_section_names_the_file_and_the_field(tmp_path):
-    path = tmp_path / ".agentenv" / "config.toml"
-    path.parent.mkdir()
-    path.write_text('[model]\ndefault = "claude-x"\n[model.providers.vllm]\nprotocol = "openai"\n')
+    path = project_config(tmp_path, '[model]\ndefault = "claude-x"\n[model.providers.vllm]\nprotocol = "openai"\n')
     with pytest.raises(ConfigError, match=r"config\.toml: model: Value error, providers\.vllm: an OpenAI-compatible "
                                           r"provider needs a base_url$"):
         load_config(path=path)
