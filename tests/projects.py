@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -80,6 +81,15 @@ def leaked_servers(state_dir: Path) -> list[str]:
         for instance_id, entry in Ledger.of_run(run_dir).entries().items():
             if entry.get("pid") and is_running(entry["pid"]):
                 leaked.append(f"{run_dir.name}/{instance_id} (pid {entry['pid']})")
+    return leaked
+
+
+def servers_left_after_their_owner(state_dir: Path, seconds: float = 10.0) -> list[str]:
+    """:func:`leaked_servers` once the servers have had ``seconds`` to notice that their
+    owner (the run's worker) has ended: each ends itself then, within its end grace."""
+    deadline = time.monotonic() + seconds
+    while (leaked := leaked_servers(state_dir)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return leaked
 
 

@@ -17,7 +17,7 @@ from dagster_graphql import DagsterGraphQLClient
 from agentenv_dagster.orchestration.execute import dagster_yaml
 from agentenv_dagster.orchestration.run_launcher import ForkingRunLauncher
 from agentenv_dagster.runtime.processes import is_running
-from projects import REPO, leaked_servers, make_project
+from projects import REPO, make_project, servers_left_after_their_owner
 from test_dagster_dev import dagster_dev, graphql, launch_and_wait, wait_until
 
 SLOW_TASK = """task_id: slow-reply
@@ -115,4 +115,4 @@ def test_ui_launches_fork_from_one_warm_process_and_terminate_stops_the_run(tmp_
         wait_until(lambda: client.get_run_status(slow).value == "CANCELED", 60, "the run to be cancelled")
         wait_until(lambda: not is_running(worker), 30, "the worker to exit")
     assert not is_running(warm), "the warm process outlived dagster dev"
-    assert leaked_servers(project / ".agentenv" / "state") == []
+    assert servers_left_after_their_owner(project / ".agentenv" / "state") == []

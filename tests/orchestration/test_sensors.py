@@ -24,7 +24,7 @@ from agentenv_dagster.orchestration.sensors import (
 from agentenv_dagster.orchestration.staleness import STALE_SCORES_SENSOR
 from agentenv_dagster.runtime.local import Ledger, LocalProvider
 from agentenv_dagster.runtime.processes import is_running
-from projects import REPO, leaked_servers, make_project
+from projects import REPO, leaked_servers, make_project, servers_left_after_their_owner
 
 FAILED, CANCELED = teardown_sensors()[:2]
 
@@ -220,7 +220,7 @@ def test_a_run_cancelled_mid_step_leaves_no_server(long_project):
         finally:
             stop(proc)
         assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED
-        assert leaked_servers(state) == []
+        assert servers_left_after_their_owner(state) == []
         tick = sensor_tick(CANCELED, instance, long_project, started.cursor)
         assert [r.dagster_run.run_id for r in tick.dagster_run_reactions] == [run.run_id]
         assert engine_messages(instance, run.run_id) == ["agentenv: the canceled run left nothing running"]
@@ -235,10 +235,7 @@ def test_a_run_whose_worker_was_killed_is_torn_down_by_the_failure_sensor(long_p
         assert len(leaked_servers(state)) == 2  # the env and the agent host, alive mid-step
         stop(proc)  # SIGKILL to the worker and its step processes: nothing of it can clean up
         # the servers live in their own sessions, but watch the run's worker and end with it
-        deadline = time.monotonic() + 5
-        while leaked_servers(state) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert leaked_servers(state) == []
+        assert servers_left_after_their_owner(state) == []
         (run,) = instance.get_runs()
         assert run.status == dg.DagsterRunStatus.STARTED
         instance.report_run_failed(run, "run worker died")  # what Dagster's run monitoring does
