@@ -1,19 +1,16 @@
 """Local server processes: spawn one, wait until it is ready, end it.
 
-Deployed envs and agents must outlive the op that deployed them (under the multiprocess
-executor every op is its own process), so each runs in its own session and is found again
-by pid, never by a Python object; but not the run: each watches the run's *owner* (the CLI
-process, or the run worker under Dagster: :func:`run_owner`) and ends as soon as it has gone.
-A process is known by its :class:`ProcessIdentity` (pid and start time), so a pid the system
-gave to a stranger since is never signalled.
-
-A server gets its secrets (the run's bearer token, a model key) on its standard input, once:
-never in its arguments (a process list shows them) or its environment (its children inherit
-it); its environment is an allowlist (:data:`SERVER_ENV_KEYS`).
+Deployed envs and agents outlive the op that deployed them (each op may be its own process),
+so each runs in its own session, found again by its :class:`ProcessIdentity` (pid and start
+time: a reused pid is never signalled); but not the run: each ends once the run's owner
+(:func:`run_owner`) has gone. A server gets its secrets (the run's token, a model key) once on
+its standard input, never in its arguments (a process list shows them) or its environment
+(its children inherit it), which is an allowlist (:data:`SERVER_ENV_KEYS`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -24,21 +21,19 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Callable
 
 from .shell import HOST_ENV_KEYS, passed_through
 
-
 READY_FILE = "ready.json"  # {"url": ..., "pid": ...}, written by the server once it listens
 LOG_FILE = "server.log"
+READY_TIMEOUT_SECONDS = 60.0
 
-
-# What a server we start gets of this process's environment: what Python and the tools it
-# runs need (interpreter, locale, Docker, the coding CLIs' homes, proxies and CA bundles) and
-# none of our keys; a server that needs a key gets it on its standard input.
+# What a server gets of this process's environment: what Python and its tools need (locale,
+# Docker, the coding CLIs' homes, proxies, CA bundles), none of our keys.
 SERVER_ENV_KEYS = (
     *HOST_ENV_KEYS, "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TERM", "PYTHONPATH", "PYTHONHOME",
     "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE", "DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
@@ -55,8 +50,8 @@ class ServerStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class ProcessIdentity:
-    """One process, told apart from a later one given the same pid: its start time (clock
-    ticks since boot, Linux), the boot and the machine it runs on."""
+    """One process, told apart from a later one given the same pid by its start time (clock
+    ticks since boot, Linux), its boot and its machine."""
 
     pid: int
     started: int | None = None
@@ -71,9 +66,6 @@ class ProcessIdentity:
     def from_dict(cls, data: dict[str, Any]) -> "ProcessIdentity":
         return cls(int(data["pid"]), data.get("started"), data.get("boot"), data.get("host") or "")
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @property
     def here(self) -> bool:
         """Whether it ran on this machine since its last boot (only then can it be judged)."""
@@ -85,11 +77,9 @@ class ProcessIdentity:
 
 
 def run_owner() -> ProcessIdentity:
-    """The process a run's servers must not outlive: ``AGENTENV_RUN_OWNER_PID`` when a
-    process that runs steps for another sets it, else the process this one is a
-    ``multiprocessing`` child of (under Dagster's multiprocess executor a step runs in such a
-    child of the run worker, forked from a forkserver or spawned, and ends with its step),
-    else this process itself (the CLI, or a run worker that runs its steps in process)."""
+    """The process a run's servers must not outlive: ``AGENTENV_RUN_OWNER_PID`` when set, else
+    the process this one is a ``multiprocessing`` child of (a step under Dagster's multiprocess
+    executor ends with its step, the run worker does not), else this process itself."""
     named = os.environ.get(RUN_OWNER_VARIABLE)
     if named and named.isdigit():
         return ProcessIdentity.of(int(named))
@@ -133,38 +123,22 @@ class ServerProcess:
         return self.url.replace("://", f"://agentenv:{self.token}@", 1)
 
 
-def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """A server's environment: :data:`SERVER_ENV_KEYS` of this process's, plus ``extra``."""
-    return {**passed_through(SERVER_ENV_KEYS), **(extra or {})}
-
-
 def spawn_server(
-    module: str,
-    args: list[str],
-    *,
-    workdir: Path,
-    ttl_seconds: float,
-    ready_timeout: float = 60.0,
-    env: dict[str, str] | None = None,
-    token: str | None = None,
-    owner: ProcessIdentity | None = None,
-    secrets_for_server: dict[str, Any] | None = None,
+    module: str, args: list[str], *, workdir: Path, ttl_seconds: float, env: dict[str, str] | None = None,
+    token: str | None = None, owner: ProcessIdentity | None = None, secrets_for_server: dict[str, Any] | None = None,
     on_started: Callable[[ProcessIdentity], None] | None = None,
 ) -> ServerProcess:
-    """Start ``python -m module args`` and return once it has written its URL.
+    """Start ``python -m module args`` and return once it has written its URL to ``--ready-file``.
 
-    The server requires ``token`` (a new one when None) on every request, ends with
-    ``owner`` (default :func:`run_owner`) or its TTL, and is handed ``secrets_for_server``
-    with the token on its standard input. Its environment is :func:`server_env` plus ``env``.
-    ``on_started`` is told the process as soon as it exists (before it is ready), so a
-    ledger has it even if this process dies while waiting. The server writes ``{"url": ...}``
-    to ``--ready-file`` once listening; its output goes to ``<workdir>/server.log`` so a
-    failed start can say why.
+    The server requires ``token`` (a new one when None) on every request, ends with ``owner``
+    (default :func:`run_owner`) or its TTL, and gets ``secrets_for_server`` with the token on its
+    standard input; its environment is :data:`SERVER_ENV_KEYS` plus ``env``. ``on_started`` is
+    told the process as soon as it exists, so a ledger has it even if this process dies while
+    waiting. Its output goes to ``<workdir>/server.log``, so a failed start can say why.
     """
     workdir.mkdir(parents=True, exist_ok=True)
     ready_file = workdir / READY_FILE
     ready_file.unlink(missing_ok=True)
-    log_path = workdir / LOG_FILE
     token = token or secrets.token_urlsafe(32)
     owner = owner or run_owner()
     command = [
@@ -172,16 +146,9 @@ def spawn_server(
         "--ready-file", str(ready_file), "--ttl-seconds", str(ttl_seconds),
         "--owner-pid", str(owner.pid), *(["--owner-started", str(owner.started)] if owner.started is not None else []),
     ]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=server_env(env),
-            cwd=workdir,
-        )
+    with open(workdir / LOG_FILE, "ab") as log:
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                                start_new_session=True, env={**passed_through(SERVER_ENV_KEYS), **(env or {})})
     started = ProcessIdentity.of(proc.pid)
     try:
         if on_started is not None:
@@ -193,40 +160,31 @@ def spawn_server(
     except BaseException:
         terminate(proc.pid)
         raise
-
-    def exited() -> str | None:
-        if proc.poll() is None:
-            return None
-        return f"{module} exited with code {proc.returncode} before it was ready: {_tail(log_path)}"
-
     try:
-        url = _wait_until_ready(ready_file, module, exited, ready_timeout)["url"]
+        url = _wait_until_ready(ready_file, module, proc)
     except ServerStartError:
         terminate(proc.pid)
         raise
     return ServerProcess(pid=proc.pid, url=url, token=token, started=started.started)
 
 
-READY_POLL_SECONDS = 0.02
-
-
-def _wait_until_ready(ready_file: Path, what: str, exited: Callable[[], str | None], timeout: float) -> dict:
-    """The ready file's content once written, polling every ``READY_POLL_SECONDS`` until
-    ``exited()`` says why it never will be, or ``timeout``."""
-    deadline = time.monotonic() + timeout
+def _wait_until_ready(ready_file: Path, module: str, proc: subprocess.Popen) -> str:
+    """The URL in the ready file once written, polling until the server exits (saying why it
+    never will be) or :data:`READY_TIMEOUT_SECONDS` pass."""
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        if ready_file.exists():
-            try:
-                ready = json.loads(ready_file.read_text())
-            except ValueError:
-                ready = {}  # half-written; the server renames atomically, but be safe
-            if ready.get("url"):
-                return ready
-        reason = exited()
-        if reason is not None:
-            raise ServerStartError(reason)
-        time.sleep(READY_POLL_SECONDS)
-    raise ServerStartError(f"{what} was not ready within {timeout:.0f}s: {_tail(ready_file.parent / LOG_FILE)}")
+        try:
+            url = json.loads(ready_file.read_text()).get("url")
+        except (OSError, ValueError):  # not written yet (the server renames it in place)
+            url = None
+        if url:
+            return url
+        if proc.poll() is not None:
+            raise ServerStartError(f"{module} exited with code {proc.returncode} before it was ready: "
+                                   f"{_tail(ready_file.parent / LOG_FILE)}")
+        time.sleep(0.02)
+    raise ServerStartError(f"{module} was not ready within {READY_TIMEOUT_SECONDS:.0f}s: "
+                           f"{_tail(ready_file.parent / LOG_FILE)}")
 
 
 def is_running(pid: int) -> bool:
@@ -251,12 +209,8 @@ def still_running(pid: int, started: int | None = None) -> bool:
 
 
 def terminate(pid: int, grace_seconds: float = 5.0, *, started: int | None = None) -> bool:
-    """End the server's whole process group: SIGTERM, then SIGKILL after the grace period.
-    With ``started`` (its :class:`ProcessIdentity` start time) a process that is not that
-    one any more (its pid reused) is left alone.
-
-    Returns True when something was running.
-    """
+    """End the server's whole process group: SIGTERM, then SIGKILL after the grace period; True
+    when something was running. With ``started`` a process whose pid was reused is left alone."""
     if not still_running(pid, started):
         return False
     _signal_group(pid, signal.SIGTERM)
@@ -267,8 +221,8 @@ def terminate(pid: int, grace_seconds: float = 5.0, *, started: int | None = Non
 
 
 def _ended_within(pid: int, seconds: float) -> bool:
-    """Whether the process ends within ``seconds``: woken as it ends where Linux says so (a
-    pidfd; a run's teardown waits on its servers' ends), else looking every 20 ms."""
+    """Whether the process ends within ``seconds``: woken by a pidfd where Linux has one, else
+    looking every 20 ms (a run's teardown waits on its servers' ends)."""
     deadline = time.monotonic() + seconds
     try:
         ends = os.pidfd_open(pid)
@@ -293,17 +247,13 @@ def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _tail(path: Path, limit: int = 2000) -> str:
