@@ -1,12 +1,10 @@
 """The embedded local providers: envs as server processes on 127.0.0.1, agents in one agent
 host process per run.
 
-Each run keeps a ledger of what it deployed (one file per instance under the run folder,
-written before a server is started), so any process of the run, or a later one, can tear it
-all down. Closing the ledger is final: a deployment that finishes after the run started
-tearing down ends itself and fails. The ledger also keeps the run's two facts its servers
-are bound by: the bearer token every one of them requires, and the run's owner process,
-which none of them outlives (``processes.py``).
+Each run keeps a ledger of what it deployed (a file per instance, written before a server
+starts), so any process of the run, or a later one, can tear it all down; once closed, a
+deployment that finishes late ends itself and fails. The ledger also keeps the run's bearer
+token, which all its servers require, and its owner process, which none outlives.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import logging
 import os
 import secrets
 import shutil
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +41,7 @@ AGENT_SERVER_MODULE = "agentenv_dagster.builtin.agents"
 
 
 class DeploymentError(RuntimeError):
-    pass
+    """An env, agent or sandbox could not be deployed (or kept: the run is tearing down)."""
 
 
 SEVERAL = ".several"  # a ledger file of several deployments recorded together: {instance_id: entry}
@@ -60,14 +58,12 @@ def _ledger_entry(kind: str, pid: int | None = None, container_id: str | None = 
 
 @functools.lru_cache(maxsize=4096)
 def _written_once(path: str) -> dict[str, Any]:
-    """A ledger file of several deployments: its name is unique and it is never rewritten, so
-    each process parses it once (each row's end looks its agent up among them)."""
+    """A ledger file of several deployments, parsed once per process (it is never rewritten)."""
     return json.loads(Path(path).read_text())
 
 
-# The agents each process wrote into each open ledger (its folder -> instance id -> entry): a
-# hosted agent's entry is written once and never changes, so the end of its row need not read
-# it back. Dropped when the ledger closes.
+# The agents this process wrote into each open ledger (folder -> instance id -> entry), which never
+# change, so ending a row's agent need not read them back. Dropped when the ledger closes.
 _HOSTED_HERE: dict[Path, dict[str, dict[str, Any]]] = {}
 _TOKENS: dict[Path, str] = {}  # each ledger's token, once read (it never changes)
 
@@ -87,14 +83,12 @@ class Ledger:
     def record(self, instance_id: str, kind: str, *, pid: int | None = None, container_id: str | None = None,
                url: str | None = None, host: str | None = None, started: int | None = None,
                workdir: str | None = None) -> None:
-        """What the run must end: a server process (``pid`` started at ``started``, serving at
-        ``url``; before it exists, the ``workdir`` it will announce itself in), a container
-        (``container_id``), or an agent at ``url`` in the run's agent ``host``."""
+        """What the run must end: a server process (``pid`` started at ``started``, at ``url``; before
+        it exists, its ``workdir``), a container, or an agent at ``url`` in the run's agent ``host``."""
         self._write(instance_id, _ledger_entry(kind, pid, container_id, url, host, started=started, workdir=workdir))
 
     def token(self, *, create: bool = True) -> str | None:
-        """The run's bearer token, made on first use (None without ``create`` until then).
-        Only the run's servers and the processes of the run read it."""
+        """The run's bearer token, made on first use (None without ``create`` until then)."""
         token = _TOKENS.get(self.folder)
         if token is None:
             token = self._once(TOKEN_FILE, lambda: secrets.token_urlsafe(32)) if create else self._read(TOKEN_FILE)
@@ -110,11 +104,11 @@ class Ledger:
 
     def claim_owner(self, identity: ProcessIdentity) -> ProcessIdentity:
         """Record ``identity`` as the run's owner unless one is recorded; the recorded one."""
-        return ProcessIdentity.from_dict(json.loads(self._once(OWNER_FILE, lambda: json.dumps(identity.to_dict()))))
+        return ProcessIdentity.from_dict(json.loads(self._once(OWNER_FILE, lambda: json.dumps(asdict(identity)))))
 
     def _once(self, name: str, make: Callable[[], str]) -> str:
-        """The content of ``name``, written by whichever process of the run comes first
-        (whole, owner-only: made aside, then linked in place, which fails if it exists)."""
+        """The content of ``name``, written whole and owner-only by whichever process comes first
+        (made aside, then linked in place, which fails if it exists)."""
         found = self._read(name)
         if found:
             return found
@@ -139,8 +133,7 @@ class Ledger:
             return None
 
     def record_hosted(self, host: str, urls: dict[str, str]) -> None:
-        """Agents deployed into the run's agent ``host`` (instance id -> URL), in one file: a
-        file per agent made writing the ledger a large share of a dataset's agent op."""
+        """Agents deployed into the run's agent ``host`` (instance id -> URL), in one file for all."""
         entries = {instance_id: _ledger_entry("agent", url=url, host=host) for instance_id, url in urls.items()}
         if len(entries) == 1:
             self._write(*next(iter(entries.items())))
@@ -164,8 +157,8 @@ class Ledger:
         return found
 
     def entry(self, instance_id: str) -> dict[str, Any] | None:
-        """One deployment: an agent this process wrote down, else its own file, else among
-        those recorded together."""
+        """One deployment: an agent this process wrote, else its own file, else among those
+        recorded together."""
         hosted = _HOSTED_HERE.get(self.folder, {}).get(instance_id)
         if hosted is not None:
             return hosted
@@ -181,7 +174,7 @@ class Ledger:
 
     def close(self) -> list[str]:
         """Refuse further deployments, then end every one recorded; returns what was running.
-        An agent in a host ends with its host (one signal, not a request per agent)."""
+        An agent in a host ends with its host."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / ".closed").touch()
         entries = self.entries()
@@ -201,8 +194,7 @@ class LocalProvider:
         self.run_dir = run_dir
         self.ledger = Ledger.of_run(run_dir)
         self.server_auth = RunServerAuth(self.ledger)  # the token on requests to the run's own servers
-        # the run's owner, claimed by its first step: a run killed before it deployed anything
-        # is still found (and failed) by the reaping of dead runs
+        # claimed by the run's first step: a run killed before it deployed anything is still reaped
         self.owner = self.ledger.claim_owner(run_owner())
         os.chmod(run_dir, 0o700)  # its sandboxes, contexts and logs are the run's user's alone
         self._hosts: dict[str, str] = {}  # agent host id -> its URL, once known
@@ -214,12 +206,8 @@ class LocalProvider:
         if entry is None:
             known = sorted({*self.config.envs.registry, "email", "item-store"})
             raise DeploymentError(f"Env '{env_id}' is not registered (known envs: {known})")
-        created = _now()
-        record = dict(
-            env_id=env_id, env_version=entry.version, created_at_utc=created.isoformat(),
-            expires_at_utc=(created + timedelta(seconds=ttl_seconds)).isoformat(),
-            metadata={"deploy_step_id": step_id},
-        )
+        record = dict(env_id=env_id, env_version=entry.version, metadata={"deploy_step_id": step_id},
+                      **_lifetime(ttl_seconds))
         if entry.mcp_url:  # a live endpoint: nothing to start, nothing to tear down
             return DeployedEnv(**record, env_provider_type="live", mcp_url=entry.mcp_url)
         instance_id = f"{env_id}-{secrets.token_hex(4)}"
@@ -228,20 +216,17 @@ class LocalProvider:
                  *(self.config.path(d) for d in self.config.stores.artifact_dirs)]
         args = [entry.kind or env_id, *(a for root in roots for a in ("--file-root", str(root)))]
         server = self._spawn(ENV_SERVER_MODULE, args, instance_id, "env", ttl_seconds)
-        return DeployedEnv(
-            **record, env_provider_type="local", instance_id=instance_id, mcp_url=f"{server.url}/mcp",
-        )
+        return DeployedEnv(**record, env_provider_type="local", instance_id=instance_id, mcp_url=f"{server.url}/mcp")
 
     def deploy_agent(
         self, agent_id: str, *, agent_name: str, ttl_seconds: int, env_vars: dict[str, str] | None = None,
         workspace: Path | None = None, container: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
-        """Deploy agent ``agent_id`` (its registry entry, with ``overrides`` on top) into the
-        run's agent host, started on first use (see ``builtin/agents/host.py``). With a
-        ``workspace`` folder the agent works there, with Bash/Write/Read/Skill tools (its Bash
-        inside the sandbox's ``container`` when it has one) whose environment is an allowlist
-        plus ``tools_env``."""
+        """Deploy agent ``agent_id`` (its registry entry, with ``overrides`` on top) into the run's agent
+        host, started on first use (``builtin/agents/host.py``). With a ``workspace`` folder the agent
+        works there, with Bash/Write/Read/Skill tools (its Bash inside the sandbox's ``container`` when
+        it has one) whose environment is an allowlist plus ``tools_env``."""
         request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides,
                                        tools_env)
         try:
@@ -257,13 +242,12 @@ class LocalProvider:
         workspace: Path | None = None, container: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
-        """:meth:`deploy_agent` from an event loop: the agents asked for in the same turn of
-        the loop (a batch of dataset rows) go to their host in one request."""
+        """:meth:`deploy_agent` from an event loop: the agents asked for in the same turn of the loop
+        (a batch of dataset rows) go to their host in one request."""
         args = (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides, tools_env)
         request = self._hosted_request(*args, start_host=False)
         if request is None:
-            # finding or starting the host blocks for a while: off the loop, and once (the rows
-            # behind the first find it known); the agent then goes in a batch like theirs
+            # finding or starting the host blocks: off the loop, and once (the rows behind find it known)
             async with self._host_starting:
                 request = self._hosted_request(*args, start_host=False)
                 if request is None:
@@ -283,8 +267,8 @@ class LocalProvider:
         workspace: Path | None, container: dict[str, Any] | None, overrides: dict[str, Any] | None,
         tools_env: dict[str, str] | None = None, *, start_host: bool = True,
     ) -> "HostedRequest | None":
-        """What to ask the run's agent host for (finding or starting the host if need be;
-        None without ``start_host`` when this process does not know the host yet)."""
+        """What to ask the run's agent host for, finding or starting the host (None without
+        ``start_host`` when this process does not know the host yet)."""
         entry = self._agent_entry(agent_id, overrides)
         process_env = dict(env_vars or {})
         model_api = self._model_api(agent_id, entry, container)
@@ -304,9 +288,8 @@ class LocalProvider:
         self, agent_id: str, *, ttl_seconds: int, env_vars: dict[str, str] | None = None,
         overrides: dict[str, Any] | None = None,
     ) -> None:
-        """Find or start the agent host that deploying ``agent_id`` will use, ahead of the first
-        deploy (a host's start takes most of a second). Not for a coding CLI's agent, whose
-        checks belong to its deploy; an agent the deploy would refuse raises ``DeploymentError``."""
+        """Find or start the agent host that deploying ``agent_id`` will use, ahead of the first deploy;
+        not for a coding CLI's agent (its checks belong to its deploy). Raises what the deploy would."""
         entry = self._agent_entry(agent_id, overrides)
         if entry.kind in CODING_CLI_KINDS:
             return
@@ -328,15 +311,11 @@ class LocalProvider:
     def _model_api(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, Any]:
         """The model API (base URL and key) the agent's kind needs, for its host's bootstrap:
         never in the host's environment, which the agents' tools would inherit."""
-        if entry.kind == "anthropic":
-            return self._tool_use_model_api(agent_id, entry)
         if entry.kind in CODING_CLI_KINDS:
             return self._coding_cli_ready(agent_id, entry, container)
-        return {}
-
-    def _tool_use_model_api(self, agent_id: str, entry: AgentEntry) -> dict[str, Any]:
-        """The tool-use agent's model API: its model's provider, with that provider's URL and
-        key (none for a server that needs none), bound together in its host."""
+        if entry.kind != "anthropic":
+            return {}
+        # the tool-use agent: its model's provider, with that provider's URL and key (if it needs one)
         ref = entry.model or self.config.model.for_role("agent")
         try:
             model = self.config.model.resolve(ref)
@@ -367,16 +346,16 @@ class LocalProvider:
         )
 
     def _agent_host(self, env: dict[str, str], model_api: dict[str, Any], ttl_seconds: int) -> tuple[str, str]:
-        """The URL of the run's agent host for this process environment and model API,
-        started on first use (one per distinct pair: a key is per process). A file lock keeps
-        ops in other processes of the run from starting a second one."""
+        """The run's agent host for this process environment and model API (a key is per process),
+        started on first use; a file lock keeps other processes of the run from starting a second."""
         host_id = agent_host_id(env, model_api)
         if host_id in self._hosts:  # this process found or started it already (a dead host fails the POST)
             return host_id, self._hosts[host_id]
         self.ledger.folder.mkdir(parents=True, exist_ok=True)
         with FileLock(self.ledger.folder / f"{host_id}.lock"):
             entry = self.ledger.entry(host_id)
-            if entry and entry.get("url") and _server_alive(entry):
+            server = _server_identity(entry) if entry and entry.get("url") else None
+            if server is not None and still_running(server.pid, server.started):
                 url = entry["url"]
             else:
                 url = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env,
@@ -390,15 +369,13 @@ class LocalProvider:
         image: str | None = None, ports: list[int] | None = None, cpu: float | None = None,
         memory_mb: int | None = None, env_vars: dict[str, str] | None = None,
     ) -> DeployedSandbox:
-        """``container`` mode: a container of ``image`` running the image's own command with
-        ``env_vars`` and the cpu/memory limits, its ``ports`` published on 127.0.0.1
-        (``tunnel_urls``), no host folder. ``vm`` mode: a fresh folder of the run; with
-        ``container`` settings (``image``, ``working_dir``, limits, ``network``) also a
-        container with the folder mounted. Containers end with the run."""
+        """``container`` mode: a container of ``image`` running the image's own command with ``env_vars``
+        and the cpu/memory limits, its ``ports`` published on 127.0.0.1 (``tunnel_urls``), no host folder.
+        ``vm`` mode: a fresh folder of the run; with ``container`` settings (``image``, ``working_dir``,
+        limits, ``network``) also a container with the folder mounted. Containers end with the run."""
         if self.ledger.closed:
             raise DeploymentError(f"run is tearing down; sandbox '{sandbox_name}' was not created")
         instance_id = f"sandbox-{secrets.token_hex(4)}"
-        created = _now()
         extra: dict[str, Any] = {}
         started = None
         if sandbox_mode == "container":
@@ -423,30 +400,25 @@ class LocalProvider:
                                   "image": image}
         return DeployedSandbox(
             sandbox_name=sandbox_name, sandbox_mode=sandbox_mode, sandbox_id=instance_id,
-            sandbox_type="docker" if started else "local", instance_id=instance_id,
-            created_at_utc=created.isoformat(), expires_at_utc=(created + timedelta(seconds=ttl_seconds)).isoformat(),
-            network_policy=network_policy, **extra,
+            sandbox_type="docker" if started else "local", instance_id=instance_id, network_policy=network_policy,
+            **_lifetime(ttl_seconds), **extra,
         )
 
     def _start_container(self, step_id: str, sandbox_name: str, instance_id: str, fields: tuple[str, str],
                          image: str, workspace: Path | None, working_dir: str | None, **settings: Any):
-        """Start a sandbox's container and record it in the ledger, or say which step and
-        field could not be served: ``fields`` = (what asks for a container, the image field)."""
+        """Start a sandbox's container and record it in the ledger, or say which step and field could
+        not be served: ``fields`` = (what asks for a container, the image field)."""
         from .containers import ContainerSandbox, ContainerSandboxError, MissingImageError, NoEngineError, container_name
 
         asked_by, image_field = fields
         name = container_name(instance_id)
         self.ledger.record(instance_id, "container", container_id=name)  # before it exists: a kill can't orphan it
         try:
-            started = ContainerSandbox.start(
-                image, workspace, working_dir, run_id=self.run_dir.name, instance_id=instance_id, name=name,
-                **settings,
-            )
+            started = ContainerSandbox.start(image, workspace, working_dir, run_id=self.run_dir.name,
+                                             instance_id=instance_id, name=name, **settings)
         except NoEngineError as exc:
-            raise DeploymentError(
-                f"deploy_sandbox '{step_id}': field '{asked_by}': sandbox '{sandbox_name}' is a container "
-                f"and needs a Docker engine: {exc}"
-            ) from None
+            raise DeploymentError(f"deploy_sandbox '{step_id}': field '{asked_by}': sandbox '{sandbox_name}' is a "
+                                  f"container and needs a Docker engine: {exc}") from None
         except MissingImageError as exc:
             raise DeploymentError(f"deploy_sandbox '{step_id}': field '{image_field}': {exc}") from None
         except ContainerSandboxError as exc:
@@ -483,10 +455,9 @@ class LocalProvider:
         return self.ledger.close()
 
     def _coding_cli_ready(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, Any]:
-        """Fail the deploy, with how to fix it, when a claude-code or codex agent cannot run
-        here: its package or CLI is missing, there is no key, or the sandbox is a container
-        (the CLI runs on this machine, in the sandbox folder). The model API its host proxies
-        for it (none for a codex relying on its own ``codex login``)."""
+        """The model API a claude-code or codex agent's host proxies for it (none for a codex with its
+        own ``codex login``); fails the deploy, saying how to fix it, when its CLI, package or key is
+        missing or the sandbox is a container (the CLI runs on this machine, in the sandbox folder)."""
         where = f"A2A agent '{agent_id}' (kind {entry.kind})"
         if container:
             raise DeploymentError(f"{where} runs its CLI on this machine in the sandbox folder, not inside the "
@@ -545,9 +516,8 @@ class LocalProvider:
         return providers
 
     def _spawn(self, module, args, instance_id, kind, ttl_seconds, env=None, secrets_for_server=None):
-        """Start a server of the run: written in the ledger before it exists (where it will
-        announce itself), again the moment it does, and once it serves; bound to the run's
-        token and owner. Refused, or ended at once, when the run's teardown has begun."""
+        """Start a server of the run bound to its token and owner, in the ledger before it exists, the
+        moment it does and once it serves; refused, or ended at once, once the run tears down."""
         workdir = self.run_dir / f"{kind}s" / instance_id
         self.ledger.record(instance_id, kind, workdir=str(workdir))
         if self.ledger.closed:
@@ -593,11 +563,9 @@ class HostedRequest:
 
 
 class HostBatch:
-    """Deployments into one agent host, sent together: what is asked for in one turn of the
-    event loop goes in one ``POST /agents`` (a thousand rows cost a few hundred requests), all
-    of them over one client and its kept connection (a client and a connection each cost
-    more than the request itself). ``record`` is given
-    each batch's ``(body, answer)`` pairs before anyone waiting sees an answer."""
+    """Deployments into one agent host, sent together: what is asked for in one turn of the event
+    loop goes in one ``POST /agents``, all over one client and its kept connection. ``record`` is
+    given each batch's ``(body, answer)`` pairs before anyone waiting sees an answer."""
 
     def __init__(self, host_url: str,
                  record: Callable[[list[tuple[dict[str, Any], dict[str, Any]]]], None] = lambda answered: None,
@@ -644,10 +612,9 @@ class HostBatch:
             self._http = None
 
 
-def _end(entry: dict[str, Any], token: str | None) -> bool:
-    """End one recorded deployment (an agent in the run's host by a request with the run's
-    ``token``); True when something was still running. A server process is ended only while
-    it is still the one recorded (its start time), never a stranger given its pid since."""
+def _end(entry: dict[str, Any], token: str | None = None) -> bool:
+    """End one recorded deployment (an agent in the run's host by a request with the run's ``token``);
+    True when something was still running. A server is ended only while it is still the one recorded."""
     if entry.get("container_id"):
         from .containers import ContainerSandbox, ContainerSandboxError
 
@@ -667,8 +634,7 @@ def _end(entry: dict[str, Any], token: str | None) -> bool:
 
 
 def _server_identity(entry: dict[str, Any]) -> ProcessIdentity | None:
-    """A recorded server's process: as recorded, or (recorded before it started) as it
-    announced itself in its folder."""
+    """A recorded server's process: as recorded, else as it announced itself in its folder."""
     if entry.get("pid") is not None:
         return ProcessIdentity(entry["pid"], entry.get("started"))
     try:
@@ -678,21 +644,18 @@ def _server_identity(entry: dict[str, Any]) -> ProcessIdentity | None:
         return None
 
 
-def _server_alive(entry: dict[str, Any]) -> bool:
-    server = _server_identity(entry)
-    return server is not None and still_running(server.pid, server.started)
-
-
 @functools.cache
 def _http() -> httpx.Client:
-    """One client for the agent hosts of this process (building a client costs more than a
-    call). They listen on 127.0.0.1 over plain HTTP, so it loads no CA bundle, whose loading
-    is the most expensive part of a new client."""
+    """One client for the agent hosts of this process: they listen on 127.0.0.1 over plain HTTP,
+    so it loads no CA bundle (the most expensive part of a new client)."""
     return httpx.Client(timeout=30, verify=False)
 
 
 os.register_at_fork(after_in_child=_http.cache_clear)  # a forked process opens its own connections
 
 
-def _now() -> datetime:
-    return datetime.now(timezone.utc).replace(microsecond=0)
+def _lifetime(ttl_seconds: int) -> dict[str, str]:
+    """A deployment's ``created_at_utc`` and ``expires_at_utc``, ``ttl_seconds`` apart."""
+    created = datetime.now(timezone.utc).replace(microsecond=0)
+    return {"created_at_utc": created.isoformat(),
+            "expires_at_utc": (created + timedelta(seconds=ttl_seconds)).isoformat()}
