@@ -1,18 +1,16 @@
 """Container sandboxes: one Docker container per sandbox, its workspace (if any) bind-mounted.
 
-Backs Coder Eval's ``sandbox.driver: docker`` (the task's resource limits become the
-container's, the host workspace folder is the container's working dir, so files written on
-either side are seen on the other) and agent-env's container-mode ``deploy_sandbox`` (the
-image's own filesystem and command, its ``port`` published on 127.0.0.1). Commands run in the
-container through ``sh -c``. The engine is the one ``DOCKER_HOST`` names
-(``scripts/docker_engine.sh start`` prints it). No image registry is reachable on these
-machines, so images are never pulled: they must be present locally
-(``scripts/docker_engine.sh image``).
+Backs Coder Eval's ``sandbox.driver: docker`` (the task's limits become the container's; the
+host workspace folder is its working dir, shared both ways) and agent-env's container-mode
+``deploy_sandbox`` (the image's own filesystem and command, its ports published on 127.0.0.1).
+Commands run through ``sh -c``. The engine is the one ``DOCKER_HOST`` names; no registry is
+reachable, so images are never pulled (``scripts/docker_engine.sh image`` builds them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import secrets
@@ -28,11 +26,10 @@ NETWORKS = ("bridge", "none")
 # after it, if any, are the image's own command, started in the background (what serves a port).
 _KEEP_ALIVE = "trap 'exit 0' TERM; [ $# -gt 0 ] && \"$@\" & while :; do sleep 3600 & wait $!; done"
 
-# Every process an exec starts inherits this variable, so a timed-out command's whole tree
-# (children it put in the background included) is found through /proc/*/environ. The killer
-# uses shell builtins only (`read` drops the NULs between variables), so it needs no process
-# beyond its own even when the command has nearly used up the pids limit. Stopping each
-# process before killing any keeps a forking tree from growing while it is collected.
+# Every process an exec starts inherits this variable, so a timed-out command's whole tree is
+# found through /proc/*/environ. The killer uses shell builtins only, so it needs no process
+# beyond its own even at the pids limit; stopping each before killing any keeps a forking tree
+# from growing while it is collected.
 _MARKER_VAR = "AGENTENV_EXEC_ID"
 _KILL_MARKED = r"""
 m="$1"; round=0
@@ -68,14 +65,12 @@ class MissingImageError(ContainerSandboxError):
 
 @dataclass(frozen=True)
 class ExecResult:
+    """What a command in a container (an exec, or its main process) exited with and printed."""
+
     exit_code: int | None
     stdout: str
     stderr: str
     timed_out: bool
-
-
-def _docker_host() -> str:
-    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
 
 
 def _client(timeout: float = 60.0) -> docker.DockerClient:
@@ -84,26 +79,34 @@ def _client(timeout: float = 60.0) -> docker.DockerClient:
         client = docker.from_env(timeout=timeout)
         client.ping()
     except docker.errors.DockerException as exc:
-        raise NoEngineError(f"no Docker engine at {_docker_host()}: {exc}") from exc
+        raise NoEngineError(f"no Docker engine at {os.environ.get('DOCKER_HOST', 'unix:///var/run/docker.sock')}: "
+                            f"{exc}") from exc
     return client
 
 
-def container_name(instance_id: str | None, prefix: str = "agentenv") -> str:
+def container_name(instance_id: str | None) -> str:
     """A new container's unique name; the engine finds a container by it as by its id."""
-    return "-".join(_name_part(part) for part in (prefix, instance_id, secrets.token_hex(4)) if part)
+    return "-".join(_name_part(part) for part in ("agentenv", instance_id, secrets.token_hex(4)) if part)
 
 
 def _name_part(value: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", value)
 
 
+def image_config(client: docker.DockerClient, image: str) -> dict:
+    """The local image's ``Config`` (its ENTRYPOINT, CMD, WORKDIR …), or :class:`MissingImageError`."""
+    try:
+        return client.api.inspect_image(image)["Config"] or {}
+    except docker.errors.ImageNotFound:
+        raise MissingImageError(f"image '{image}' is not present locally and no registry is reachable: "
+                                "build it (scripts/docker_engine.sh image)") from None
+
+
 def published_urls(attrs: dict, ports: list[int]) -> dict[str, str]:
     """``{container port: http://127.0.0.1:<host port>}`` of a started container's ``attrs``."""
     bound = (attrs.get("NetworkSettings") or {}).get("Ports") or {}
-    return {
-        str(port): f"http://127.0.0.1:{bindings[0]['HostPort']}"
-        for port in ports if (bindings := bound.get(f"{port}/tcp"))
-    }
+    return {str(port): f"http://127.0.0.1:{bindings[0]['HostPort']}"
+            for port in ports if (bindings := bound.get(f"{port}/tcp"))}
 
 
 class ContainerSandbox:
@@ -124,22 +127,10 @@ class ContainerSandbox:
 
     @classmethod
     def start(
-        cls,
-        image: str,
-        workspace: Path | None,
-        working_dir: str | None = "/work",
-        *,
-        memory_mb: int | None = None,
-        cpus: float | None = None,
-        pids: int | None = None,
-        network: str = "bridge",
-        env: dict[str, str] | None = None,
-        ports: list[int] | None = None,
-        run_image_command: bool = False,
-        name_prefix: str = "agentenv",
-        run_id: str | None = None,
-        instance_id: str | None = None,
-        name: str | None = None,
+        cls, image: str, workspace: Path | None, working_dir: str | None = "/work", *, memory_mb: int | None = None,
+        cpus: float | None = None, pids: int | None = None, network: str = "bridge", env: dict[str, str] | None = None,
+        ports: list[int] | None = None, run_image_command: bool = False, run_id: str | None = None,
+        instance_id: str | None = None, name: str | None = None,
     ) -> ContainerSandbox:
         """Create and start the container; it idles until ``exec`` calls or ``stop``.
 
@@ -162,20 +153,13 @@ class ContainerSandbox:
             volumes[str(workspace)] = {"bind": working_dir, "mode": "rw"}
         client = _client()
         try:
-            config = client.api.inspect_image(image)["Config"] or {}
-        except docker.errors.ImageNotFound:
+            config = image_config(client, image)
+        except MissingImageError:
             client.close()
-            raise MissingImageError(
-                f"image '{image}' is not present locally and no registry is reachable: "
-                "build it (scripts/docker_engine.sh image)"
-            ) from None
+            raise
         own_command = list(config.get("Entrypoint") or []) + list(config.get("Cmd") or [])
-        labels = {
-            key: value
-            for key, value in (("agentenv.run_id", run_id), ("agentenv.instance_id", instance_id))
-            if value is not None
-        }
-        name = name or container_name(instance_id, name_prefix)
+        labels = {key: value for key, value in {"agentenv.run_id": run_id, "agentenv.instance_id": instance_id}.items()
+                  if value is not None}
         limits: dict = {}
         if memory_mb is not None:
             # Swap equal to memory: the limit is the memory a task can use, not twice that.
@@ -186,17 +170,10 @@ class ContainerSandbox:
             limits["pids_limit"] = pids
         try:
             container = client.containers.create(
-                image,
-                entrypoint=["/bin/sh", "-c", _KEEP_ALIVE, "sh", *(own_command if run_image_command else [])],
-                command=[],
-                name=name,
-                working_dir=working_dir,
-                volumes=volumes,
-                ports={f"{port}/tcp": ("127.0.0.1", None) for port in ports or []},
-                network_mode=network,
-                environment=env or {},
-                labels=labels,
-                **limits,
+                image, entrypoint=["/bin/sh", "-c", _KEEP_ALIVE, "sh", *(own_command if run_image_command else [])],
+                command=[], name=name or container_name(instance_id), working_dir=working_dir, volumes=volumes,
+                ports={f"{port}/tcp": ("127.0.0.1", None) for port in ports or []}, network_mode=network,
+                environment=env or {}, labels=labels, **limits,
             )
         except docker.errors.APIError as exc:
             client.close()
@@ -220,16 +197,10 @@ class ContainerSandbox:
         had printed with ``timed_out=True``."""
         api = self._client.api
         token = secrets.token_hex(8)
-        exec_id = (
-            await asyncio.to_thread(
-                api.exec_create,
-                self.container_id,
-                ["/bin/sh", "-c", command],
-                environment={**(env or {}), _MARKER_VAR: token},
-                workdir=workdir or self.working_dir,
-                user=user or "",
-            )
-        )["Id"]
+        exec_id = (await asyncio.to_thread(
+            api.exec_create, self.container_id, ["/bin/sh", "-c", command],
+            environment={**(env or {}), _MARKER_VAR: token}, workdir=workdir or self.working_dir, user=user or "",
+        ))["Id"]
         # The SDK blocks until the exec's output closes, so it runs in a thread.
         output = asyncio.ensure_future(asyncio.to_thread(api.exec_start, exec_id, demux=True))
         done, _ = await asyncio.wait({output}, timeout=timeout)
@@ -239,12 +210,8 @@ class ContainerSandbox:
             done, _ = await asyncio.wait({output}, timeout=_KILL_GRACE_SECONDS)
         stdout, stderr = output.result() if done else (None, None)
         exit_code = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"]
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=(stdout or b"").decode("utf-8", errors="replace"),
-            stderr=(stderr or b"").decode("utf-8", errors="replace"),
-            timed_out=timed_out,
-        )
+        return ExecResult(exit_code, (stdout or b"").decode("utf-8", errors="replace"),
+                          (stderr or b"").decode("utf-8", errors="replace"), timed_out)
 
     async def _kill_marked(self, marker: str, exec_id: str) -> None:
         """Kill every process carrying ``marker`` until the exec is no longer running."""
@@ -252,9 +219,7 @@ class ContainerSandbox:
         for _ in range(10):
             try:
                 killer = await asyncio.to_thread(
-                    api.exec_create, self.container_id, ["/bin/sh", "-c", _KILL_MARKED, "sh", marker],
-                    user="0",
-                )
+                    api.exec_create, self.container_id, ["/bin/sh", "-c", _KILL_MARKED, "sh", marker], user="0")
                 await asyncio.to_thread(api.exec_start, killer["Id"])
             except docker.errors.APIError:
                 pass  # no pid left for the killer yet (pids limit): try again shortly
@@ -272,9 +237,7 @@ class ContainerSandbox:
             return
         self._stopped = True
         try:
-            self._client.api.remove_container(self.container_id, force=True)
-        except docker.errors.NotFound:
-            pass
+            remove(self._client, self.container_id)
         finally:
             self._client.close()
 
@@ -283,3 +246,9 @@ class ContainerSandbox:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+def remove(client: docker.DockerClient, container_id: str) -> None:
+    """Remove the container, running or not; one already gone is fine."""
+    with contextlib.suppress(docker.errors.NotFound):
+        client.api.remove_container(container_id, force=True)

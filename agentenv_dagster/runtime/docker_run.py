@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,10 +22,12 @@ import requests.exceptions
 from .containers import (
     ContainerSandbox,
     ContainerSandboxError,
-    MissingImageError,
+    ExecResult,
     _client,
     _name_part,
+    image_config,
     published_urls,
+    remove,
 )
 
 # PID 1 of a container kept alive for execs; trapping TERM lets `docker stop` end it at once.
@@ -40,41 +43,28 @@ class StartedContainer:
     port_urls: dict[str, str] = field(default_factory=dict)  # container port -> URL on 127.0.0.1
 
 
-@dataclass(frozen=True)
-class ContainerExit:
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-
-
 def build_image(context_dir: Path, dockerfile: str, tag: str, *, build_args: dict[str, str] | None = None,
                 labels: dict[str, str] | None = None) -> str:
     """Build ``tag`` from ``context_dir`` (never pulling); the image id."""
-    client = _client(timeout=600)
-    try:
-        image, _ = client.images.build(
-            path=str(context_dir), dockerfile=dockerfile, tag=tag, buildargs=build_args or {},
-            labels=labels or {}, rm=True, forcerm=True, pull=False,
-        )
-        return image.id
-    except docker.errors.BuildError as exc:
-        lines = [str(chunk.get("stream") or chunk.get("error") or "").strip() for chunk in exc.build_log]
-        tail = " | ".join(line for line in lines if line)[-1500:]
-        raise ContainerSandboxError(f"docker build of '{tag}' failed: {exc.msg}; build log: {tail}") from None
-    except docker.errors.APIError as exc:
-        raise ContainerSandboxError(f"docker build of '{tag}' failed: {exc}") from None
-    finally:
-        client.close()
+    with closing(_client(timeout=600)) as client:
+        try:
+            image, _ = client.images.build(
+                path=str(context_dir), dockerfile=dockerfile, tag=tag, buildargs=build_args or {},
+                labels=labels or {}, rm=True, forcerm=True, pull=False,
+            )
+            return image.id
+        except docker.errors.BuildError as exc:
+            lines = [str(chunk.get("stream") or chunk.get("error") or "").strip() for chunk in exc.build_log]
+            tail = " | ".join(line for line in lines if line)[-1500:]
+            raise ContainerSandboxError(f"docker build of '{tag}' failed: {exc.msg}; build log: {tail}") from None
+        except docker.errors.APIError as exc:
+            raise ContainerSandboxError(f"docker build of '{tag}' failed: {exc}") from None
 
 
 def image_command(image: str) -> list[str]:
     """The image's ENTRYPOINT + CMD as one argv list (what ``docker run IMAGE`` would start)."""
-    client = _client()
-    try:
-        config = client.api.inspect_image(image)["Config"] or {}
-    finally:
-        client.close()
+    with closing(_client()) as client:
+        config = image_config(client, image)
     return list(config.get("Entrypoint") or []) + list(config.get("Cmd") or [])
 
 
@@ -89,15 +79,8 @@ def run_container(
     published on 127.0.0.1 at ports the engine picks, so runs never clash over a host port."""
     if network is not None and network not in LOCAL_NETWORKS:
         raise ValueError(f"network must be one of {', '.join(LOCAL_NETWORKS)} locally, not {network!r}")
-    client = _client()
-    try:
-        try:
-            client.images.get(image)
-        except docker.errors.ImageNotFound:
-            raise MissingImageError(
-                f"image '{image}' is not present locally and no registry is reachable: "
-                "build it (scripts/docker_engine.sh image)"
-            ) from None
+    with closing(_client()) as client:
+        image_config(client, image)
         published = {f"{port}/tcp": ("127.0.0.1", None) for port in ports or []} if network != "host" else {}
         try:
             container = client.containers.create(
@@ -112,22 +95,16 @@ def run_container(
             container.start()
             container.reload()
         except docker.errors.APIError as exc:
-            _remove(client, container.id)
+            remove(client, container.id)
             raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from None
-        return StartedContainer(
-            container_id=container.id, name=container.name,
-            working_dir=container.attrs["Config"].get("WorkingDir") or "/",
-            port_urls=published_urls(container.attrs, ports or []),
-        )
-    finally:
-        client.close()
+        return StartedContainer(container.id, container.name, container.attrs["Config"].get("WorkingDir") or "/",
+                                published_urls(container.attrs, ports or []))
 
 
-def wait_container(container_id: str, timeout: float) -> ContainerExit:
+def wait_container(container_id: str, timeout: float) -> ExecResult:
     """Wait up to ``timeout`` for the container's main process; past it, kill the container.
     Either way its output so far is returned (the container itself stays, for teardown)."""
-    client = _client(timeout=max(timeout, 1) + 30)
-    try:
+    with closing(_client(timeout=max(timeout, 1) + 30)) as client:
         timed_out = False
         try:
             exit_code = client.api.wait(container_id, timeout=timeout)["StatusCode"]
@@ -142,36 +119,30 @@ def wait_container(container_id: str, timeout: float) -> ContainerExit:
                 pass  # it exited meanwhile
         stdout = client.api.logs(container_id, stdout=True, stderr=False)
         stderr = client.api.logs(container_id, stdout=False, stderr=True)
-        return ContainerExit(exit_code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"), timed_out)
-    finally:
-        client.close()
+        return ExecResult(exit_code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"), timed_out)
 
 
 def container_state(container_id: str) -> dict:
     """The container's ``State`` (``Running``, ``ExitCode`` …); ``{}`` when it is gone."""
-    client = _client()
-    try:
-        return client.api.inspect_container(container_id)["State"]
-    except docker.errors.NotFound:
-        return {}
-    finally:
-        client.close()
+    with closing(_client()) as client:
+        try:
+            return client.api.inspect_container(container_id)["State"]
+        except docker.errors.NotFound:
+            return {}
 
 
 def container_logs(container_id: str, tail: int = 50) -> str:
-    client = _client()
-    try:
-        return client.api.logs(container_id, tail=tail).decode("utf-8", "replace")
-    except docker.errors.NotFound:
-        return ""
-    finally:
-        client.close()
+    """The last ``tail`` lines the container printed; ``""`` when it is gone."""
+    with closing(_client()) as client:
+        try:
+            return client.api.logs(container_id, tail=tail).decode("utf-8", "replace")
+        except docker.errors.NotFound:
+            return ""
 
 
 def read_container_file(container_id: str, path: str, max_bytes: int = 10 * 2**20) -> bytes:
     """One regular file out of a container, running or stopped (``docker cp``)."""
-    client = _client()
-    try:
+    with closing(_client()) as client:
         try:
             stream, stat = client.api.get_archive(container_id, path)
         except docker.errors.NotFound:
@@ -179,8 +150,6 @@ def read_container_file(container_id: str, path: str, max_bytes: int = 10 * 2**2
         if stat.get("size", 0) > max_bytes:
             raise ValueError(f"{path} is {stat['size']} bytes, over the {max_bytes}-byte limit")
         data = b"".join(stream)
-    finally:
-        client.close()
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         member = next((m for m in archive.getmembers() if m.isfile()), None)
         if member is None:
@@ -191,18 +160,9 @@ def read_container_file(container_id: str, path: str, max_bytes: int = 10 * 2**2
 def attach(container_id: str, working_dir: str | None = None) -> ContainerSandbox:
     """An exec handle on a running container, in ``working_dir`` or the image's WORKDIR."""
     if working_dir is None:
-        client = _client()
-        try:
-            working_dir = client.api.inspect_container(container_id)["Config"].get("WorkingDir") or "/"
-        except docker.errors.NotFound:
-            raise ContainerSandboxError(f"container {container_id[:12]} is gone") from None
-        finally:
-            client.close()
+        with closing(_client()) as client:
+            try:
+                working_dir = client.api.inspect_container(container_id)["Config"].get("WorkingDir") or "/"
+            except docker.errors.NotFound:
+                raise ContainerSandboxError(f"container {container_id[:12]} is gone") from None
     return ContainerSandbox.attach(container_id, working_dir)
-
-
-def _remove(client: docker.DockerClient, container_id: str) -> None:
-    try:
-        client.api.remove_container(container_id, force=True)
-    except docker.errors.NotFound:
-        pass
