@@ -121,9 +121,17 @@ class ContainerSandbox:
         self._stopped = False
 
     @classmethod
-    def attach(cls, container_id: str, working_dir: str) -> ContainerSandbox:
-        """A handle on a container another process started (ops and agents are processes)."""
-        return cls(_client(), container_id, working_dir)
+    def attach(cls, container_id: str, working_dir: str | None = None) -> ContainerSandbox:
+        """A handle on a container another process started (ops and agents are processes), in
+        ``working_dir`` or else the image's WORKDIR."""
+        client = _client()
+        if working_dir is None:
+            try:
+                working_dir = client.api.inspect_container(container_id)["Config"].get("WorkingDir") or "/"
+            except docker.errors.NotFound:
+                client.close()
+                raise ContainerSandboxError(f"container {container_id[:12]} is gone") from None
+        return cls(client, container_id, working_dir)
 
     @classmethod
     def start(
@@ -134,11 +142,10 @@ class ContainerSandbox:
     ) -> ContainerSandbox:
         """Create and start the container; it idles until ``exec`` calls or ``stop``.
 
-        ``workspace`` (a host folder) is mounted at ``working_dir``; without one the image's
-        WORKDIR is used when ``working_dir`` is None. ``ports`` are published on 127.0.0.1 at
-        ports the engine picks; ``run_image_command`` also starts the image's ENTRYPOINT+CMD.
-        Labels ``agentenv.run_id`` / ``agentenv.instance_id`` let leftovers of a run be found;
-        ``name`` (:func:`container_name`) is one its caller chose, to write down before it exists.
+        ``workspace`` (a host folder) is mounted at ``working_dir`` (None: the image's WORKDIR when
+        there is no workspace). ``ports`` are published on 127.0.0.1 at ports the engine picks;
+        ``run_image_command`` also starts the image's ENTRYPOINT+CMD. Labels ``agentenv.run_id`` /
+        ``agentenv.instance_id`` let a run's leftovers be found; ``name`` is one the caller wrote down.
         """
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, not {network!r}")
@@ -192,9 +199,8 @@ class ContainerSandbox:
         self, command: str, timeout: float, env: dict[str, str] | None = None, user: str | None = None,
         workdir: str | None = None,
     ) -> ExecResult:
-        """Run ``sh -c command`` in ``workdir`` (else the working dir) as ``user`` (else the
-        image's user); past ``timeout`` kill it and everything it started, and return what it
-        had printed with ``timed_out=True``."""
+        """Run ``sh -c command`` in ``workdir`` (else the working dir) as ``user`` (else the image's);
+        past ``timeout`` kill it and all it started, and return what it printed with ``timed_out=True``."""
         api = self._client.api
         token = secrets.token_hex(8)
         exec_id = (await asyncio.to_thread(

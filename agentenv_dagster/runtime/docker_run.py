@@ -1,10 +1,9 @@
 """Task containers: images built from a task's Docker context and containers run from them.
 
-Backs ``run_docker_container``: upstream builds and runs the container on a VM sandbox with
-the ``docker`` CLI; locally the VM is a folder of the run and the engine is the one
-``DOCKER_HOST`` names, driven through the ``docker`` SDK. No registry is reachable, so a
-Dockerfile's ``FROM`` must name a local image (``scripts/docker_engine.sh image``) and a
-plain ``image`` is never pulled. Every call blocks: steps run them in a thread.
+Backs ``run_docker_container``: upstream drives the ``docker`` CLI on a VM sandbox; locally the
+VM is a folder of the run and the engine the one ``DOCKER_HOST`` names, through the ``docker``
+SDK. Nothing is pulled: a Dockerfile's ``FROM`` and a plain ``image`` must be local images.
+Every call blocks: steps run them in a thread.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import docker.errors
 import requests.exceptions
 
 from .containers import (
-    ContainerSandbox,
     ContainerSandboxError,
     ExecResult,
     _client,
@@ -155,14 +153,3 @@ def read_container_file(container_id: str, path: str, max_bytes: int = 10 * 2**2
         if member is None:
             raise IsADirectoryError(f"{path} is not a regular file")
         return archive.extractfile(member).read()
-
-
-def attach(container_id: str, working_dir: str | None = None) -> ContainerSandbox:
-    """An exec handle on a running container, in ``working_dir`` or the image's WORKDIR."""
-    if working_dir is None:
-        with closing(_client()) as client:
-            try:
-                working_dir = client.api.inspect_container(container_id)["Config"].get("WorkingDir") or "/"
-            except docker.errors.NotFound:
-                raise ContainerSandboxError(f"container {container_id[:12]} is gone") from None
-    return ContainerSandbox.attach(container_id, working_dir)

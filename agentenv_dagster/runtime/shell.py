@@ -1,9 +1,8 @@
 """Where a sandbox's shell commands run: on the host in its folder, or inside its container.
 
-One implementation of "run a command line with a deadline, kill everything it started past
-it", shared by pre/post_run commands, the agent's Bash tool and shell criteria. What such a
-command sees of this process's environment is an allowlist (:func:`sandbox_env`): the
-commands are the agent's or the task's, and our API keys are not theirs.
+One "run a command line with a deadline, kill all it started past it", shared by pre/post_run
+commands, the agent's Bash tool and shell criteria. Such a command sees an allowlist of this
+process's environment (:func:`sandbox_env`): it is the agent's or the task's; our keys are not.
 """
 
 from __future__ import annotations
@@ -16,12 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Protocol
 
-
 # What a host interpreter running task data gets of this process's environment: what Python
 # needs, never a secret (an LLM key, cloud credentials).
 HOST_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
-
-
 # What a sandbox's shell gets besides: the terminal and user a shell expects.
 SANDBOX_ENV_KEYS = (*HOST_ENV_KEYS, "LC_CTYPE", "TERM", "USER", "LOGNAME", "SHELL", "TZ")
 
@@ -37,9 +33,9 @@ def host_env(**extra: str) -> dict[str, str]:
 
 
 def sandbox_env(passthrough: Iterable[str] = (), own: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a command an agent or a task runs on this machine: the basics
-    (:data:`SANDBOX_ENV_KEYS`), the variables the task passes through by name (Coder Eval's
-    ``env_passthrough``) as this process has them, and the sandbox's own variables ``own``."""
+    """The environment of a command an agent or a task runs on this machine: :data:`SANDBOX_ENV_KEYS`
+    and the task's ``passthrough`` names (Coder Eval's ``env_passthrough``) as this process has them,
+    plus the sandbox's own variables ``own``."""
     return {**passed_through([*SANDBOX_ENV_KEYS, *passthrough]), **(own or {})}
 
 

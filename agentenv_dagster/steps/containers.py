@@ -233,8 +233,9 @@ class RunDockerContainerStep(TaskStep):
 
     async def _await_ready(self, container_id: str) -> None:
         from ..runtime import docker_run
+        from ..runtime.containers import ContainerSandbox
 
-        box = await asyncio.to_thread(docker_run.attach, container_id)
+        box = await asyncio.to_thread(ContainerSandbox.attach, container_id)
         deadline = time.monotonic() + self.ready_timeout_seconds
         try:
             while True:
@@ -358,12 +359,12 @@ class RunContainerUnitTestsVerifierStep(_Verifier):
         return f"{self.sandbox_name}/{self.container_name}" if self.container_name else None
 
     async def execute(self, ctx: TaskStepContext, rt: StepRuntime) -> None:
-        from ..runtime import docker_run
+        from ..runtime.containers import ContainerSandbox
 
         container_id, working_dir = self._target(ctx)
         command, extra_env = self._resolve_command(ctx, rt)
         env = {**self.env_vars, **extra_env}
-        box = await asyncio.to_thread(docker_run.attach, container_id, working_dir)
+        box = await asyncio.to_thread(ContainerSandbox.attach, container_id, working_dir)
         try:
             for index, setup in enumerate(self.setup_commands, 1):
                 first_line = (setup.splitlines() or [""])[0][:140]
