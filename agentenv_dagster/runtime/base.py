@@ -68,10 +68,9 @@ class StepRuntime:
 
     @contextlib.asynccontextmanager
     async def lanes(self, count: int) -> AsyncIterator[asyncio.Queue["StepRuntime"]]:
-        """``count`` views of this runtime for rows run at once, each with its own small
-        connection pool: httpx's transport (https) scans every pooled connection for every
-        queued request, so one pool shared by many rows costs CPU that grows with the rows in
-        flight; a pool per lane keeps each scan short."""
+        """``count`` views of this runtime for rows run at once, each with its own small connection
+        pool: httpx scans every pooled connection for every queued request, so one pool shared by
+        many rows costs CPU that grows with the rows in flight."""
         views: asyncio.Queue[StepRuntime] = asyncio.Queue()
         for _ in range(count):
             view = copy.copy(self)
@@ -93,12 +92,8 @@ LANE_CONNECTIONS = 4  # a lane's pool (one row at a time uses it)
 
 
 class RedactingLogger(logging.LoggerAdapter):
-    """A step's logger: each message is formatted here, then every known secret value in it
-    replaced by ``***`` (``redaction.py``), before the logger it wraps (Dagster's, under an
-    op) records it."""
-
-    def __init__(self, logger: logging.Logger | logging.LoggerAdapter) -> None:
-        super().__init__(logger, {})
+    """A step's logger: each message is formatted here and every known secret in it replaced by
+    ``***`` (``redaction.py``) before the logger it wraps (Dagster's, under an op) records it."""
 
     def log(self, level: int, msg: object, *args: object, **kwargs) -> None:
         if self.isEnabledFor(level):

@@ -65,23 +65,16 @@ class DataPlaneClient:
             raise DataPlaneError(f"{method} failed: {url} did not answer a JSON-RPC object")
         if "error" in body:
             error = body["error"] if isinstance(body["error"], dict) else {"message": body["error"]}
-            raise DataPlaneError(
-                f"{method} failed: {error.get('message')} ({error.get('data') or error.get('code')})"
-            )
+            raise DataPlaneError(f"{method} failed: {error.get('message')} ({error.get('data') or error.get('code')})")
         return body.get("result")
 
 
 def file_part_from_bytes(name: str, data: bytes, mime: str = "application/json") -> dict[str, Any]:
     """A FilePart carrying ``data`` inline, for envs that cannot read the caller's files."""
-    return {
-        "kind": "file",
-        "file": {"bytes": base64.b64encode(data).decode("ascii"), "name": name, "mimeType": mime},
-    }
+    return {"kind": "file", "file": {"bytes": base64.b64encode(data).decode("ascii"), "name": name, "mimeType": mime}}
 
 
 def env_base_url(mcp_url: str) -> str:
-    """The env's base URL from its MCP URL: ``http://h:p/x/mcp`` -> ``http://h:p/x``.
-
-    A URL that does not end in ``/mcp`` is taken as the base already.
-    """
+    """The env's base URL from its MCP URL (``http://h:p/x/mcp`` -> ``http://h:p/x``); a URL that
+    does not end in ``/mcp`` is taken as the base already."""
     return mcp_url.rstrip("/").removesuffix(MCP_PATH)

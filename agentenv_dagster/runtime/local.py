@@ -14,7 +14,6 @@ import functools
 import hashlib
 import importlib.util
 import json
-import logging
 import os
 import secrets
 import shutil
@@ -33,8 +32,6 @@ from ..redaction import remember_secret
 from .processes import READY_FILE, ProcessIdentity, run_owner, spawn_server, still_running, terminate
 from .sandbox import LocalSandbox
 from .server_auth import RunServerAuth
-
-log = logging.getLogger(__name__)
 
 ENV_SERVER_MODULE = "agentenv_dagster.builtin.envs"
 AGENT_SERVER_MODULE = "agentenv_dagster.builtin.agents"

@@ -43,7 +43,7 @@ class LocalSandbox:
 
     @cached_property
     def _real_root(self) -> str:
-        """The root with its symlinks resolved, once: an agent resolves a path a file it writes."""
+        """The root with its symlinks resolved, once (every file an agent writes resolves a path)."""
         return os.path.realpath(self.root)
 
 
