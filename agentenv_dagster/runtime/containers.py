@@ -158,13 +158,6 @@ class ContainerSandbox:
                 raise ContainerSandboxError(f"workspace {workspace} is not a directory")
             working_dir = working_dir or "/work"
             volumes[str(workspace)] = {"bind": working_dir, "mode": "rw"}
-        client = _client()
-        try:
-            config = image_config(client, image)
-        except MissingImageError:
-            client.close()
-            raise
-        own_command = list(config.get("Entrypoint") or []) + list(config.get("Cmd") or [])
         labels = {key: value for key, value in {"agentenv.run_id": run_id, "agentenv.instance_id": instance_id}.items()
                   if value is not None}
         limits: dict = {}
@@ -175,23 +168,20 @@ class ContainerSandbox:
             limits["nano_cpus"] = int(cpus * 1e9)
         if pids is not None:
             limits["pids_limit"] = pids
+        client = _client()
         try:
-            container = client.containers.create(
-                image, entrypoint=["/bin/sh", "-c", _KEEP_ALIVE, "sh", *(own_command if run_image_command else [])],
-                command=[], name=name or container_name(instance_id), working_dir=working_dir, volumes=volumes,
+            config = image_config(client, image)
+            own = list(config.get("Entrypoint") or []) + list(config.get("Cmd") or []) if run_image_command else []
+            container = create_started(
+                client, image, entrypoint=["/bin/sh", "-c", _KEEP_ALIVE, "sh", *own], command=[],
+                name=name or container_name(instance_id), working_dir=working_dir, volumes=volumes,
                 ports={f"{port}/tcp": ("127.0.0.1", None) for port in ports or []}, network_mode=network,
                 environment=env or {}, labels=labels, **limits,
             )
-        except docker.errors.APIError as exc:
+        except ContainerSandboxError:
             client.close()
-            raise ContainerSandboxError(f"could not create a container from '{image}': {exc}") from exc
+            raise
         sandbox = cls(client, container.id, working_dir or config.get("WorkingDir") or "/")
-        try:
-            container.start()
-            container.reload()
-        except docker.errors.APIError as exc:
-            sandbox.stop()
-            raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from exc
         sandbox.port_urls = published_urls(container.attrs, ports or [])
         return sandbox
 
@@ -252,6 +242,21 @@ class ContainerSandbox:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+def create_started(client: docker.DockerClient, image: str, **settings):
+    """A container of ``image`` created with ``settings`` and started; one that does not start is removed."""
+    try:
+        container = client.containers.create(image, **settings)
+    except docker.errors.APIError as exc:
+        raise ContainerSandboxError(f"could not create a container from '{image}': {exc}") from exc
+    try:
+        container.start()
+        container.reload()
+    except docker.errors.APIError as exc:
+        remove(client, container.id)
+        raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from exc
+    return container
 
 
 def remove(client: docker.DockerClient, container_id: str) -> None:

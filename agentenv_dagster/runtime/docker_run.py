@@ -23,9 +23,9 @@ from .containers import (
     ExecResult,
     _client,
     _name_part,
+    create_started,
     image_config,
     published_urls,
-    remove,
 )
 
 # PID 1 of a container kept alive for execs; trapping TERM lets `docker stop` end it at once.
@@ -80,21 +80,12 @@ def run_container(
     with closing(_client()) as client:
         image_config(client, image)
         published = {f"{port}/tcp": ("127.0.0.1", None) for port in ports or []} if network != "host" else {}
-        try:
-            container = client.containers.create(
-                image, command=command, entrypoint=entrypoint, name=_name_part(name), detach=True,
-                environment=environment or {}, volumes=binds or {}, ports=published,
-                network_mode=network or "bridge", labels=labels or {}, privileged=privileged,
-                cap_add=cap_add or None, devices=devices or None, shm_size=shm_size,
-            )
-        except docker.errors.APIError as exc:
-            raise ContainerSandboxError(f"could not create a container from '{image}': {exc}") from None
-        try:
-            container.start()
-            container.reload()
-        except docker.errors.APIError as exc:
-            remove(client, container.id)
-            raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from None
+        container = create_started(
+            client, image, command=command, entrypoint=entrypoint, name=_name_part(name), detach=True,
+            environment=environment or {}, volumes=binds or {}, ports=published,
+            network_mode=network or "bridge", labels=labels or {}, privileged=privileged,
+            cap_add=cap_add or None, devices=devices or None, shm_size=shm_size,
+        )
         return StartedContainer(container.id, container.name, container.attrs["Config"].get("WorkingDir") or "/",
                                 published_urls(container.attrs, ports or []))
 

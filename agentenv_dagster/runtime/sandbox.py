@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from .shell import HostShell, ShellResult
 
@@ -45,20 +45,6 @@ class LocalSandbox:
     def _real_root(self) -> str:
         """The root with its symlinks resolved, once (every file an agent writes resolves a path)."""
         return os.path.realpath(self.root)
-
-
-class SandboxFiles(Protocol):
-    """A sandbox's files and shell by in-sandbox path: what verify_sandbox probes."""
-
-    async def exists(self, path: str) -> bool: ...
-
-    async def is_dir(self, path: str) -> bool: ...
-
-    async def read_text(self, path: str) -> str: ...
-
-    async def run(self, command: str, cwd: str, timeout: float) -> ShellResult: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -134,3 +120,7 @@ class ContainerFiles:
 
     def close(self) -> None:
         self.container.close()
+
+
+# A sandbox's files and shell by in-sandbox path: what verify_sandbox probes.
+SandboxFiles = FolderFiles | ContainerFiles
