@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import tarfile
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import docker
@@ -38,7 +38,7 @@ class StartedContainer:
     container_id: str
     name: str
     working_dir: str
-    port_urls: dict[str, str] = field(default_factory=dict)  # container port -> URL on 127.0.0.1
+    port_urls: dict[str, str]  # container port -> URL on 127.0.0.1
 
 
 def build_image(context_dir: Path, dockerfile: str, tag: str, *, build_args: dict[str, str] | None = None,
