@@ -93,8 +93,8 @@ class ContainerFiles:
             raise SandboxPathError(f"path {sandbox_path!r} leaves the sandbox")
         return posixpath.join(self.mount, *parts)
 
-    async def _exec(self, command: str, **kwargs) -> ExecResult:
-        result = await self.container.exec(command, self.timeout, **kwargs)
+    async def _exec(self, command: str) -> ExecResult:
+        result = await self.container.exec(command, self.timeout)
         if result.timed_out:
             raise TimeoutError(f"`{command}` in the container timed out after {self.timeout}s")
         return result
