@@ -1,19 +1,12 @@
-"""Model clients: one request shape for every provider, spoken through the provider's own SDK.
+"""Model clients: one Messages-API-shaped request and reply for every provider, through its own SDK.
 
-Callers (judges, the judge agent's loop, the live tool-use agent) build Messages-API-shaped
-requests: a system prompt, messages whose content is text or blocks (``text``, ``tool_use``,
-``tool_result``), tools with an ``input_schema``, and ``tool_choice`` (``auto``, or one tool
-forced). A provider of ``protocol = "anthropic"`` gets them as they are through ``anthropic``;
-one of ``protocol = "openai"`` gets them as Chat Completions through ``openai`` (OpenAI, a
-LiteLLM proxy, vLLM, Ollama). Replies come back in one shape too (:class:`ModelReply`).
-
-A forced tool is a forced tool call where the provider takes one; a provider configured with
-``verdict = "json_schema"`` is asked for a response in that tool's schema instead, and the
-whole response is read as the call's input. Nothing else in a reply (text around a tool call, a
-JSON object at the end of some text) ever stands for a tool call.
-
-A reply the SDK cannot read (nested too deeply, numbers too long to parse) is
-:class:`UnreadableReply`, which callers grade as a missing verdict, never a failed step.
+Callers (judges, the judge agent, the tool-use agent) send a system prompt, messages of text or
+``text``/``tool_use``/``tool_result`` blocks, tools with an ``input_schema`` and ``tool_choice``.
+``protocol = "anthropic"`` sends them as they are through ``anthropic``; ``protocol = "openai"``
+translates them to Chat Completions through ``openai`` (OpenAI, LiteLLM, vLLM, Ollama). A forced
+tool is a forced call, or with ``verdict = "json_schema"`` a response in the tool's schema read as
+the call's input; nothing else in a reply ever stands for a tool call. A reply the SDK cannot read
+is :class:`UnreadableReply`, which callers grade as a missing verdict, never a failed step.
 """
 
 from __future__ import annotations
@@ -253,8 +246,7 @@ def chat_usage(usage: Any) -> Usage:
     """Chat Completions usage in the Messages buckets: cached prompt tokens are cache reads."""
     if usage is None:
         return Usage()
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = (getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
+    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", 0) or 0
     prompt = usage.prompt_tokens or 0
     return Usage(input_tokens=max(prompt - cached, 0), output_tokens=usage.completion_tokens or 0,
                  cache_read_input_tokens=cached)
