@@ -147,10 +147,8 @@ class A2AClient:
             async for response in client.send_message(SendMessageRequest(message=message), context=call(exact=True)):
                 pass  # not streaming: one response, the task as it stands or the agent's message
         except A2AClientTimeoutError:
-            task_ids = await self._cancel(client, context_id)
-            raise TimeoutError(
-                f"A2A task {task_ids[0] if task_ids else '(unknown)'} did not complete within {timeout_seconds:g}s"
-            ) from None
+            task_ids = await self._cancel(client, context_id) or ["(unknown)"]
+            raise TimeoutError(f"A2A task {task_ids[0]} did not complete within {timeout_seconds:g}s") from None
         except (SDKError, ValueError, NotImplementedError) as exc:
             raise _transport_error(exc) or A2AError(f"A2A message/send failed: {exc}") from None
         if response is None:
@@ -180,21 +178,16 @@ class A2AClient:
 
     async def _client(self, url: str, card: dict | None) -> "Client":
         """The SDK client for the agent at ``url``, made from its card on first use."""
-        client = self._clients.get(url)
-        if client is None:
-            card = card if card is not None else await self.get_card(url)
-            client = self._clients[url] = self._factory().create(_sdk_card(card, url))
-        return client
-
-    def _factory(self):
         from a2a.client import ClientConfig, ClientFactory
 
-        factory = ClientFactory(ClientConfig(
-            streaming=False, httpx_client=self._http, supported_protocol_bindings=list(TRANSPORTS),
-            grpc_channel_factory=_grpc_channel,
-        ))
-        factory.register("GRPC", _grpc_transport)
-        return factory
+        if url not in self._clients:
+            card = card if card is not None else await self.get_card(url)
+            factory = ClientFactory(ClientConfig(streaming=False, httpx_client=self._http,
+                                                 supported_protocol_bindings=list(TRANSPORTS),
+                                                 grpc_channel_factory=_grpc_channel))
+            factory.register("GRPC", _grpc_transport)
+            self._clients[url] = factory.create(_sdk_card(card, url))
+        return self._clients[url]
 
     @staticmethod
     async def _cancel(client: "Client", context_id: str, task_ids: list[str] | None = None) -> list[str]:
@@ -299,8 +292,7 @@ def _join(base: str, path: str) -> str:
 
 def _raise_for_status(method: str, response: httpx.Response) -> None:
     if response.status_code >= 400:
-        raise A2AError(f"{method} {response.request.url} -> HTTP {response.status_code}: "
-                       f"{response.text[:2000]}")
+        raise A2AError(f"{method} {response.request.url} -> HTTP {response.status_code}: {response.text[:2000]}")
 
 
 def _state(task: dict) -> str:
@@ -316,18 +308,10 @@ def _reply(task: dict) -> A2AReply:
     parts = message.get("parts", [])
     texts = [p["text"] for p in parts if "text" in p] or [
         p["text"] for a in task.get("artifacts", []) for p in a.get("parts", []) if "text" in p]
-    data: dict[str, Any] = {}
-    for part in parts:
-        if isinstance(part.get("data"), dict):
-            data.update(whole_numbers(part["data"]))
-    return A2AReply(
-        task_id=task.get("id", ""),
-        context_id=task.get("contextId") or message.get("contextId", ""),
-        state=_state(task),
-        text=texts[-1] if texts else "",
-        data=data,
-        metadata=message.get("metadata") or {},
-    )
+    data = {k: v for p in parts if isinstance(p.get("data"), dict) for k, v in whole_numbers(p["data"]).items()}
+    return A2AReply(task_id=task.get("id", ""), context_id=task.get("contextId") or message.get("contextId", ""),
+                    state=_state(task), text=texts[-1] if texts else "", data=data,
+                    metadata=message.get("metadata") or {})
 
 
 def whole_numbers(value: Any) -> Any:

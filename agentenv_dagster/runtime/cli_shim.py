@@ -22,14 +22,13 @@ sys.exit(answer({spec!r}, sys.argv[1:], __file__))
 """
 
 
-def write_shims(folder: Path, entries: list[dict[str, Any]]) -> list[str]:
-    """One executable per entry under ``folder``; returns the tool names."""
+def write_shims(folder: Path, entries: list[dict[str, Any]]) -> None:
+    """One executable per entry under ``folder``, named after its tool."""
     folder.mkdir(parents=True, exist_ok=True)
     for entry in entries:
         shim = folder / entry["tool"]
         shim.write_text(SHIM.format(python=sys.executable, spec=json.dumps(entry)))
         shim.chmod(0o755)
-    return [entry["tool"] for entry in entries]
 
 
 def answer(spec: str, argv: list[str], shim_path: str) -> int:

@@ -125,7 +125,6 @@ def llm_judge(config: AgentEnvConfig, model: str | None = None, base_url: str | 
         resolved = config.model.resolve(model or config.model.for_role("judge"))
     except ValueError as exc:
         raise JudgeUnavailable(f"no judge configured: {exc}") from None
-    missing = resolved.missing_setting(api_key, base_url)
-    if missing:
+    if missing := resolved.missing_setting(api_key, base_url):
         raise JudgeUnavailable(f"no judge configured: {missing}")
     return LLMJudge(resolved, api_key=api_key, base_url=base_url)

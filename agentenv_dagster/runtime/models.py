@@ -11,8 +11,9 @@ is :class:`UnreadableReply`, which callers grade as a missing verdict, never a f
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..config import ResolvedModel
@@ -85,21 +86,17 @@ class ModelReply:
         return [b for b in self.content if b.type == "tool_use"]
 
 
-class ModelClient:
+class ModelClient(contextlib.AbstractAsyncContextManager):
     """One provider's SDK client for ``model``; ``create`` takes a Messages-shaped request.
     Close it after use (``close`` or ``async with``)."""
 
     def __init__(self, model: ResolvedModel, *, api_key: str | None = None, base_url: str | None = None,
                  max_retries: int = 2) -> None:
-        missing = model.missing_setting(api_key, base_url)
-        if missing:
+        if missing := model.missing_setting(api_key, base_url):
             raise MissingKey(missing)
         self.model = model
         self.base_url = base_url or model.base_url()
         self._client = self._sdk_client(api_key or model.api_key() or "unused", max_retries)
-
-    async def __aenter__(self) -> "ModelClient":
-        return self
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
@@ -143,11 +140,8 @@ class AnthropicModel(ModelClient):
             raise UnreadableReply(f"the Messages API reply could not be read: {_excerpt(exc)}") from None
         content = [ToolUseBlock(b.id, b.name, b.input) if b.type == "tool_use" else TextBlock(b.text)
                    for b in message.content if b.type in ("tool_use", "text")]
-        usage = message.usage
-        return ModelReply(content, message.stop_reason, Usage(
-            input_tokens=usage.input_tokens or 0, output_tokens=usage.output_tokens or 0,
-            cache_creation_input_tokens=getattr(usage, "cache_creation_input_tokens", 0) or 0,
-            cache_read_input_tokens=getattr(usage, "cache_read_input_tokens", 0) or 0))
+        usage = Usage(**{bucket.name: getattr(message.usage, bucket.name, 0) or 0 for bucket in fields(Usage)})
+        return ModelReply(content, message.stop_reason, usage)
 
 
 class ChatCompletionsModel(ModelClient):

@@ -75,10 +75,8 @@ def s3_location(config: "AgentEnvConfig") -> S3Location:
     bucket = resolve_reference(stores.bucket)
     if not bucket:
         raise ConfigError(f"[stores] bucket = {stores.bucket!r} names no bucket")
-    return S3Location(
-        bucket=bucket, prefix=resolve_reference(stores.prefix) or "",
-        endpoint_url=resolve_reference(stores.endpoint_url), region=resolve_reference(stores.region),
-    )
+    return S3Location(bucket=bucket, prefix=resolve_reference(stores.prefix) or "",
+                      endpoint_url=resolve_reference(stores.endpoint_url), region=resolve_reference(stores.region))
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,9 +100,8 @@ _KNOWN: dict[str, S3Location] = {}  # (dict.setdefault is atomic: no lock)
 def read_url(url: str) -> bytes:
     """The bytes of ``s3://bucket/key``."""
     parsed = urlparse(url)
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    location = _KNOWN.get(bucket) or _configured_location(bucket) or S3Location(bucket)
-    return location.get_bytes(key)
+    location = _KNOWN.get(parsed.netloc) or _configured_location(parsed.netloc) or S3Location(parsed.netloc)
+    return location.get_bytes(parsed.path.lstrip("/"))
 
 
 def _configured_location(bucket: str) -> S3Location | None:
@@ -177,13 +174,12 @@ class S3ArtifactStore(VersionedStore):
 
     def _claims(self, artifact_id: str) -> dict[int, int]:
         """version -> size of its claim object (0 = claimed, still being written)."""
-        prefix = f"{self._base(artifact_id)}/{_CLAIMS}/"
-        claims = {}
-        for entry in self.location.list_keys(prefix):
-            name = entry["Key"][len(prefix):]
-            if name.isdigit():
-                claims[int(name)] = entry["Size"]
-        return claims
+        prefix = self._claim(artifact_id, "")
+        sizes = {entry["Key"][len(prefix):]: entry["Size"] for entry in self.location.list_keys(prefix)}
+        return {int(name): size for name, size in sizes.items() if name.isdigit()}
+
+    def _claim(self, artifact_id: str, version: int | str) -> str:
+        return f"{self._base(artifact_id)}/{_CLAIMS}/{version}"
 
     def versions(self, artifact_id: str) -> list[int]:
         return sorted(v for v, size in self._claims(artifact_id).items() if size > 0)
@@ -195,7 +191,7 @@ class S3ArtifactStore(VersionedStore):
 
         version = max(self._claims(artifact_id), default=0) + 1
         while True:
-            claim = f"{self._base(artifact_id)}/{_CLAIMS}/{version}"
+            claim = self._claim(artifact_id, version)
             try:
                 self.location.put_bytes(claim, b"", IfNoneMatch="*")
                 break
@@ -218,11 +214,9 @@ class S3ArtifactStore(VersionedStore):
 
     def _read(self, artifact_id: str, version: int) -> Artifact:
         folder = self._cache_folder(artifact_id, version)
-        cached = folder / MANIFEST
-        if cached.is_file():
-            manifest = json.loads(cached.read_text())
-        else:
-            manifest = json.loads(self.location.get_bytes(f"{self._base(artifact_id)}/{_CLAIMS}/{version}"))
+        cached = folder / MANIFEST  # else the claim object, which holds the manifest once complete
+        stored = cached.read_text() if cached.is_file() else self.location.get_bytes(self._claim(artifact_id, version))
+        manifest = json.loads(stored)
         return S3Artifact.from_manifest(artifact_id, version, folder, manifest, location=self.location,
                                         base_key=self._base(artifact_id, version))
 
