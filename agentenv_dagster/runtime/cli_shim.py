@@ -43,8 +43,7 @@ def answer(spec: str, argv: list[str], shim_path: str) -> int:
                 break
     except Exception as exc:  # a broken rule is the task's fault: cli_called reports it as ERROR
         record["rule_error"] = f"{type(exc).__name__}: {exc}"
-    code = int(reply.get("exit_code", 1))
-    record["exit"] = code
+    record["exit"] = code = int(reply.get("exit_code", 1))
     with open(Path(shim_path).parent / CALLS_LOG, "a") as log:
         log.write(json.dumps(record) + "\n")
     sys.stdout.write(reply.get("stdout", ""))

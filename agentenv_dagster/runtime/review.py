@@ -93,10 +93,7 @@ class RunReviews:
         if state is None:
             raise ReviewError(f"decision must be approve or reject, not {decision!r}")
         if step_id is None:
-            waiting = self.awaiting()
-            if instance_id is not None:
-                waiting = [r for r in waiting if r.get("instance_id") == instance_id]
-            steps = sorted({r["step_id"] for r in waiting})
+            steps = sorted({r["step_id"] for r in self.awaiting() if instance_id in (None, r.get("instance_id"))})
             if not steps:
                 raise ReviewError("no review is awaiting a decision in this run (name one with --step)")
             if len(steps) > 1:
