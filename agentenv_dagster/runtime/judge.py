@@ -88,16 +88,14 @@ class LLMJudge:
         """The input of the forced ``submit_verdict`` call (``JudgeNoVerdict`` when there is none).
         What the SDK's own retries give up on is tried ``attempts`` times in all; a refused request
         (another 4xx) fails at once, since asking again would be refused again."""
-        client = self.client()
         tool = {"name": VERDICT_TOOL, "description": "Submit the grading verdict.", "input_schema": input_schema}
+        request = {"max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}], "tools": [tool],
+                   "tool_choice": {"type": "tool", "name": VERDICT_TOOL}}
         last_error: JudgeAPIError | None = None
-        try:
+        async with self.client() as client:
             for _ in range(self.attempts):
                 try:
-                    reply = await self.create(
-                        client, max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}],
-                        tools=[tool], tool_choice={"type": "tool", "name": VERDICT_TOOL},
-                    )
+                    reply = await self.create(client, **request)
                 except JudgeAPIError as exc:
                     if not exc.retryable:
                         raise JudgeError(f"LLM judge failed: {exc}") from None
@@ -111,8 +109,6 @@ class LLMJudge:
                             raise JudgeNoVerdict("the submit_verdict input is not an object")
                         return dict(block.input)
                 raise JudgeNoVerdict("judge replied without calling submit_verdict")
-        finally:
-            await client.close()
         raise JudgeError(f"LLM judge failed after {self.attempts} attempts: {last_error}")
 
 

@@ -189,18 +189,15 @@ class ChatCompletionsModel(ModelClient):
         if not completion.choices:
             raise UnreadableReply("the Chat Completions reply has no choices")
         choice = completion.choices[0]
-        content: list[TextBlock | ToolUseBlock] = []
         text = choice.message.content or ""
+        content: list[TextBlock | ToolUseBlock]
         if as_schema:  # the schema-constrained response is the forced call's input, whole
-            content.append(ToolUseBlock(f"call_{completion.id}", tool_choice["name"], _json_or_text(text)))
+            content = [ToolUseBlock(f"call_{completion.id}", tool_choice["name"], _json_or_text(text))]
             stop_reason = "tool_use"
         else:
-            if text:
-                content.append(TextBlock(text))
-            for call in choice.message.tool_calls or []:
-                function = getattr(call, "function", None)
-                if function is not None:
-                    content.append(ToolUseBlock(call.id, function.name, _json_or_text(function.arguments)))
+            calls = [c for c in choice.message.tool_calls or [] if getattr(c, "function", None) is not None]
+            content = ([TextBlock(text)] if text else []) + [
+                ToolUseBlock(c.id, c.function.name, _json_or_text(c.function.arguments)) for c in calls]
             stop_reason = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
         return ModelReply(content, stop_reason, chat_usage(completion.usage))
 
