@@ -15,7 +15,6 @@ from functools import partial
 from types import FrameType
 from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 
-
 T = TypeVar("T")
 
 try:
