@@ -1,22 +1,12 @@
 """Talk to a deployed A2A agent: read its card, call its extensions, send a prompt and wait.
 
-Prompts go through a2a-sdk's own client (``ClientFactory``): the transport is negotiated from
-the agent card (JSON-RPC, HTTP+JSON/REST or gRPC) and so is the protocol version (1.0, or 0.3
-through the SDK's compatibility transports), so any published agent can be prompted, not only
-ours. The SDK client rides on the step runtime's ``httpx.AsyncClient`` (never one of its own),
-so whatever that client adds to a request (a per-run bearer token for our own servers) reaches
-the agents too; gRPC agents get a channel of their own.
-
-A prompt is one blocking ``SendMessage``: it answers the moment the task ends. Past the
-deadline the unfinished tasks of the prompt's context are found (``ListTasks``, 1.0) and
-cancelled. A task that comes back unfinished (``input-required``, an agent that answers early)
-is followed with ``GetTask`` polling. The agentenv extension URIs live here too, as the one
-definition shared by this client and the embedded agents; their endpoints are plain HTTP.
-
-Extensions may also ride on the prompt itself, A2A's way: a payload in ``message.metadata[uri]``
-(listed in ``message.extensions``), and extensions asked of the reply in the ``A2A-Extensions``
-header, which an agent answers in its reply message's ``metadata[uri]``. Agents that do so save
-a request each way per prompt.
+Prompts go through a2a-sdk's ``ClientFactory``, which negotiates the transport (JSON-RPC,
+HTTP+JSON or gRPC) and the protocol version (1.0, or 0.3) from the card, so any published agent
+can be prompted. It rides on the step runtime's ``httpx.AsyncClient``, so the run's bearer token
+reaches our own agents too. A prompt is one blocking ``SendMessage``; past the deadline the
+context's unfinished tasks are cancelled, and an unfinished reply (``input-required``) is polled.
+Extension payloads ride in ``message.metadata[uri]``; those asked of the reply (``A2A-Extensions``
+header) come back in the reply's ``metadata[uri]``. The agentenv extension URIs are defined here.
 """
 
 from __future__ import annotations
@@ -122,23 +112,14 @@ class A2AClient:
         return reply.get("trajectory")
 
     async def send_and_wait(
-        self,
-        url: str,
-        text: str,
-        timeout_seconds: float,
-        poll_interval: float = 0.2,
-        context_id: str | None = None,
-        extensions: dict[str, Any] | None = None,
-        requested_extensions: tuple[str, ...] = (),
-        card: dict | None = None,
+        self, url: str, text: str, timeout_seconds: float, poll_interval: float = 0.2, context_id: str | None = None,
+        extensions: dict[str, Any] | None = None, requested_extensions: tuple[str, ...] = (), card: dict | None = None,
     ) -> A2AReply:
-        """Send one text prompt and wait until its task ends.
+        """Send one text prompt to the agent at base ``url`` and wait until its task ends.
 
-        ``url`` is the agent's base URL (where its card is); ``card``, when the caller has it
-        already, saves reading it. The card decides the transport and the endpoint.
-        ``extensions`` are payloads the message carries, by extension URI;
-        ``requested_extensions`` are asked of the reply. On the deadline the task is cancelled
-        (best effort) and TimeoutError is raised.
+        ``card`` (when the caller has it) saves reading it; ``extensions`` are payloads the
+        message carries by URI, ``requested_extensions`` are asked of the reply. On the deadline
+        the task is cancelled (best effort) and TimeoutError is raised.
         """
         from a2a.client import A2AClientTimeoutError, ClientCallContext
         from a2a.client.service_parameters import ServiceParametersFactory, with_a2a_extensions
@@ -166,10 +147,8 @@ class A2AClient:
             async for response in client.send_message(SendMessageRequest(message=message), context=call(exact=True)):
                 pass  # not streaming: one response, the task as it stands or the agent's message
         except A2AClientTimeoutError:
-            task_ids = await self._cancel_context(client, context_id)
-            raise TimeoutError(
-                f"A2A task {task_ids[0] if task_ids else '(unknown)'} did not complete within {timeout_seconds:g}s"
-            ) from None
+            task_ids = await self._cancel(client, context_id) or ["(unknown)"]
+            raise TimeoutError(f"A2A task {task_ids[0]} did not complete within {timeout_seconds:g}s") from None
         except (SDKError, ValueError, NotImplementedError) as exc:
             raise _transport_error(exc) or A2AError(f"A2A message/send failed: {exc}") from None
         if response is None:
@@ -184,7 +163,7 @@ class A2AClient:
         failures = 0
         while _state(task) not in TERMINAL_STATES:
             if time.monotonic() + poll_interval >= deadline:
-                await self._cancel_quietly(client, task_id)
+                await self._cancel(client, context_id, [task_id])
                 raise TimeoutError(f"A2A task {task_id} did not complete within {timeout_seconds:g}s")
             await asyncio.sleep(poll_interval)
             try:
@@ -199,54 +178,41 @@ class A2AClient:
 
     async def _client(self, url: str, card: dict | None) -> "Client":
         """The SDK client for the agent at ``url``, made from its card on first use."""
-        client = self._clients.get(url)
-        if client is None:
-            card = card if card is not None else await self.get_card(url)
-            client = self._clients[url] = self._factory().create(_sdk_card(card, url))
-        return client
-
-    def _factory(self):
         from a2a.client import ClientConfig, ClientFactory
 
-        factory = ClientFactory(ClientConfig(
-            streaming=False, httpx_client=self._http, supported_protocol_bindings=list(TRANSPORTS),
-            grpc_channel_factory=_grpc_channel,
-        ))
-        factory.register("GRPC", _grpc_transport)
-        return factory
+        if url not in self._clients:
+            card = card if card is not None else await self.get_card(url)
+            factory = ClientFactory(ClientConfig(streaming=False, httpx_client=self._http,
+                                                 supported_protocol_bindings=list(TRANSPORTS),
+                                                 grpc_channel_factory=_grpc_channel))
+            factory.register("GRPC", _grpc_transport)
+            self._clients[url] = factory.create(_sdk_card(card, url))
+        return self._clients[url]
 
-    async def _cancel_context(self, client: "Client", context_id: str) -> list[str]:
-        """Cancel the unfinished tasks of ``context_id``; their ids (best effort: an 0.3 agent
-        cannot list its tasks)."""
+    @staticmethod
+    async def _cancel(client: "Client", context_id: str, task_ids: list[str] | None = None) -> list[str]:
+        """Cancel ``task_ids``, by default the unfinished tasks of ``context_id``; returns their ids.
+        Best effort: an agent that cannot list or cancel tasks (an 0.3 one cannot list) is let be."""
         from a2a.client import ClientCallContext
-        from a2a.types import ListTasksRequest
+        from a2a.types import CancelTaskRequest, ListTasksRequest
         from a2a.utils.errors import A2AError as SDKError
         from google.protobuf.json_format import MessageToDict
 
-        try:
-            listed = await client.list_tasks(ListTasksRequest(context_id=context_id),
-                                             context=ClientCallContext(timeout=CANCEL_SECONDS))
-        except (SDKError, NotImplementedError):
-            return []
-        open_ids = [t["id"] for t in MessageToDict(listed).get("tasks") or [] if _state(t) not in TERMINAL_STATES]
-        for task_id in open_ids:
-            await self._cancel_quietly(client, task_id)
-        return open_ids
+        async def quietly(call, request):
+            try:
+                return await call(request, context=ClientCallContext(timeout=CANCEL_SECONDS))
+            except (SDKError, NotImplementedError):
+                return None
 
-    @staticmethod
-    async def _cancel_quietly(client: "Client", task_id: str) -> None:
-        from a2a.client import ClientCallContext
-        from a2a.types import CancelTaskRequest
-        from a2a.utils.errors import A2AError as SDKError
+        if task_ids is None:
+            listed = await quietly(client.list_tasks, ListTasksRequest(context_id=context_id))
+            tasks = (MessageToDict(listed).get("tasks") or []) if listed is not None else []
+            task_ids = [t["id"] for t in tasks if _state(t) not in TERMINAL_STATES]
+        for task_id in task_ids:
+            await quietly(client.cancel_task, CancelTaskRequest(id=task_id))
+        return task_ids
 
-        try:
-            await client.cancel_task(CancelTaskRequest(id=task_id), context=ClientCallContext(timeout=CANCEL_SECONDS))
-        except (SDKError, NotImplementedError):
-            pass
-
-    async def _extension_request(
-        self, method: str, url: str, card: dict, uri: str, body: dict | None
-    ) -> dict:
+    async def _extension_request(self, method: str, url: str, card: dict, uri: str, body: dict | None) -> dict:
         endpoint = self.extension_endpoint(card, uri)
         if endpoint is None:
             raise A2AError(f"agent at {url} does not advertise the extension {uri}")
@@ -326,8 +292,7 @@ def _join(base: str, path: str) -> str:
 
 def _raise_for_status(method: str, response: httpx.Response) -> None:
     if response.status_code >= 400:
-        raise A2AError(f"{method} {response.request.url} -> HTTP {response.status_code}: "
-                       f"{response.text[:2000]}")
+        raise A2AError(f"{method} {response.request.url} -> HTTP {response.status_code}: {response.text[:2000]}")
 
 
 def _state(task: dict) -> str:
@@ -337,28 +302,16 @@ def _state(task: dict) -> str:
 
 
 def _reply(task: dict) -> A2AReply:
-    """Read a finished task: the last text part is the reply, data parts merge into ``data``.
-
-    Text falls back to the artifacts for agents that answer there instead of in the status.
-    """
-    status_parts = (task.get("status", {}).get("message") or {}).get("parts", [])
-    artifact_parts = [p for a in task.get("artifacts", []) for p in a.get("parts", [])]
-    texts = [p["text"] for p in status_parts if "text" in p] or [
-        p["text"] for p in artifact_parts if "text" in p
-    ]
-    data: dict[str, Any] = {}
-    for part in status_parts:
-        if isinstance(part.get("data"), dict):
-            data.update(whole_numbers(part["data"]))
+    """Read a finished task: the last text part is the reply (else the artifacts' last, for agents
+    that answer there), data parts merge into ``data``."""
     message = task.get("status", {}).get("message") or {}
-    return A2AReply(
-        task_id=task.get("id", ""),
-        context_id=task.get("contextId") or message.get("contextId", ""),
-        state=_state(task),
-        text=texts[-1] if texts else "",
-        data=data,
-        metadata=message.get("metadata") or {},
-    )
+    parts = message.get("parts", [])
+    texts = [p["text"] for p in parts if "text" in p] or [
+        p["text"] for a in task.get("artifacts", []) for p in a.get("parts", []) if "text" in p]
+    data = {k: v for p in parts if isinstance(p.get("data"), dict) for k, v in whole_numbers(p["data"]).items()}
+    return A2AReply(task_id=task.get("id", ""), context_id=task.get("contextId") or message.get("contextId", ""),
+                    state=_state(task), text=texts[-1] if texts else "", data=data,
+                    metadata=message.get("metadata") or {})
 
 
 def whole_numbers(value: Any) -> Any:

@@ -38,16 +38,23 @@ class Artifact:
     environment_name: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_manifest(cls, artifact_id: str, version: int, folder: Path, manifest: dict[str, Any], **extra: Any):
+        """The version a manifest describes: its ``type``, ``environment_name`` and the rest as metadata."""
+        return cls(id=artifact_id, version=version, type=manifest.pop("type"), folder=folder,
+                   environment_name=manifest.pop("environment_name", None), metadata=manifest, **extra)
+
+    @property
+    def _root(self) -> Path:
+        return self.folder / "files"
+
     @property
     def files(self) -> dict[str, Path]:
         """relative path -> host path of every file the artifact holds."""
-        root = self.folder / "files"
-        return {
-            p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()
-        }
+        return {p.relative_to(self._root).as_posix(): p for p in sorted(self._root.rglob("*")) if p.is_file()}
 
     def object_url(self, relpath: str) -> str:
-        return (self.folder / "files" / relpath).resolve().as_uri()
+        return (self._root / relpath).resolve().as_uri()
 
     def ref(self) -> dict[str, Any]:
         return {"id": self.id, "version": self.version}
@@ -61,20 +68,43 @@ def chosen_version(artifact_id: str, version: int | None, versions: list[int]) -
     return chosen
 
 
-class FilesystemArtifactStore:
-    def __init__(self, root: Path, bundle_dirs: list[Path] | None = None):
-        self.root = root
-        self.bundle_dirs = [d for d in (bundle_dirs or [])]
+def write_version(folder: Path, files: dict[str, bytes], manifest: dict[str, Any]) -> None:
+    """A version's files under ``folder/files`` (each path kept inside it) and its manifest."""
+    for relpath, data in files.items():
+        target = path_under(folder / "files", *Path(relpath).parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    (folder / "files").mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
+
+
+class VersionedStore:
+    """What the filesystem and S3 artifact stores share: ``get`` reads a stored version, else a
+    read-only bundle folder as version 1 of an artifact the store has never seen."""
+
+    bundle_dirs: list[Path]
+
+    def versions(self, artifact_id: str) -> list[int]:
+        raise NotImplementedError
+
+    def _read(self, artifact_id: str, version: int) -> Artifact:
+        raise NotImplementedError
 
     def get(self, artifact_id: str, version: int | None = None) -> Artifact:
         versions = self.versions(artifact_id)
         if versions:
-            chosen = chosen_version(artifact_id, version, versions)
-            return self._read(artifact_id, chosen, self._folder(artifact_id) / str(chosen))
-        bundle = self._bundle(artifact_id)
-        if bundle is not None and version in (None, 1):
-            return bundle
+            return self._read(artifact_id, chosen_version(artifact_id, version, versions))
+        for base in self.bundle_dirs:
+            folder = path_under(base, check_id(artifact_id, "artifact id"))
+            if folder.is_dir() and version in (None, 1):
+                return _BundleArtifact.read(artifact_id, folder)
         raise ArtifactNotFound(f"Artifact '{artifact_id}' not found")
+
+
+class FilesystemArtifactStore(VersionedStore):
+    def __init__(self, root: Path, bundle_dirs: list[Path] | None = None):
+        self.root = root
+        self.bundle_dirs = list(bundle_dirs or [])
 
     def _folder(self, artifact_id: str) -> Path:
         """The artifact's folder; an id that could name anything else is refused."""
@@ -94,32 +124,13 @@ class FilesystemArtifactStore:
         with FileLock(str(folder / ".lock")):
             version = max(self.versions(artifact_id), default=0) + 1
             staging = Path(tempfile.mkdtemp(dir=folder, prefix=".staging-"))
-            for relpath, data in files.items():
-                target = path_under(staging / "files", *Path(relpath).parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
-            (staging / "files").mkdir(exist_ok=True)
-            (staging / MANIFEST).write_text(json.dumps({"type": artifact_type, **meta}, indent=2))
+            write_version(staging, files, {"type": artifact_type, **meta})
             os.replace(staging, folder / str(version))
         return self.get(artifact_id, version)
 
-    def _bundle(self, artifact_id: str) -> Artifact | None:
-        for base in self.bundle_dirs:
-            folder = path_under(base, check_id(artifact_id, "artifact id"))
-            if folder.is_dir():
-                return _BundleArtifact.read(artifact_id, folder)
-        return None
-
-    def _read(self, artifact_id: str, version: int, folder: Path) -> Artifact:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        return Artifact(
-            id=artifact_id,
-            version=version,
-            type=manifest.pop("type"),
-            folder=folder,
-            environment_name=manifest.pop("environment_name", None),
-            metadata=manifest,
-        )
+    def _read(self, artifact_id: str, version: int) -> Artifact:
+        folder = self._folder(artifact_id) / str(version)
+        return Artifact.from_manifest(artifact_id, version, folder, json.loads((folder / MANIFEST).read_text()))
 
 
 class _BundleArtifact(Artifact):
@@ -127,27 +138,17 @@ class _BundleArtifact(Artifact):
 
     @classmethod
     def read(cls, artifact_id: str, folder: Path) -> "_BundleArtifact":
-        manifest_path = folder / MANIFEST
-        manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-        return cls(
-            id=artifact_id,
-            version=1,
-            type=manifest.pop("type", "file_artifact_universe"),
-            folder=folder,
-            environment_name=manifest.pop("environment_name", None),
-            metadata=manifest,
-        )
+        path = folder / MANIFEST
+        manifest = json.loads(path.read_text()) if path.exists() else {}
+        return cls.from_manifest(artifact_id, 1, folder, {"type": "file_artifact_universe", **manifest})
+
+    @property
+    def _root(self) -> Path:
+        return self.folder
 
     @property
     def files(self) -> dict[str, Path]:
-        return {
-            p.relative_to(self.folder).as_posix(): p
-            for p in sorted(self.folder.rglob("*"))
-            if p.is_file() and p.name != MANIFEST
-        }
-
-    def object_url(self, relpath: str) -> str:
-        return (self.folder / relpath).resolve().as_uri()
+        return {relpath: p for relpath, p in super().files.items() if p.name != MANIFEST}
 
 
 class ObjectStore:
@@ -161,9 +162,8 @@ class ObjectStore:
         return self.root.resolve()
 
     def put(self, key: str, data: bytes) -> str:
-        """Keys are ours, never links: normalizing one is enough to keep it inside (resolving
-        both paths again, a syscall a folder, was half the cost of a row's trajectory). What
-        is stored is redacted (``redaction.py``): a trajectory may echo a secret."""
+        """Store ``data`` redacted (a trajectory may echo a secret). Keys are ours, never links, so
+        normalizing one keeps it inside, without resolving paths again for every object."""
         target = Path(os.path.normpath(self._real_root / key))
         if self._real_root not in target.parents:
             raise ValueError(f"object key {key!r} leaves the object store")

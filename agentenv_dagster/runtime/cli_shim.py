@@ -22,14 +22,13 @@ sys.exit(answer({spec!r}, sys.argv[1:], __file__))
 """
 
 
-def write_shims(folder: Path, entries: list[dict[str, Any]]) -> list[str]:
-    """One executable per entry under ``folder``; returns the tool names."""
+def write_shims(folder: Path, entries: list[dict[str, Any]]) -> None:
+    """One executable per entry under ``folder``, named after its tool."""
     folder.mkdir(parents=True, exist_ok=True)
     for entry in entries:
         shim = folder / entry["tool"]
         shim.write_text(SHIM.format(python=sys.executable, spec=json.dumps(entry)))
         shim.chmod(0o755)
-    return [entry["tool"] for entry in entries]
 
 
 def answer(spec: str, argv: list[str], shim_path: str) -> int:
@@ -44,8 +43,7 @@ def answer(spec: str, argv: list[str], shim_path: str) -> int:
                 break
     except Exception as exc:  # a broken rule is the task's fault: cli_called reports it as ERROR
         record["rule_error"] = f"{type(exc).__name__}: {exc}"
-    code = int(reply.get("exit_code", 1))
-    record["exit"] = code
+    record["exit"] = code = int(reply.get("exit_code", 1))
     with open(Path(shim_path).parent / CALLS_LOG, "a") as log:
         log.write(json.dumps(record) + "\n")
     sys.stdout.write(reply.get("stdout", ""))

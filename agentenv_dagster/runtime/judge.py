@@ -1,18 +1,15 @@
-"""The LLM judge: one forced ``submit_verdict`` call to the configured model, of any provider
-(``runtime.models``): a tool call where the API has one, the schema-constrained response where
-the provider is configured for that.
-
-A judge that is not configured (no API key, no base URL) is *unavailable*, and callers record
-the verification as not graded: offline, nothing invents a verdict.
+"""The LLM judge: one forced ``submit_verdict`` call to the configured model of any provider
+(``runtime.models``). A judge without a key or base URL is *unavailable*: callers record the
+verification as not graded, so offline nothing invents a verdict.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..config import AgentEnvConfig, ResolvedModel
-from .models import MissingKey, ModelAPIError, ModelClient, ModelReply, UnreadableReply, model_client
+from .models import MissingKey, ModelAPIError, ModelClient, ModelReply, UnreadableReply, Usage, model_client
 
 VERDICT_TOOL = "submit_verdict"
 
@@ -40,19 +37,15 @@ class JudgeAPIError(JudgeError):
 
 
 @dataclass
-class JudgeUsage:
-    input_tokens: int = 0  # uncached input
-    output_tokens: int = 0
-    calls: int = 0
-    cache_creation_input_tokens: int = 0
-    cache_read_input_tokens: int = 0
+class JudgeUsage(Usage):
+    """The tokens of a judge's calls, summed, and how many calls there were."""
 
-    def add(self, usage: Any) -> None:
+    calls: int = 0
+
+    def add(self, usage: Usage) -> None:
         self.calls += 1
-        self.input_tokens += getattr(usage, "input_tokens", 0) or 0
-        self.output_tokens += getattr(usage, "output_tokens", 0) or 0
-        self.cache_creation_input_tokens += getattr(usage, "cache_creation_input_tokens", 0) or 0
-        self.cache_read_input_tokens += getattr(usage, "cache_read_input_tokens", 0) or 0
+        for bucket in fields(Usage):
+            setattr(self, bucket.name, getattr(self, bucket.name) + getattr(usage, bucket.name))
 
 
 @dataclass
@@ -92,23 +85,17 @@ class LLMJudge:
         return reply
 
     async def verdict(self, prompt: str, input_schema: dict[str, Any], *, max_tokens: int = 4096) -> dict[str, Any]:
-        """Ask for the verdict as the forced ``submit_verdict`` call; its input is returned.
-
-        The SDK retries 429/5xx itself; what it gives up on (and a lost connection) is tried
-        ``attempts`` times in all. A request the API refuses (another 4xx) fails at once:
-        asking again would be refused again. A reply without a readable call is
-        ``JudgeNoVerdict``.
-        """
-        client = self.client()
+        """The input of the forced ``submit_verdict`` call (``JudgeNoVerdict`` when there is none).
+        What the SDK's own retries give up on is tried ``attempts`` times in all; a refused request
+        (another 4xx) fails at once, since asking again would be refused again."""
         tool = {"name": VERDICT_TOOL, "description": "Submit the grading verdict.", "input_schema": input_schema}
+        request = {"max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}], "tools": [tool],
+                   "tool_choice": {"type": "tool", "name": VERDICT_TOOL}}
         last_error: JudgeAPIError | None = None
-        try:
+        async with self.client() as client:
             for _ in range(self.attempts):
                 try:
-                    reply = await self.create(
-                        client, max_tokens=max_tokens, messages=[{"role": "user", "content": prompt}],
-                        tools=[tool], tool_choice={"type": "tool", "name": VERDICT_TOOL},
-                    )
+                    reply = await self.create(client, **request)
                 except JudgeAPIError as exc:
                     if not exc.retryable:
                         raise JudgeError(f"LLM judge failed: {exc}") from None
@@ -122,8 +109,6 @@ class LLMJudge:
                             raise JudgeNoVerdict("the submit_verdict input is not an object")
                         return dict(block.input)
                 raise JudgeNoVerdict("judge replied without calling submit_verdict")
-        finally:
-            await client.close()
         raise JudgeError(f"LLM judge failed after {self.attempts} attempts: {last_error}")
 
 
@@ -136,7 +121,6 @@ def llm_judge(config: AgentEnvConfig, model: str | None = None, base_url: str | 
         resolved = config.model.resolve(model or config.model.for_role("judge"))
     except ValueError as exc:
         raise JudgeUnavailable(f"no judge configured: {exc}") from None
-    missing = resolved.missing_setting(api_key, base_url)
-    if missing:
+    if missing := resolved.missing_setting(api_key, base_url):
         raise JudgeUnavailable(f"no judge configured: {missing}")
     return LLMJudge(resolved, api_key=api_key, base_url=base_url)

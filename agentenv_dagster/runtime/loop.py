@@ -1,14 +1,9 @@
-"""The event loop every op and every embedded server runs on: uvloop where it is installed.
+"""The event loop every op and embedded server runs on: uvloop (less CPU per HTTP round trip,
+docs/performance.md) where it is installed, else the standard loop.
 
-A dataset op drives thousands of HTTP round trips on one loop, and an agent host answers
-them on another; uvloop's loop spends less CPU on each (figures: docs/performance.md). Without uvloop (Windows) the standard loop does the same.
-
-uvloop refuses to start a process while a loop in another thread is starting one ("Racing
-with another loop to spawn a process", MagicStack/uvloop#508), and the ops of a run each run
-a loop in a thread of the run's process (``orchestration/executors.py``): independent
-verifiers that each run a script would fail one another. So the loops made here start their
-processes one at a time across the process (:data:`SPAWNING`): only the start (fork and
-exec) is serialized, not the processes' lives.
+uvloop refuses to start a process while a loop in another thread is starting one
+(MagicStack/uvloop#508), and a run's ops each run a loop in a thread, so the loops made here
+start processes one at a time (:data:`SPAWNING`); only the start is serialized, not the lives.
 """
 
 from __future__ import annotations
@@ -19,7 +14,6 @@ import threading
 from functools import partial
 from types import FrameType
 from typing import Any, Awaitable, Callable, Coroutine, TypeVar
-
 
 T = TypeVar("T")
 
@@ -62,11 +56,9 @@ if uvloop is not None:
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run`` on the fastest loop available, interruptible as the process expects.
 
-    A process's own SIGINT handler (Dagster's, in a step process, raises
-    ``DagsterExecutionInterruptedError``) must not run inside the loop: uvloop runs Python
-    signal handlers in a loop callback and only logs what they raise, so a cancelled run's
-    step would sleep on. Instead SIGINT cancels the coroutine, which unwinds (its ``finally``
-    blocks run), and then the process's handler runs outside the loop and raises as it means to.
+    uvloop runs a SIGINT handler (Dagster's raises) in a loop callback and only logs what it
+    raises, so a cancelled step would sleep on. Instead SIGINT cancels the coroutine, which
+    unwinds, and then the process's handler runs outside the loop and raises as it means to.
     """
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         handler = signal.getsignal(signal.SIGINT)

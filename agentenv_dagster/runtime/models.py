@@ -1,25 +1,19 @@
-"""Model clients: one request shape for every provider, spoken through the provider's own SDK.
+"""Model clients: one Messages-API-shaped request and reply for every provider, through its own SDK.
 
-Callers (judges, the judge agent's loop, the live tool-use agent) build Messages-API-shaped
-requests: a system prompt, messages whose content is text or blocks (``text``, ``tool_use``,
-``tool_result``), tools with an ``input_schema``, and ``tool_choice`` (``auto``, or one tool
-forced). A provider of ``protocol = "anthropic"`` gets them as they are through ``anthropic``;
-one of ``protocol = "openai"`` gets them as Chat Completions through ``openai`` (OpenAI, a
-LiteLLM proxy, vLLM, Ollama). Replies come back in one shape too (:class:`ModelReply`).
-
-A forced tool is a forced tool call where the provider takes one; a provider configured with
-``verdict = "json_schema"`` is asked for a response in that tool's schema instead, and the
-whole response is read as the call's input. Nothing else in a reply (text around a tool call, a
-JSON object at the end of some text) ever stands for a tool call.
-
-A reply the SDK cannot read (nested too deeply, numbers too long to parse) is
-:class:`UnreadableReply`, which callers grade as a missing verdict, never a failed step.
+Callers (judges, the judge agent, the tool-use agent) send a system prompt, messages of text or
+``text``/``tool_use``/``tool_result`` blocks, tools with an ``input_schema`` and ``tool_choice``.
+``protocol = "anthropic"`` sends them as they are through ``anthropic``; ``protocol = "openai"``
+translates them to Chat Completions through ``openai`` (OpenAI, LiteLLM, vLLM, Ollama). A forced
+tool is a forced call, or with ``verdict = "json_schema"`` a response in the tool's schema read as
+the call's input; nothing else in a reply ever stands for a tool call. A reply the SDK cannot read
+is :class:`UnreadableReply`, which callers grade as a missing verdict, never a failed step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..config import ResolvedModel
@@ -92,21 +86,17 @@ class ModelReply:
         return [b for b in self.content if b.type == "tool_use"]
 
 
-class ModelClient:
+class ModelClient(contextlib.AbstractAsyncContextManager):
     """One provider's SDK client for ``model``; ``create`` takes a Messages-shaped request.
     Close it after use (``close`` or ``async with``)."""
 
     def __init__(self, model: ResolvedModel, *, api_key: str | None = None, base_url: str | None = None,
                  max_retries: int = 2) -> None:
-        missing = model.missing_setting(api_key, base_url)
-        if missing:
+        if missing := model.missing_setting(api_key, base_url):
             raise MissingKey(missing)
         self.model = model
         self.base_url = base_url or model.base_url()
         self._client = self._sdk_client(api_key or model.api_key() or "unused", max_retries)
-
-    async def __aenter__(self) -> "ModelClient":
-        return self
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
@@ -150,11 +140,8 @@ class AnthropicModel(ModelClient):
             raise UnreadableReply(f"the Messages API reply could not be read: {_excerpt(exc)}") from None
         content = [ToolUseBlock(b.id, b.name, b.input) if b.type == "tool_use" else TextBlock(b.text)
                    for b in message.content if b.type in ("tool_use", "text")]
-        usage = message.usage
-        return ModelReply(content, message.stop_reason, Usage(
-            input_tokens=usage.input_tokens or 0, output_tokens=usage.output_tokens or 0,
-            cache_creation_input_tokens=getattr(usage, "cache_creation_input_tokens", 0) or 0,
-            cache_read_input_tokens=getattr(usage, "cache_read_input_tokens", 0) or 0))
+        usage = Usage(**{bucket.name: getattr(message.usage, bucket.name, 0) or 0 for bucket in fields(Usage)})
+        return ModelReply(content, message.stop_reason, usage)
 
 
 class ChatCompletionsModel(ModelClient):
@@ -202,18 +189,15 @@ class ChatCompletionsModel(ModelClient):
         if not completion.choices:
             raise UnreadableReply("the Chat Completions reply has no choices")
         choice = completion.choices[0]
-        content: list[TextBlock | ToolUseBlock] = []
         text = choice.message.content or ""
+        content: list[TextBlock | ToolUseBlock]
         if as_schema:  # the schema-constrained response is the forced call's input, whole
-            content.append(ToolUseBlock(f"call_{completion.id}", tool_choice["name"], _json_or_text(text)))
+            content = [ToolUseBlock(f"call_{completion.id}", tool_choice["name"], _json_or_text(text))]
             stop_reason = "tool_use"
         else:
-            if text:
-                content.append(TextBlock(text))
-            for call in choice.message.tool_calls or []:
-                function = getattr(call, "function", None)
-                if function is not None:
-                    content.append(ToolUseBlock(call.id, function.name, _json_or_text(function.arguments)))
+            calls = [c for c in choice.message.tool_calls or [] if getattr(c, "function", None) is not None]
+            content = ([TextBlock(text)] if text else []) + [
+                ToolUseBlock(c.id, c.function.name, _json_or_text(c.function.arguments)) for c in calls]
             stop_reason = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
         return ModelReply(content, stop_reason, chat_usage(completion.usage))
 
@@ -253,8 +237,7 @@ def chat_usage(usage: Any) -> Usage:
     """Chat Completions usage in the Messages buckets: cached prompt tokens are cache reads."""
     if usage is None:
         return Usage()
-    details = getattr(usage, "prompt_tokens_details", None)
-    cached = (getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
+    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", 0) or 0
     prompt = usage.prompt_tokens or 0
     return Usage(input_tokens=max(prompt - cached, 0), output_tokens=usage.completion_tokens or 0,
                  cache_read_input_tokens=cached)

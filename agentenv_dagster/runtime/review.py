@@ -1,14 +1,9 @@
-"""Human review decisions of a run, as files in the run folder.
+"""Human review decisions of a run, as files in the run folder: the ``review`` step, the
+``agentenv-dagster review RUN_ID approve|reject`` CLI and a sensor are different processes.
 
-A ``review`` step registers itself as *awaiting* and polls for a decision; a person gives
-one with ``agentenv-dagster review RUN_ID approve|reject [--note ...]`` (or anything else
-that writes the decision file, e.g. a sensor translating a Dagster run tag). Files, not
-memory: the step, the CLI and a sensor are different processes, possibly started later.
-
-Layout under ``<run_dir>/reviews/``: ``awaiting/<step>__<instance>.json`` while a step waits
-(removed when it stops waiting); ``decisions/<step>.json`` for every row of the step, or
-``decisions/<step>__<instance>.json`` for one row (wins over the step-wide one). A decision
-may be written before the step asks for it (a pre-approval).
+Under ``<run_dir>/reviews/``: ``awaiting/<step>__<instance>.json`` while a step waits;
+``decisions/<step>.json`` for every row of the step, or ``decisions/<step>__<instance>.json``
+for one row (it wins). A decision may be written before the step asks (a pre-approval).
 """
 
 from __future__ import annotations
@@ -92,17 +87,13 @@ class RunReviews:
 
     def decide(self, decision: str, *, step_id: str | None = None, instance_id: str | None = None,
                note: str | None = None, decided_by: str | None = None, source: str = "cli") -> dict[str, Any]:
-        """Record ``approve``/``reject`` (or upstream's ``continue``/``abort``). Without
-        ``step_id`` it goes to the one review awaiting now; with it, to that step (every
-        row, or row ``instance_id``), awaiting yet or not. Returns the written record."""
+        """Record and return ``approve``/``reject`` (or ``continue``/``abort``) for ``step_id``
+        (every row, or row ``instance_id``), by default for the one review awaiting now."""
         state = VERBS.get(decision.lower())
         if state is None:
             raise ReviewError(f"decision must be approve or reject, not {decision!r}")
         if step_id is None:
-            waiting = self.awaiting()
-            if instance_id is not None:
-                waiting = [r for r in waiting if r.get("instance_id") == instance_id]
-            steps = sorted({r["step_id"] for r in waiting})
+            steps = sorted({r["step_id"] for r in self.awaiting() if instance_id in (None, r.get("instance_id"))})
             if not steps:
                 raise ReviewError("no review is awaiting a decision in this run (name one with --step)")
             if len(steps) > 1:

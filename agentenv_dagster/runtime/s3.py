@@ -1,9 +1,6 @@
-"""The S3 face of the stores: artifacts, objects and the run contexts in a bucket.
-
-Behind the same methods as the filesystem stores (``get``/``versions``/``put``, ``put``/
-``read``), so step code does not know which it has. Selected by ``[stores] backend = "s3"``;
-``endpoint_url`` points boto3 at moto or MinIO. A version is claimed with a conditional
-write (``If-None-Match: *``), so writers on different machines never share one.
+"""The S3 face of the stores (``[stores] backend = "s3"``): artifacts, objects and run contexts
+in a bucket, behind the filesystem stores' methods, so step code does not know which it has. A
+version is claimed with a conditional write (``If-None-Match: *``): writers anywhere never share one.
 
 Layout under ``s3://<bucket>/<prefix>/``::
 
@@ -18,7 +15,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Iterator
@@ -28,7 +24,7 @@ from filelock import FileLock
 
 from ..ids import check_id
 from ..redaction import redact_bytes
-from .artifacts import MANIFEST, Artifact, ArtifactNotFound, _BundleArtifact, chosen_version
+from .artifacts import MANIFEST, Artifact, ObjectStore, VersionedStore, write_version
 
 if TYPE_CHECKING:
     from ..config import AgentEnvConfig
@@ -54,7 +50,7 @@ class S3Location:
 
     @property
     def client(self):
-        _register(self)
+        _KNOWN.setdefault(self.bucket, self)
         return _client(self.endpoint_url, self.region)
 
     def list_keys(self, prefix: str, start_after: str | None = None) -> Iterator[dict[str, Any]]:
@@ -79,10 +75,8 @@ def s3_location(config: "AgentEnvConfig") -> S3Location:
     bucket = resolve_reference(stores.bucket)
     if not bucket:
         raise ConfigError(f"[stores] bucket = {stores.bucket!r} names no bucket")
-    return S3Location(
-        bucket=bucket, prefix=resolve_reference(stores.prefix) or "",
-        endpoint_url=resolve_reference(stores.endpoint_url), region=resolve_reference(stores.region),
-    )
+    return S3Location(bucket=bucket, prefix=resolve_reference(stores.prefix) or "",
+                      endpoint_url=resolve_reference(stores.endpoint_url), region=resolve_reference(stores.region))
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,22 +94,14 @@ os.register_at_fork(after_in_child=_client.cache_clear)  # a forked process open
 # The endpoint of each bucket a store in this process was built for, so a bare ``s3://`` URL
 # (ObjectStore.read is static) reaches the same server. A cache, not state: without it the
 # project's config decides, then boto3's defaults (AWS_ENDPOINT_URL_S3).
-_KNOWN: dict[str, S3Location] = {}
-_KNOWN_LOCK = threading.Lock()
-
-
-def _register(location: S3Location) -> None:
-    if location.bucket not in _KNOWN:
-        with _KNOWN_LOCK:
-            _KNOWN.setdefault(location.bucket, location)
+_KNOWN: dict[str, S3Location] = {}  # (dict.setdefault is atomic: no lock)
 
 
 def read_url(url: str) -> bytes:
     """The bytes of ``s3://bucket/key``."""
     parsed = urlparse(url)
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    location = _KNOWN.get(bucket) or _configured_location(bucket) or S3Location(bucket)
-    return location.get_bytes(key)
+    location = _KNOWN.get(parsed.netloc) or _configured_location(parsed.netloc) or S3Location(parsed.netloc)
+    return location.get_bytes(parsed.path.lstrip("/"))
 
 
 def _configured_location(bucket: str) -> S3Location | None:
@@ -174,9 +160,8 @@ def _download(location: S3Location, base_key: str, folder: Path) -> None:
         (folder / _COMPLETE).touch()
 
 
-class S3ArtifactStore:
-    """The versioned artifact store in a bucket, with the same read-only bundle folders as
-    version 1 of artifacts the bucket has never seen; ``root`` is the local download cache."""
+class S3ArtifactStore(VersionedStore):
+    """The versioned artifact store in a bucket; ``root`` is the local download cache."""
 
     def __init__(self, location: S3Location, cache_dir: Path, bundle_dirs: list[Path] | None = None):
         self.location = location
@@ -189,25 +174,15 @@ class S3ArtifactStore:
 
     def _claims(self, artifact_id: str) -> dict[int, int]:
         """version -> size of its claim object (0 = claimed, still being written)."""
-        prefix = f"{self._base(artifact_id)}/{_CLAIMS}/"
-        claims = {}
-        for entry in self.location.list_keys(prefix):
-            name = entry["Key"][len(prefix):]
-            if name.isdigit():
-                claims[int(name)] = entry["Size"]
-        return claims
+        prefix = self._claim(artifact_id, "")
+        sizes = {entry["Key"][len(prefix):]: entry["Size"] for entry in self.location.list_keys(prefix)}
+        return {int(name): size for name, size in sizes.items() if name.isdigit()}
+
+    def _claim(self, artifact_id: str, version: int | str) -> str:
+        return f"{self._base(artifact_id)}/{_CLAIMS}/{version}"
 
     def versions(self, artifact_id: str) -> list[int]:
         return sorted(v for v, size in self._claims(artifact_id).items() if size > 0)
-
-    def get(self, artifact_id: str, version: int | None = None) -> Artifact:
-        versions = self.versions(artifact_id)
-        if versions:
-            return self._read(artifact_id, chosen_version(artifact_id, version, versions))
-        for base in self.bundle_dirs:
-            if (base / artifact_id).is_dir() and version in (None, 1):
-                return _BundleArtifact.read(artifact_id, base / artifact_id)
-        raise ArtifactNotFound(f"Artifact '{artifact_id}' not found")
 
     def put(self, artifact_id: str, artifact_type: str, files: dict[str, bytes], **meta: Any) -> Artifact:
         """Store a new version: claim the next number (a conditional create, so concurrent
@@ -216,7 +191,7 @@ class S3ArtifactStore:
 
         version = max(self._claims(artifact_id), default=0) + 1
         while True:
-            claim = f"{self._base(artifact_id)}/{_CLAIMS}/{version}"
+            claim = self._claim(artifact_id, version)
             try:
                 self.location.put_bytes(claim, b"", IfNoneMatch="*")
                 break
@@ -230,11 +205,7 @@ class S3ArtifactStore:
         manifest = {"type": artifact_type, **meta}
         self.location.put_bytes(claim, json.dumps(manifest, indent=2).encode(), ContentType="application/json")
         folder = self._cache_folder(artifact_id, version)  # what was written is what a read fetches
-        for relpath, data in files.items():
-            (folder / "files" / relpath).parent.mkdir(parents=True, exist_ok=True)
-            (folder / "files" / relpath).write_bytes(data)
-        (folder / "files").mkdir(parents=True, exist_ok=True)
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        write_version(folder, files, manifest)
         (folder / _COMPLETE).touch()
         return self.get(artifact_id, version)
 
@@ -243,16 +214,11 @@ class S3ArtifactStore:
 
     def _read(self, artifact_id: str, version: int) -> Artifact:
         folder = self._cache_folder(artifact_id, version)
-        cached = folder / MANIFEST
-        if cached.is_file():
-            manifest = json.loads(cached.read_text())
-        else:
-            manifest = json.loads(self.location.get_bytes(f"{self._base(artifact_id)}/{_CLAIMS}/{version}"))
-        return S3Artifact(
-            id=artifact_id, version=version, type=manifest.pop("type"), folder=folder,
-            environment_name=manifest.pop("environment_name", None), metadata=manifest,
-            location=self.location, base_key=self._base(artifact_id, version),
-        )
+        cached = folder / MANIFEST  # else the claim object, which holds the manifest once complete
+        stored = cached.read_text() if cached.is_file() else self.location.get_bytes(self._claim(artifact_id, version))
+        manifest = json.loads(stored)
+        return S3Artifact.from_manifest(artifact_id, version, folder, manifest, location=self.location,
+                                        base_key=self._base(artifact_id, version))
 
 
 # -- objects -----------------------------------------------------------------------------
@@ -270,8 +236,4 @@ class S3ObjectStore:
         self.location.put_bytes(full, redact_bytes(data))
         return self.location.url(full)
 
-    @staticmethod
-    def read(url: str) -> bytes:
-        from .artifacts import ObjectStore
-
-        return ObjectStore.read(url)
+    read = staticmethod(ObjectStore.read)

@@ -1,11 +1,8 @@
 """The run's bearer token on requests to the run's own servers, and on no others.
 
-Every server a run starts (env MCP + data plane, agent host) answers 401 without the run's
-token (``builtin/serving.py``). The token lives in the run's ledger (``Ledger.token``); this
-``httpx.Auth`` adds ``Authorization: Bearer <token>`` to a request only when its origin is one
-the run's ledger lists (loopback servers the run started), never to an outside agent, a
-live env or a model API. Steps hand the same header to the agents they register our envs
-with (:meth:`RunServerAuth.headers_for`): those agents are ours too.
+Every server a run starts answers 401 without the run's token (``builtin/serving.py``). This
+``httpx.Auth`` adds it only for origins the run's ledger lists (loopback servers the run
+started), never for an outside agent, a live env or a model API.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ def origin(url: str | httpx.URL) -> tuple[str, str, int] | None:
 
 
 class RunServerAuth(httpx.Auth):
-    """Adds the run's token to requests for the origins of the servers the run's ledger
-    lists. The ledger is read again only when it has changed and a loopback origin it did
-    not list is asked about (another process of the run may have deployed since)."""
+    """Adds the run's token to requests for the servers the run's ledger lists; the ledger is
+    read again when it changed and an unlisted loopback origin is asked about."""
 
     def __init__(self, ledger: "Ledger") -> None:
         self.ledger = ledger

@@ -11,7 +11,6 @@ import asyncio
 import importlib.util
 import inspect
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -60,11 +59,7 @@ def _main(script: str, mcp_url: str, result: str) -> None:
     rows = verify(mcp_url)
     if inspect.isawaitable(rows):
         rows = asyncio.run(rows)
-    encoded = json.dumps(rows, default=str)
-    with open(result, "w") as out:
-        out.write(encoded)
-        out.flush()
-        os.fsync(out.fileno())
+    Path(result).write_text(json.dumps(rows, default=str))  # encoded first: no half-written file
 
 
 if __name__ == "__main__":
