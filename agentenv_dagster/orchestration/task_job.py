@@ -27,8 +27,8 @@ from .executors import job_executor
 from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, teardown_op
 from .regression import produces_verification, regression_tag
 from .retries import span_tags
-from .rows import ROWS, STEPS, register_plan, step_config
-from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_STEP_ASSETS, TAG_STEP_ID, TaskTranslator
+from .rows import ROWS, STEP_ASSETS_TAG, STEPS, register_plan, step_config
+from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_STEP_ID, TaskTranslator
 
 POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
 
@@ -104,7 +104,7 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
             op_def.name, alias=node, retry_policy=translator.get_retry_policy(step),
             tags={
                 **translator.get_op_tags(step), TAG_STEP_ID: step.id,
-                TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
+                STEP_ASSETS_TAG: translator.get_step_assets_tag(plan, step),
                 TAG_CONTENT_HASH: plan.document.content_hash,
                 **({TAG_CODE_VERSION: code_versions[node]} if node in code_versions else {}),
                 **(regression_tag(regression) if regression is not None and produces_verification(
