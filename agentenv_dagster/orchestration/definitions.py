@@ -132,21 +132,16 @@ def with_overrides(
 
 
 def location_resources(config: AgentEnvConfig) -> dict:
-    """The resources of the code location (and of a job built on its own, see ``location``)."""
-    return {
-        **agentenv_resources(config),
-        IO_MANAGER_KEY: context_io_manager(config),  # the state folder, or S3
-    }
+    """The resources of the code location (and of a job built on its own, see ``location``); the IO
+    manager writes to the state folder, or S3."""
+    return {**agentenv_resources(config), IO_MANAGER_KEY: context_io_manager(config)}
 
 
 def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str,
                         regression: RegressionSettings | None = None) -> dg.AssetChecksDefinition:
-    """Declares a task's checks (its job reports them as it runs); run on its own, a check
-    judges the latest materialization (the partition's, for a row): ``passed`` re-reads its
-    metadata, ``no_regression`` compares its score with the earlier ones (``regression``).
-    One definition per task: Dagster's asset job wires each check definition's inputs against
-    its own check keys, so one definition for every task costs time quadratic in the number
-    of tasks."""
+    """A task's checks (its job reports them as it runs); run on its own, a check judges the latest
+    materialization (a row's): ``passed`` re-reads its metadata, ``no_regression`` compares its score
+    with earlier ones. One definition per task, as one for all costs time quadratic in the tasks."""
 
     @dg.multi_asset_check(specs=check_specs, can_subset=True, name=name)
     def _checks(context):
@@ -163,19 +158,16 @@ def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str,
                     context.instance, check_key.asset_key, rows[0] if rows else None, getattr(score, "value", score),
                     regression, judged_run=event.run_id if event else None,
                     code_version=(event.asset_materialization.tags or {}).get(CODE_VERSION_TAG) if event else None)
-                yield dg.AssetCheckResult(
-                    asset_key=check_key.asset_key, check_name=check_key.name, passed=evaluation.passed,
-                    severity=evaluation.severity, description=evaluation.description,
-                    metadata={**evaluation.metadata, "from_run": event.run_id if event else "never materialized"})
-                continue
-            passed = metadata.get("passed")
-            value = getattr(passed, "value", passed)
-            kept = {label: metadata[label] for label in ("score", "reason") if label in metadata}
-            yield dg.AssetCheckResult(  # what the evaluation in the run said: its score, or why it was not graded
-                asset_key=check_key.asset_key, check_name=check_key.name, passed=bool(value),
-                severity=dg.AssetCheckSeverity.WARN if value is None else dg.AssetCheckSeverity.ERROR,
-                metadata={**kept, "from_run": event.run_id if event else "never materialized"},
-            )
+                passed, severity, description = evaluation.passed, evaluation.severity, evaluation.description
+                kept = evaluation.metadata
+            else:  # what the evaluation in the run said: its score, or why it was not graded
+                value = getattr(metadata.get("passed"), "value", metadata.get("passed"))
+                passed, description = bool(value), None
+                severity = dg.AssetCheckSeverity.WARN if value is None else dg.AssetCheckSeverity.ERROR
+                kept = {label: metadata[label] for label in ("score", "reason") if label in metadata}
+            yield dg.AssetCheckResult(
+                asset_key=check_key.asset_key, check_name=check_key.name, passed=passed, severity=severity,
+                description=description, metadata={**kept, "from_run": event.run_id if event else "never materialized"})
 
     return _checks
 
