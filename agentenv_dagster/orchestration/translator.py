@@ -88,8 +88,9 @@ class TaskTranslator:
         """The job's description in the UI: the task's own (Coder Eval), its first prompt and its origin,
         e.g. ``agent-env task `reply_to_dana` from `tasks/reply_to_dana.json` (7 steps)``."""
         origin = f"{plan.document.format} task `{plan.task_id}` from `{plan.document.source}` ({len(plan.steps)} steps)"
-        prompt = next((p for s in plan.steps if isinstance(p := getattr(s, "prompt", None), str) and p.strip()), "")
-        lines = [plan.document.description or "", f'Prompt: "{clip(" ".join(prompt.split()), 160)}"' if prompt else "", origin]
+        prompt = next((" ".join(p.split()) for s in plan.steps if isinstance(p := getattr(s, "prompt", None), str)
+                       and p.strip()), "")
+        lines = [plan.document.description or "", f'Prompt: "{clip(prompt, 160)}"' if prompt else "", origin]
         return "\n\n".join(line for line in lines if line)
 
     def get_op_description(self, plan: TaskPlan, step: TaskStep) -> str:
