@@ -46,7 +46,7 @@ def build_job(
     translator = translator or TaskTranslator()
     config = config or load_config()
     resources = resources if resources is not None else location_resources(config)
-    task = build_task(plan, translator, executor_def, config)
+    task = build_task(plan, translator, executor_def or job_executor(config, plan), config)
     defs = dg.Definitions(assets=[task.assets, *translator.get_artifact_specs([plan])], jobs=[task.job],
                           resources=resources)
     return defs.resolve_job_def(task.job.name)
@@ -138,7 +138,7 @@ def location_resources(config: AgentEnvConfig) -> dict:
 
 
 def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str,
-                        regression: RegressionSettings | None = None) -> dg.AssetChecksDefinition:
+                        regression: RegressionSettings) -> dg.AssetChecksDefinition:
     """A task's checks (its job reports them as it runs); run on its own, a check judges the latest
     materialization (a row's): ``passed`` re-reads its metadata, ``no_regression`` compares its score
     with earlier ones. One definition per task, as one for all costs time quadratic in the tasks."""
@@ -152,7 +152,7 @@ def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str,
                 dg.AssetRecordsFilter(asset_key=check_key.asset_key, asset_partitions=rows), limit=1).records
             event = records[0].event_log_entry if records else None
             metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
-            if check_key.name == REGRESSION_CHECK and regression is not None:
+            if check_key.name == REGRESSION_CHECK:
                 score = metadata.get("score")
                 evaluation = score_evaluation(
                     context.instance, check_key.asset_key, rows[0] if rows else None, getattr(score, "value", score),

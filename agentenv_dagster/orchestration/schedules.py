@@ -60,12 +60,10 @@ def _run_request(
 
 
 def task_schedules(
-    plans: list[TaskPlan], config: AgentEnvConfig, jobs: list[dg.JobDefinition],
-    translator: TaskTranslator | None = None,
+    plans: list[TaskPlan], config: AgentEnvConfig, jobs: list[dg.JobDefinition], translator: TaskTranslator,
 ) -> list[dg.ScheduleDefinition]:
     """One schedule per task that has a cron; a schedule that cannot be built is logged and
     left out (like a bad task file, it must not take the code location down)."""
-    translator = translator or TaskTranslator()
     by_name = {job.name: job for job in jobs}
     task_ids = {plan.task_id for plan in plans}
     for unknown in sorted(set(config.schedules) - task_ids):

@@ -141,13 +141,12 @@ def retry_sensor() -> dg.RunFailureSensorDefinition:
 
 def task_file_sensor(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
-    translator: TaskTranslator | None = None, *, minimum_interval_seconds: int = 30,
+    translator: TaskTranslator,
 ) -> dg.SensorDefinition:
     """Each tick compiles the task folder and the task store afresh and launches every task whose
     run key (task id, version, content hash) is not in the cursor. A changed task runs its current
     content (the step fields are op config) when its job here still fits it — same steps, types,
     edges, assets and rows; otherwise (a new task, a changed shape) it waits for a reload."""
-    translator = translator or TaskTranslator()
     loaded = {translator.get_job_name(p): p for p in plans}
     store = (config.state_dir / "tasks").resolve()
 
@@ -165,7 +164,7 @@ def task_file_sensor(
 
     @dg.sensor(
         name=TASK_FILES_SENSOR, jobs=task_jobs or None, default_status=dg.DefaultSensorStatus.STOPPED,
-        minimum_interval_seconds=minimum_interval_seconds,
+        minimum_interval_seconds=30,
         description=f"Launches a task's job once per new or changed task document in `{tasks_dir}` "
                     "and per new version in the task store.",
     )
@@ -221,7 +220,7 @@ def job_shape(plan: TaskPlan, translator: TaskTranslator) -> tuple:
 
 def task_sensors(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
-    translator: TaskTranslator | None = None,
+    translator: TaskTranslator,
 ) -> list[dg.SensorDefinition]:
     """The code location's sensors: the teardown pair, span retries, the task-file sensor and
     the stale-scores sensor."""

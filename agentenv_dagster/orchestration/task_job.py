@@ -18,7 +18,6 @@ from ..config import AgentEnvConfig, RegressionSettings
 from ..naming import dagster_name
 from ..plan import TaskPlan
 from ..steps.base import ARTIFACT, VERIFICATION
-from .executors import job_executor
 from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, teardown_op
 from .regression import produces_verification, regression_tag
 from .retries import span_tags
@@ -36,11 +35,8 @@ class TaskDefinitions:
     job: dg.UnresolvedAssetJobDefinition
 
 
-def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
-               executor_def: dg.ExecutorDefinition | None = None,
-               config: AgentEnvConfig | None = None) -> TaskDefinitions:
-    translator = translator or TaskTranslator()
-    config = config or AgentEnvConfig()
+def build_task(plan: TaskPlan, translator: TaskTranslator, executor_def: dg.ExecutorDefinition,
+               config: AgentEnvConfig) -> TaskDefinitions:
     register_plan(translator.get_graph_name(plan), plan)
     code_versions = asset_code_versions(plan, translator, config)
     regression = config.regression.for_task(plan.task_id)
@@ -62,7 +58,7 @@ def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
     job = dg.define_asset_job(
         translator.get_job_name(plan), selection=dg.AssetSelection.assets(assets).without_checks(),
         tags=translator.get_job_tags(plan),
-        executor_def=executor_def or job_executor(config, plan), description=translator.get_job_description(plan),
+        executor_def=executor_def, description=translator.get_job_description(plan),
     )
     return TaskDefinitions(assets, job)
 
