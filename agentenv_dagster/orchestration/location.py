@@ -85,7 +85,6 @@ class TaskRepositoryData(dg.RepositoryData):
         plan, strict mode judges every file, or no task file compiles to ``name`` (a
         placeholder of a broken file, Dagster's own jobs)."""
         from .definitions import build_job, strict_from_env  # definitions imports this module
-        from .executors import job_executor
 
         with self._lock:
             if self._full is not None:
@@ -102,7 +101,7 @@ class TaskRepositoryData(dg.RepositoryData):
                 plans = [p for p in compile_paths([path], config).plans if self.translator.get_job_name(p) == name]
                 if plans:
                     try:
-                        job = build_job(plans[0], self.translator, job_executor(config, plans[0]), config)
+                        job = build_job(plans[0], self.translator, config=config)
                     except (dg.DagsterInvalidDefinitionError, dg.DagsterInvariantViolationError):
                         return None  # the whole location reports it
                     self._jobs[name] = job

@@ -50,11 +50,8 @@ def end_run_deployments(
     if not resource.run_dir(run.run_id).is_dir():  # it did not run here (another project's run)
         return None
     ended = resource.teardown(run.run_id)
-    status = _ADJECTIVE.get(run.status, run.status.value.lower())
-    message = (
-        f"agentenv: the {status} run left {len(ended)} deployment(s) running; ended: {', '.join(ended)}"
-        if ended else f"agentenv: the {status} run left nothing running"
-    )
+    left = f"{len(ended)} deployment(s) running; ended: {', '.join(ended)}" if ended else "nothing running"
+    message = f"agentenv: the {_ADJECTIVE.get(run.status, run.status.value.lower())} run left {left}"
     (logger or log).info(f"run {run.run_id}: {message}")
     instance.report_engine_event(message, dagster_run=run)
     instance.add_run_tags(run.run_id, {TAG_TORN_DOWN: str(len(ended))})

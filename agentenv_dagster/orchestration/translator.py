@@ -35,22 +35,11 @@ log = logging.getLogger("agentenv_dagster")
 
 
 class TaskTranslator:
-    """How task plans become Dagster definitions: names, tags, pools, retries, partitions,
-    asset keys, checks and code versions. Subclass it and override what you need:
-
-    ```python
-    from agentenv_dagster import build_repository
-    from agentenv_dagster.orchestration.translator import TaskTranslator
-
-    class TeamTranslator(TaskTranslator):
-        def get_job_name(self, plan):
-            return "eval_" + super().get_job_name(plan)
-
-    defs = build_repository("tasks", translator=TeamTranslator())
-    ```
-
-    A method's result must stay a valid Dagster name or spec: a task whose definitions Dagster
-    refuses becomes a ``<file>__invalid`` job that says why.
+    """How task plans become Dagster definitions: names, tags, pools, retries, partitions, asset
+    keys, checks and code versions. Subclass it, override the ``get_*`` methods you need (e.g.
+    ``return "eval_" + super().get_job_name(plan)``) and pass an instance to ``build_repository``
+    or ``build_definitions`` (see [Customizing](customizing.md#the-translator)). A result must stay
+    a valid Dagster name or spec: a task whose definitions Dagster refuses becomes a ``<file>__invalid`` job.
     """
 
     def get_job_name(self, plan: TaskPlan) -> str:
@@ -69,13 +58,8 @@ class TaskTranslator:
 
     def get_job_tags(self, plan: TaskPlan) -> dict[str, str]:
         """Tags of every run of the task: id, version, content hash, format and (a stored task's) seed.
-        Keep these keys when overriding: sensors, retries and re-execution read them.
-
-        ```python
-        def get_job_tags(self, plan):
-            return {**super().get_job_tags(plan), "team": "support"}
-        ```
-        """
+        Keep these keys when overriding (``{**super().get_job_tags(plan), "team": "support"}``): sensors,
+        retries and re-execution read them."""
         return {
             TAG_TASK_ID: plan.task_id,
             TAG_TASK_VERSION: str(plan.document.version or "unversioned"),
@@ -155,14 +139,7 @@ class TaskTranslator:
     def get_partitions_def(self, plan: TaskPlan) -> dg.PartitionsDefinition | None:
         """A dataset's row ids as static partitions; under an experiment, variants x rows
         (``<row>|<variant>``) or the variants alone; None without rows. Row-level launches,
-        backfills and the suite read the keys, so an override should keep the row ids.
-
-        ```python
-        def get_partitions_def(self, plan):
-            partitions = super().get_partitions_def(plan)
-            return None if plan.task_id.startswith("smoke-") else partitions
-        ```
-        """
+        backfills and the suite read the keys, so an override should keep the row ids."""
         document = plan.document
         if document.variant_steps is None:
             return dg.StaticPartitionsDefinition(list(document.partitions)) if document.partitions else None
@@ -176,27 +153,15 @@ class TaskTranslator:
         return job_name(plan.task_id)
 
     def get_automation_condition(self, plan: TaskPlan) -> dg.AutomationCondition | None:
-        """The automation condition of the task's assets, evaluated by Dagster's
-        ``default_automation_condition_sensor``. None: nothing is automatic (the ``agentenv_stale_scores``
-        sensor re-runs stale scores when on). A true condition on any asset runs the whole task
-        (a dataset: the rows it holds for), as its assets materialize together.
-
-        ```python
-        def get_automation_condition(self, plan):  # run a task again once what decides its scores changed
-            return dg.AutomationCondition.code_version_changed()
-        ```
-        """
+        """The automation condition of the task's assets, for Dagster's ``default_automation_condition_sensor``
+        (see [Regressions and staleness](regressions-and-staleness.md#keeping-scores-current-from-the-daemon)).
+        None: nothing is automatic. A true condition on any asset runs the whole task (a dataset: the
+        rows it holds for), as its assets materialize together."""
         return None
 
     # -- assets ----------------------------------------------------------------------------
     def get_verification_asset_key(self, task_id: str, verifier_id: str) -> dg.AssetKey:
-        """A verification's asset: ``verifications/<job>/<verifier_id>``.
-
-        ```python
-        def get_verification_asset_key(self, task_id, verifier_id):
-            return super().get_verification_asset_key(task_id, verifier_id).with_prefix("evals")
-        ```
-        """
+        """A verification's asset: ``verifications/<job>/<verifier_id>``."""
         return dg.AssetKey(["verifications", job_name(task_id), verifier_id])
 
     def get_collection_asset_key(self, task_id: str, step_id: str) -> dg.AssetKey:
@@ -327,13 +292,7 @@ class TaskTranslator:
 
     def get_artifact_specs(self, plans: list[TaskPlan]) -> list[dg.AssetSpec]:
         """One spec per stored artifact any task loads or writes: a universe one task snapshots and
-        another loads is one asset, downstream of what the writer loaded.
-
-        ```python
-        def get_artifact_specs(self, plans):
-            return [spec.replace_attributes(owners=["team:data"]) for spec in super().get_artifact_specs(plans)]
-        ```
-        """
+        another loads is one asset, downstream of what the writer loaded."""
         upstream: dict[str, set[str]] = {}
         writers: dict[str, list[str]] = {}
         for plan in plans:
