@@ -110,11 +110,9 @@ def build_definitions(
 def strict_from_env() -> bool:
     """``AGENTENV_STRICT``: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``/unset."""
     value = os.environ.get(STRICT_ENV, "")
-    if value.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.strip().lower() in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{STRICT_ENV}={value[:40]!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+    if (word := value.strip().lower()) not in ("1", "true", "yes", "on", "", "0", "false", "no", "off"):
+        raise ValueError(f"{STRICT_ENV}={value[:40]!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+    return word in ("1", "true", "yes", "on")
 
 
 def with_overrides(
@@ -182,10 +180,9 @@ def broken_task_jobs(errors: list[SpecError], taken: set[str]) -> list[dg.JobDef
         name = f"{job_name(Path(file).stem)}__invalid"
         if name in taken:
             continue
-        text = "\n".join(problems)
 
         @dg.op(name=f"{name}_explain")
-        def _explain(context, _text: str = text) -> None:
+        def _explain(context, _text: str = "\n".join(problems)) -> None:
             raise dg.Failure(description=f"This task file does not compile:\n{_text}")
 
         jobs.append(dg.JobDefinition(

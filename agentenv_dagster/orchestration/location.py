@@ -79,11 +79,10 @@ class TaskRepositoryData(dg.RepositoryData):
         return self._one_job(job_name) is not None or self.full.has_job(job_name)
 
     def _one_job(self, name: str) -> dg.JobDefinition | None:
-        """The job ``name`` built from the first source that compiles to it (the one
-        ``compile_location`` keeps), as ``build_definitions`` builds it; None when the whole
-        location decides: it is built already, the naming or the ``[experiments]`` need every
-        plan, strict mode judges every file, or no task file compiles to ``name`` (a
-        placeholder of a broken file, Dagster's own jobs)."""
+        """The job ``name`` built from the first source that compiles to it, as ``build_definitions``
+        builds it; None when the whole location decides: it is built already, a custom naming or
+        ``[experiments]`` need every plan, strict mode judges every file, or no task file compiles to
+        ``name`` (a broken file's placeholder, Dagster's own jobs)."""
         from .definitions import build_job, strict_from_env  # definitions imports this module
 
         with self._lock:

@@ -65,8 +65,7 @@ def task_schedules(
     """One schedule per task that has a cron; a schedule that cannot be built is logged and
     left out (like a bad task file, it must not take the code location down)."""
     by_name = {job.name: job for job in jobs}
-    task_ids = {plan.task_id for plan in plans}
-    for unknown in sorted(set(config.schedules) - task_ids):
+    for unknown in sorted(set(config.schedules) - {plan.task_id for plan in plans}):
         log.warning(f"[schedules] {unknown}: no task with this id in the tasks folder; not scheduled")
     schedules = []
     for plan in plans:

@@ -98,9 +98,7 @@ REAPER_SENSOR = "agentenv_reap_dead_runs"
 
 
 def reaper_sensor() -> dg.SensorDefinition:
-    """Runs whose owning process died (``kill -9``, a lost run worker): their deployments
-    ended and their Dagster runs marked failed (``reaper.reap_dead_runs``), from the daemon's
-    start on and every few minutes; old run folders pruned."""
+    """``reaper.reap_dead_runs`` every two minutes: runs whose process died (``kill -9``, a lost run worker)."""
 
     @dg.sensor(name=REAPER_SENSOR, minimum_interval_seconds=120, default_status=dg.DefaultSensorStatus.RUNNING,
                description="Ends what runs killed mid-way left running and marks those runs failed; "

@@ -1,10 +1,8 @@
 """A task plan as Dagster definitions: its op graph, the multi-asset it backs, and its job.
 
-The graph mirrors the plan (a node per step, the ``depends_on`` edges, a final ``teardown_run``
-node); each verification and collection is an asset mapped from its step's node and
-``results/<task>`` from the teardown, so **Materialize** runs the task and each asset's code
-version lets Dagster flag a score stale. Loaded artifacts are upstream assets; a dataset task
-is partitioned by row and a backfill runs a range of rows in one run.
+The graph mirrors the plan (a node per step, the ``depends_on`` edges, a final ``teardown_run``); each
+verification and collection is an asset mapped from its step's node, ``results/<task>`` from the teardown,
+so **Materialize** runs the task and code versions flag stale scores. A backfill runs its rows in one run.
 """
 
 from __future__ import annotations
