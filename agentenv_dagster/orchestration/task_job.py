@@ -22,7 +22,7 @@ from .retries import span_tags
 from .rows import ROWS, STEP_ASSETS_TAG, STEPS, register_plan, step_config
 from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_STEP_ID, TaskTranslator
 
-POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
+POOL_TAG = "dagster/concurrency_key"  # a node's pool, as Dagster reads it from a node's tags
 
 
 @dataclass(frozen=True)
