@@ -1,12 +1,8 @@
 """TaskFolderComponent: a folder of task documents as a Dagster Component.
 
-Declared in a ``defs.yaml`` like ``DbtProjectComponent``; ``dg scaffold defs
-agentenv_dagster.TaskFolderComponent <path>`` writes one, ``dg check defs`` validates it (an
-unknown or ill-typed attribute is reported at its line of the ``defs.yaml``), ``dg list defs``
-shows what it builds. It reads its attributes and nothing else: the definitions are
-:func:`build_definitions`', so a Python ``definitions.py`` and the component build the same.
-Paths are relative to the folder of the ``defs.yaml``, as Dagster components resolve them;
-``{{ context.project_root }}`` names the project's root.
+Declared in a ``defs.yaml`` like ``DbtProjectComponent`` (``dg scaffold defs`` writes one, ``dg check
+defs`` reports a bad attribute at its line); it builds what :func:`build_definitions` builds, from
+paths relative to the ``defs.yaml``'s folder (``{{ context.project_root }}`` names the project's root).
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ def _existing(kind: str):
 
 
 def _checked(kind: object):
-    """A resolver that checks the value (templates rendered) against ``kind``: Dagster's
-    model of the attributes takes any string in every field, for templates."""
+    """A resolver checking the rendered value against ``kind`` (Dagster's model takes any string, for templates)."""
     adapter = TypeAdapter(kind)
 
     def resolve(context: dg.ResolutionContext, value: object) -> object:

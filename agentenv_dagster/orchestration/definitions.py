@@ -46,7 +46,7 @@ def build_job(
     translator = translator or TaskTranslator()
     config = config or load_config()
     resources = resources if resources is not None else location_resources(config)
-    task = build_task(plan, translator, executor_def, config)
+    task = build_task(plan, translator, executor_def or job_executor(config, plan), config)
     defs = dg.Definitions(assets=[task.assets, *translator.get_artifact_specs([plan])], jobs=[task.job],
                           resources=resources)
     return defs.resolve_job_def(task.job.name)
@@ -110,11 +110,9 @@ def build_definitions(
 def strict_from_env() -> bool:
     """``AGENTENV_STRICT``: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``/unset."""
     value = os.environ.get(STRICT_ENV, "")
-    if value.strip().lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.strip().lower() in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{STRICT_ENV}={value[:40]!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+    if (word := value.strip().lower()) not in ("1", "true", "yes", "on", "", "0", "false", "no", "off"):
+        raise ValueError(f"{STRICT_ENV}={value[:40]!r}: expected 1 or 0 (true/false, yes/no, on/off)")
+    return word in ("1", "true", "yes", "on")
 
 
 def with_overrides(
@@ -132,21 +130,16 @@ def with_overrides(
 
 
 def location_resources(config: AgentEnvConfig) -> dict:
-    """The resources of the code location (and of a job built on its own, see ``location``)."""
-    return {
-        **agentenv_resources(config),
-        IO_MANAGER_KEY: context_io_manager(config),  # the state folder, or S3
-    }
+    """The resources of the code location (and of a job built on its own, see ``location``); the IO
+    manager writes to the state folder, or S3."""
+    return {**agentenv_resources(config), IO_MANAGER_KEY: context_io_manager(config)}
 
 
 def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str,
-                        regression: RegressionSettings | None = None) -> dg.AssetChecksDefinition:
-    """Declares a task's checks (its job reports them as it runs); run on its own, a check
-    judges the latest materialization (the partition's, for a row): ``passed`` re-reads its
-    metadata, ``no_regression`` compares its score with the earlier ones (``regression``).
-    One definition per task: Dagster's asset job wires each check definition's inputs against
-    its own check keys, so one definition for every task costs time quadratic in the number
-    of tasks."""
+                        regression: RegressionSettings) -> dg.AssetChecksDefinition:
+    """A task's checks (its job reports them as it runs); run on its own, a check judges the latest
+    materialization (a row's): ``passed`` re-reads its metadata, ``no_regression`` compares its score
+    with earlier ones. One definition per task, as one for all costs time quadratic in the tasks."""
 
     @dg.multi_asset_check(specs=check_specs, can_subset=True, name=name)
     def _checks(context):
@@ -157,25 +150,22 @@ def verification_checks(check_specs: list[dg.AssetCheckSpec], name: str,
                 dg.AssetRecordsFilter(asset_key=check_key.asset_key, asset_partitions=rows), limit=1).records
             event = records[0].event_log_entry if records else None
             metadata = event.asset_materialization.metadata if event and event.asset_materialization else {}
-            if check_key.name == REGRESSION_CHECK and regression is not None:
+            if check_key.name == REGRESSION_CHECK:
                 score = metadata.get("score")
                 evaluation = score_evaluation(
                     context.instance, check_key.asset_key, rows[0] if rows else None, getattr(score, "value", score),
                     regression, judged_run=event.run_id if event else None,
                     code_version=(event.asset_materialization.tags or {}).get(CODE_VERSION_TAG) if event else None)
-                yield dg.AssetCheckResult(
-                    asset_key=check_key.asset_key, check_name=check_key.name, passed=evaluation.passed,
-                    severity=evaluation.severity, description=evaluation.description,
-                    metadata={**evaluation.metadata, "from_run": event.run_id if event else "never materialized"})
-                continue
-            passed = metadata.get("passed")
-            value = getattr(passed, "value", passed)
-            kept = {label: metadata[label] for label in ("score", "reason") if label in metadata}
-            yield dg.AssetCheckResult(  # what the evaluation in the run said: its score, or why it was not graded
-                asset_key=check_key.asset_key, check_name=check_key.name, passed=bool(value),
-                severity=dg.AssetCheckSeverity.WARN if value is None else dg.AssetCheckSeverity.ERROR,
-                metadata={**kept, "from_run": event.run_id if event else "never materialized"},
-            )
+                passed, severity, description = evaluation.passed, evaluation.severity, evaluation.description
+                kept = evaluation.metadata
+            else:  # what the evaluation in the run said: its score, or why it was not graded
+                value = getattr(metadata.get("passed"), "value", metadata.get("passed"))
+                passed, description = bool(value), None
+                severity = dg.AssetCheckSeverity.WARN if value is None else dg.AssetCheckSeverity.ERROR
+                kept = {label: metadata[label] for label in ("score", "reason") if label in metadata}
+            yield dg.AssetCheckResult(
+                asset_key=check_key.asset_key, check_name=check_key.name, passed=passed, severity=severity,
+                description=description, metadata={**kept, "from_run": event.run_id if event else "never materialized"})
 
     return _checks
 
@@ -190,10 +180,9 @@ def broken_task_jobs(errors: list[SpecError], taken: set[str]) -> list[dg.JobDef
         name = f"{job_name(Path(file).stem)}__invalid"
         if name in taken:
             continue
-        text = "\n".join(problems)
 
         @dg.op(name=f"{name}_explain")
-        def _explain(context, _text: str = text) -> None:
+        def _explain(context, _text: str = "\n".join(problems)) -> None:
             raise dg.Failure(description=f"This task file does not compile:\n{_text}")
 
         jobs.append(dg.JobDefinition(

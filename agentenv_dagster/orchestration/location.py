@@ -1,13 +1,9 @@
 """The lazy code location: a run builds the one job it runs; the rest waits to be asked for.
 
-``build_definitions`` compiles every task document and builds every job as it is called.
-:func:`build_repository` returns the same definitions behind Dagster's documented lazy
-mechanism (a ``@repository`` returning a :class:`dagster.RepositoryData`): importing the
-code location costs nothing; a process that asks for one job by name (a run worker, a step
-process, the CLI's ``run``) compiles and builds that task alone, the same job with the same
-snapshot; anything else (the job list, assets, checks, sensors, schedules, resources: what
-the code server and the daemon need) builds the whole folder once, through
-``build_definitions``.
+:func:`build_repository` returns ``build_definitions``' definitions behind Dagster's lazy
+``RepositoryData``: a process asking for one job by name (a run worker, a step process, the
+CLI's ``run``) builds that task alone, the same job with the same snapshot; anything else (what
+the code server and the daemon need) builds the whole folder once.
 """
 
 from __future__ import annotations
@@ -83,13 +79,11 @@ class TaskRepositoryData(dg.RepositoryData):
         return self._one_job(job_name) is not None or self.full.has_job(job_name)
 
     def _one_job(self, name: str) -> dg.JobDefinition | None:
-        """The job ``name`` built from the first source that compiles to it (the one
-        ``compile_location`` keeps), as ``build_definitions`` builds it; None when the whole
-        location decides: it is built already, the naming or the ``[experiments]`` need every
-        plan, strict mode judges every file, or no task file compiles to ``name`` (a
-        placeholder of a broken file, Dagster's own jobs)."""
+        """The job ``name`` built from the first source that compiles to it, as ``build_definitions``
+        builds it; None when the whole location decides: it is built already, a custom naming or
+        ``[experiments]`` need every plan, strict mode judges every file, or no task file compiles to
+        ``name`` (a broken file's placeholder, Dagster's own jobs)."""
         from .definitions import build_job, strict_from_env  # definitions imports this module
-        from .executors import job_executor
 
         with self._lock:
             if self._full is not None:
@@ -106,19 +100,16 @@ class TaskRepositoryData(dg.RepositoryData):
                 plans = [p for p in compile_paths([path], config).plans if self.translator.get_job_name(p) == name]
                 if plans:
                     try:
-                        job = build_job(plans[0], self.translator, job_executor(config, plans[0]), config)
+                        job = build_job(plans[0], self.translator, config=config)
                     except (dg.DagsterInvalidDefinitionError, dg.DagsterInvariantViolationError):
                         return None  # the whole location reports it
                     self._jobs[name] = job
                     return job
             return None
 
-    # -- everything else: the whole location -------------------------------------------------
+    # -- everything else: the whole location (RepositoryData derives names and lookups from these)
     def get_all_jobs(self) -> Sequence[dg.JobDefinition]:
         return self.full.get_all_jobs()
-
-    def get_job_names(self) -> Sequence[str]:
-        return self.full.job_names
 
     def get_top_level_resources(self) -> Mapping[str, dg.ResourceDefinition]:
         return self.full.get_top_level_resources()
@@ -129,26 +120,8 @@ class TaskRepositoryData(dg.RepositoryData):
     def get_all_schedules(self) -> Sequence[dg.ScheduleDefinition]:
         return self.full.schedule_defs
 
-    def get_schedule_names(self) -> Sequence[str]:
-        return [s.name for s in self.full.schedule_defs]
-
-    def get_schedule(self, schedule_name: str) -> dg.ScheduleDefinition:
-        return self.full.get_schedule_def(schedule_name)
-
-    def has_schedule(self, schedule_name: str) -> bool:
-        return self.full.has_schedule_def(schedule_name)
-
     def get_all_sensors(self) -> Sequence[dg.SensorDefinition]:
         return self.full.sensor_defs
-
-    def get_sensor_names(self) -> Sequence[str]:
-        return [s.name for s in self.full.sensor_defs]
-
-    def get_sensor(self, sensor_name: str) -> dg.SensorDefinition:
-        return self.full.get_sensor_def(sensor_name)
-
-    def has_sensor(self, sensor_name: str) -> bool:
-        return self.full.has_sensor_def(sensor_name)
 
     def get_source_assets_by_key(self):
         return self.full.source_assets_by_key
@@ -167,11 +140,10 @@ def declared_task_id(path: Path) -> str | None:
     """The id a task file declares (``id`` of the stored JSON form, a Coder Eval
     ``task_id``), read without validating the rest; None when it declares none (its stem
     names the task) or cannot be read (the compiler will say why)."""
+    coder_eval = path.suffix in (".yaml", ".yml")
     try:
-        data = load_yaml(path) if path.suffix in (".yaml", ".yml") else load_json(path)
+        data = load_yaml(path) if coder_eval else load_json(path)
     except SpecError:
         return None
-    if not isinstance(data, dict):
-        return None
-    declared = data.get("task_id" if path.suffix in (".yaml", ".yml") else "id")
+    declared = data.get("task_id" if coder_eval else "id") if isinstance(data, dict) else None
     return str(declared) if declared else None

@@ -1,11 +1,9 @@
 """Schedules: a task that carries a cron schedule gets a Dagster schedule of its job.
 
-The cron comes from ``[schedules]`` in ``.agentenv/config.toml`` (task id -> cron, for
-either format) or, for a Coder Eval task, from a ``schedule:<preset>`` tag (``hourly``,
-``daily``, ``weekly``, ``monthly``, ``yearly``: the reference's tags are kebab-case
-``key:value`` words, so a cron expression itself cannot be a tag). Config wins over a tag.
-A dataset task's tick runs its selected rows in one run, as the CLI does; an experiment's job
-(``[schedules]`` names it by its id, ``<task_id>__<experiment_id>``) runs each variant.
+The cron comes from ``[schedules]`` in ``.agentenv/config.toml`` (task id -> cron; it wins) or a
+Coder Eval task's ``schedule:<preset>`` tag (``hourly`` … ``yearly``: tags are kebab-case
+``key:value`` words, so they cannot hold a cron). A dataset task's tick runs its selected rows in
+one run, as the CLI does; an experiment's job (``<task_id>__<experiment_id>``) runs each variant.
 """
 
 from __future__ import annotations
@@ -53,26 +51,21 @@ def _run_request(
 
     tags = {**translator.get_job_tags(plan), **({VARIANT_TAG: variant} if variant else {}),
             **({REPLICATE_TAG: str(replicate)} if replicate is not None else {})}
-    request = {"run_key": run_key, "job_name": translator.get_job_name(plan)}
-    if not plan.document.partitions:
-        return dg.RunRequest(**request, run_config=run_config(plan, translator), tags=tags)
-    keys = rows or plan.document.selected_rows(variant)
-    if len(keys) == 1:
-        return dg.RunRequest(**request, run_config=run_config(plan, translator, keys), tags=tags, partition_key=keys[0])
-    tags.update(range_tags(plan, keys))
-    return dg.RunRequest(**request, run_config=run_config(plan, translator, keys), tags=tags)
+    keys = (rows or plan.document.selected_rows(variant)) if plan.document.partitions else None
+    if keys is not None and len(keys) != 1:
+        tags.update(range_tags(plan, keys))
+    return dg.RunRequest(run_key=run_key, job_name=translator.get_job_name(plan), tags=tags,
+                         run_config=run_config(plan, translator, keys),
+                         partition_key=keys[0] if keys is not None and len(keys) == 1 else None)
 
 
 def task_schedules(
-    plans: list[TaskPlan], config: AgentEnvConfig, jobs: list[dg.JobDefinition],
-    translator: TaskTranslator | None = None,
+    plans: list[TaskPlan], config: AgentEnvConfig, jobs: list[dg.JobDefinition], translator: TaskTranslator,
 ) -> list[dg.ScheduleDefinition]:
     """One schedule per task that has a cron; a schedule that cannot be built is logged and
     left out (like a bad task file, it must not take the code location down)."""
-    translator = translator or TaskTranslator()
     by_name = {job.name: job for job in jobs}
-    task_ids = {plan.task_id for plan in plans}
-    for unknown in sorted(set(config.schedules) - task_ids):
+    for unknown in sorted(set(config.schedules) - {plan.task_id for plan in plans}):
         log.warning(f"[schedules] {unknown}: no task with this id in the tasks folder; not scheduled")
     schedules = []
     for plan in plans:
@@ -96,8 +89,7 @@ def task_schedule(
     return dg.ScheduleDefinition(
         name=f"{job.name}_schedule", cron_schedule=entry.cron, job=job, execution_fn=_tick,
         execution_timezone=entry.timezone,
-        default_status=dg.DefaultScheduleStatus.RUNNING if entry.default_status == "running"
-        else dg.DefaultScheduleStatus.STOPPED,
+        default_status=dg.DefaultScheduleStatus[entry.default_status.upper()],
         description=f"Runs task `{plan.task_id}` on `{entry.cron}` ({entry.timezone}).",
     )
 

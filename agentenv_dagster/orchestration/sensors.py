@@ -1,21 +1,15 @@
 """Sensors: nothing leaks when a run fails or is cancelled, and a changed task file runs.
 
-- ``agentenv_teardown_failed_runs`` / ``agentenv_teardown_canceled_runs`` (running by
-  default): when a run that ran in this project fails or is cancelled, end everything its
-  ledger still has running — what a run worker killed hard, or a step process interrupted
-  mid-deploy, could not end itself — and say what was ended in the run's own event log.
-- ``agentenv_retry_failed_runs`` (running by default): a run that failed at a step whose
-  ``retry_config`` names an ancestor gets a child run re-executing that span (``retries.py``).
-- ``agentenv_task_files`` (stopped by default): launches a task's job once per new or changed
-  task document or new stored version (``task create``), run key = task id + version + content hash
-  (an experiment's job: a run per variant, and a changed experiment file is a changed task);
-  the cursor remembers what was launched, so a daemon restart launches nothing twice.
-- ``agentenv_stale_scores`` (stopped by default): launches the tasks, and a dataset's rows,
-  whose scores Dagster shows stale or that were never materialized (``staleness.py``).
+Running by default: the teardown pair (what a failed or cancelled run's ledger still has running
+is ended and reported in its event log), the reaper (runs whose process died) and
+``agentenv_retry_failed_runs`` (a ``retry_config`` span re-executed in a child run). Stopped by
+default: ``agentenv_task_files`` (a run per new or changed task document or stored version; the
+cursor remembers what was launched) and ``agentenv_stale_scores`` (``staleness.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -56,11 +50,8 @@ def end_run_deployments(
     if not resource.run_dir(run.run_id).is_dir():  # it did not run here (another project's run)
         return None
     ended = resource.teardown(run.run_id)
-    status = _ADJECTIVE.get(run.status, run.status.value.lower())
-    message = (
-        f"agentenv: the {status} run left {len(ended)} deployment(s) running; ended: {', '.join(ended)}"
-        if ended else f"agentenv: the {status} run left nothing running"
-    )
+    left = f"{len(ended)} deployment(s) running; ended: {', '.join(ended)}" if ended else "nothing running"
+    message = f"agentenv: the {_ADJECTIVE.get(run.status, run.status.value.lower())} run left {left}"
     (logger or log).info(f"run {run.run_id}: {message}")
     instance.report_engine_event(message, dagster_run=run)
     instance.add_run_tags(run.run_id, {TAG_TORN_DOWN: str(len(ended))})
@@ -107,9 +98,7 @@ REAPER_SENSOR = "agentenv_reap_dead_runs"
 
 
 def reaper_sensor() -> dg.SensorDefinition:
-    """Runs whose owning process died (``kill -9``, a lost run worker): their deployments
-    ended and their Dagster runs marked failed (``reaper.reap_dead_runs``), from the daemon's
-    start on and every few minutes; old run folders pruned."""
+    """``reaper.reap_dead_runs`` every two minutes: runs whose process died (``kill -9``, a lost run worker)."""
 
     @dg.sensor(name=REAPER_SENSOR, minimum_interval_seconds=120, default_status=dg.DefaultSensorStatus.RUNNING,
                description="Ends what runs killed mid-way left running and marks those runs failed; "
@@ -145,21 +134,14 @@ def retry_sensor() -> dg.RunFailureSensorDefinition:
 
 # -- new or changed task files -------------------------------------------------------------
 
-def task_run_key(plan: TaskPlan, translator: TaskTranslator) -> str:
-    tags = translator.get_job_tags(plan)
-    return f"{tags[TAG_TASK_ID]}:{tags[TAG_TASK_VERSION]}:{tags[TAG_CONTENT_HASH]}"
-
-
 def task_file_sensor(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
-    translator: TaskTranslator | None = None, *, minimum_interval_seconds: int = 30,
+    translator: TaskTranslator,
 ) -> dg.SensorDefinition:
-    """Each tick compiles the task folder and the task store afresh and launches every task
-    whose run key is not in the cursor (a new stored version has a new key). A changed task runs its current content (the step fields are op
-    config) when its job here still fits it — same steps, types, edges, assets and rows;
-    otherwise (a new task, or a changed shape) it waits, unlaunched, until the code location
-    is reloaded."""
-    translator = translator or TaskTranslator()
+    """Each tick compiles the task folder and the task store afresh and launches every task whose
+    run key (task id, version, content hash) is not in the cursor. A changed task runs its current
+    content (the step fields are op config) when its job here still fits it — same steps, types,
+    edges, assets and rows; otherwise (a new task, a changed shape) it waits for a reload."""
     loaded = {translator.get_job_name(p): p for p in plans}
     store = (config.state_dir / "tasks").resolve()
 
@@ -169,30 +151,28 @@ def task_file_sensor(
         source = Path(plan.document.source).resolve()
         return source.parent if source.parent.parent == store else source
     task_jobs = [job for job in jobs if job.name in loaded]
-    shapes: dict[str, object] = {}
+    job_names = {job.name for job in task_jobs}
 
-    def loaded_shape(name: str) -> object:
-        if name not in shapes:
-            shapes[name] = job_shape(loaded[name], translator)
-        return shapes[name]
+    @functools.cache
+    def loaded_shape(name: str) -> tuple:
+        return job_shape(loaded[name], translator)
 
     @dg.sensor(
         name=TASK_FILES_SENSOR, jobs=task_jobs or None, default_status=dg.DefaultSensorStatus.STOPPED,
-        minimum_interval_seconds=minimum_interval_seconds,
+        minimum_interval_seconds=30,
         description=f"Launches a task's job once per new or changed task document in `{tasks_dir}` "
                     "and per new version in the task store.",
     )
     def _sensor(context: dg.SensorEvaluationContext):
         launched: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
         report = compile_location(tasks_dir, config)
-        by_job = {job.name: job for job in task_jobs}
         requests, waiting = [], []
         for plan in report.plans:
-            name, key = translator.get_job_name(plan), task_run_key(plan, translator)
+            name, tags = translator.get_job_name(plan), translator.get_job_tags(plan)
+            key = f"{tags[TAG_TASK_ID]}:{tags[TAG_TASK_VERSION]}:{tags[TAG_CONTENT_HASH]}"
             if launched.get(name) == key:
                 continue
-            job = by_job.get(name)
-            if job is None or origin(loaded[name]) != origin(plan):
+            if name not in job_names or origin(loaded[name]) != origin(plan):
                 waiting.append(f"{plan.document.source}: task '{plan.task_id}' has no job here yet: "
                                "reload the code location to launch it")
             elif job_shape(plan, translator) != loaded_shape(name):
@@ -235,7 +215,7 @@ def job_shape(plan: TaskPlan, translator: TaskTranslator) -> tuple:
 
 def task_sensors(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
-    translator: TaskTranslator | None = None,
+    translator: TaskTranslator,
 ) -> list[dg.SensorDefinition]:
     """The code location's sensors: the teardown pair, span retries, the task-file sensor and
     the stale-scores sensor."""

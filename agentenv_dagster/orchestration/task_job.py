@@ -1,15 +1,8 @@
-"""A task plan as Dagster definitions: its op graph, the assets that graph materializes, and
-the job that runs it.
+"""A task plan as Dagster definitions: its op graph, the multi-asset it backs, and its job.
 
-The graph mirrors the plan: a node per step (aliases of the shared per-type ops), the
-``depends_on`` edges, a final ``teardown_run`` node. It backs a multi-asset: each
-verification and each collection is an asset mapped from its step's node, and the
-teardown's ``results/<task>`` (each row's outcome) from the last node, so **Materialize** in
-the asset graph runs the task and each asset carries a code version (what decides its score:
-the task's content, its agent, model and judge) that Dagster compares to flag a score stale.
-The stored artifacts a step loads are the multi-asset's upstream assets. The task's job
-selects the multi-asset; a dataset task's is partitioned by row (each partition's config is
-its row's values) and a backfill runs a range of rows in one run (``BackfillPolicy``).
+The graph mirrors the plan (a node per step, the ``depends_on`` edges, a final ``teardown_run``); each
+verification and collection is an asset mapped from its step's node, ``results/<task>`` from the teardown,
+so **Materialize** runs the task and code versions flag stale scores. A backfill runs its rows in one run.
 """
 
 from __future__ import annotations
@@ -23,14 +16,13 @@ from ..config import AgentEnvConfig, RegressionSettings
 from ..naming import dagster_name
 from ..plan import TaskPlan
 from ..steps.base import ARTIFACT, VERIFICATION
-from .executors import job_executor
 from .ops import AFTER, ARTIFACTS_INPUT, ASSET_OUTPUT, TEARDOWN_OP, step_op, teardown_op
 from .regression import produces_verification, regression_tag
 from .retries import span_tags
-from .rows import ROWS, STEPS, register_plan, step_config
-from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_STEP_ASSETS, TAG_STEP_ID, TaskTranslator
+from .rows import ROWS, STEP_ASSETS_TAG, STEPS, register_plan, step_config
+from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_STEP_ID, TaskTranslator
 
-POOL_TAG = "dagster/concurrency_key"  # a node's pool (op definitions are shared across tasks)
+POOL_TAG = "dagster/concurrency_key"  # a node's pool, as Dagster reads it from a node's tags
 
 
 @dataclass(frozen=True)
@@ -41,15 +33,13 @@ class TaskDefinitions:
     job: dg.UnresolvedAssetJobDefinition
 
 
-def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
-               executor_def: dg.ExecutorDefinition | None = None,
-               config: AgentEnvConfig | None = None) -> TaskDefinitions:
-    translator = translator or TaskTranslator()
-    config = config or AgentEnvConfig()
+def build_task(plan: TaskPlan, translator: TaskTranslator, executor_def: dg.ExecutorDefinition,
+               config: AgentEnvConfig) -> TaskDefinitions:
     register_plan(translator.get_graph_name(plan), plan)
     code_versions = asset_code_versions(plan, translator, config)
     regression = config.regression.for_task(plan.task_id)
     graph, outputs, inputs = task_graph(plan, translator, code_versions, regression if regression.enabled else None)
+    condition = translator.get_automation_condition(plan)
     assets = dg.AssetsDefinition.from_graph(
         graph,
         keys_by_output_name={name: key for name, (key, _) in outputs.items()},
@@ -61,14 +51,12 @@ def build_task(plan: TaskPlan, translator: TaskTranslator | None = None,
         group_name=translator.get_group_name(plan),
         backfill_policy=dg.BackfillPolicy.single_run(),
         tags_by_output_name={name: translator.get_asset_tags(plan) for name in outputs},
-        automation_conditions_by_output_name=(
-            {name: condition for name in outputs}
-            if (condition := translator.get_automation_condition(plan)) is not None else None),
+        automation_conditions_by_output_name=dict.fromkeys(outputs, condition) if condition is not None else None,
     )
     job = dg.define_asset_job(
         translator.get_job_name(plan), selection=dg.AssetSelection.assets(assets).without_checks(),
         tags=translator.get_job_tags(plan),
-        executor_def=executor_def or job_executor(config, plan), description=translator.get_job_description(plan),
+        executor_def=executor_def, description=translator.get_job_description(plan),
     )
     return TaskDefinitions(assets, job)
 
@@ -91,9 +79,10 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
     deps: dict[dg.NodeInvocation, dict] = {}
     node_defs: dict[str, dg.OpDefinition] = {}
     outputs: dict[str, tuple[dg.AssetKey, str]] = {}
-    output_mappings, input_mappings = [], []
     inputs: dict[str, dg.AssetKey] = {}
+    input_mappings = []
     graph_name = translator.get_graph_name(plan)
+    versioned = {node: {TAG_CODE_VERSION: version} for node, version in code_versions.items()}
     for step in plan.steps:
         node = translator.get_node_name(step)
         # an op per step, for its description; named after the graph: op names are unique in a repository
@@ -104,9 +93,9 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
             op_def.name, alias=node, retry_policy=translator.get_retry_policy(step),
             tags={
                 **translator.get_op_tags(step), TAG_STEP_ID: step.id,
-                TAG_STEP_ASSETS: translator.get_step_assets_tag(plan, step),
+                STEP_ASSETS_TAG: translator.get_step_assets_tag(plan, step),
                 TAG_CONTENT_HASH: plan.document.content_hash,
-                **({TAG_CODE_VERSION: code_versions[node]} if node in code_versions else {}),
+                **versioned.get(node, {}),
                 **(regression_tag(regression) if regression is not None and produces_verification(
                     translator, plan, step) else {}),
                 **({POOL_TAG: pool} if (pool := translator.get_pool(plan, step)) else {}),
@@ -120,8 +109,6 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
         )
         for key, description in translator.get_step_asset_outputs(plan, step):
             outputs[node] = (key, description)  # (one task asset a step, at most)
-            output_mappings.append(dg.OutputMapping(graph_output_name=node, mapped_node_name=node,
-                                                    mapped_node_output_name=ASSET_OUTPUT))
         for artifact_id in sorted({n.name for n in step.names_read() if n.kind == ARTIFACT}):
             name = f"artifact__{dagster_name(artifact_id)}"
             inputs[name] = translator.get_loaded_artifact_asset_key(artifact_id)
@@ -130,13 +117,12 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
     teardown = teardown_op()
     node_defs[teardown.name] = teardown
     sinks = [translator.get_node_name(plan.step_by_id[s]) for s in plan.sinks]
-    teardown_tags = {TAG_CONTENT_HASH: plan.document.content_hash,
-                     **({TAG_CODE_VERSION: code_versions[TEARDOWN_OP]} if TEARDOWN_OP in code_versions else {})}
+    teardown_tags = {TAG_CONTENT_HASH: plan.document.content_hash, **versioned.get(TEARDOWN_OP, {})}
     deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP, tags=teardown_tags)] = _fan_in(sinks)
     outputs[TEARDOWN_OP] = (translator.get_results_asset_key(plan),
                             f"Each row's outcome in task `{plan.task_id}`: its status and each step's.")
-    output_mappings.append(dg.OutputMapping(graph_output_name=TEARDOWN_OP, mapped_node_name=TEARDOWN_OP,
-                                            mapped_node_output_name=ASSET_OUTPUT))
+    output_mappings = [dg.OutputMapping(graph_output_name=node, mapped_node_name=node,
+                                        mapped_node_output_name=ASSET_OUTPUT) for node in outputs]
     graph = dg.GraphDefinition(
         name=graph_name, node_defs=list(node_defs.values()), dependencies=deps,
         description=translator.get_job_description(plan), input_mappings=input_mappings,
@@ -188,7 +174,8 @@ def run_config(plan: TaskPlan, translator: TaskTranslator, rows: list[str] | Non
     variant, under an experiment) and, when given, the rows the root ops start."""
     steps = {translator.get_node_name(step): step_config(step)
              for step in plan.document.steps_for(rows[0] if rows else None)}
-    return {"ops": {translator.get_graph_name(plan): {"config": {STEPS: steps, **({ROWS: list(rows)} if rows else {})}}}}
+    config = {STEPS: steps, **({ROWS: list(rows)} if rows else {})}
+    return {"ops": {translator.get_graph_name(plan): {"config": config}}}
 
 
 def _fan_in(upstream: list[str], after: list[str] = ()) -> dict:

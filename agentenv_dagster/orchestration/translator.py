@@ -1,8 +1,6 @@
 """TaskTranslator: every naming and mapping decision from a task plan to Dagster specs.
 
-Like dagster-dbt's translator, users subclass it and override a small ``get_*`` method
-instead of forking the compiler, then pass it to ``build_definitions`` or
-``build_repository``.
+Like dagster-dbt's translator, users subclass it and override a small ``get_*`` method instead of forking the compiler.
 """
 
 from __future__ import annotations
@@ -18,16 +16,16 @@ from typing import Any
 import dagster as dg
 
 from ..config import AgentEnvConfig
+from ..errors import clip
 from ..naming import job_name, node_name
 from ..plan import TaskPlan
 from ..steps.base import AGENT, ARTIFACT, PRODUCER, SELF, VERIFICATION, TaskStep
-from .rows import CONTENT_HASH_TAG, STEP_ASSETS_TAG, TASK_ID_TAG
+from .rows import CONTENT_HASH_TAG, TASK_ID_TAG
 
 TAG_TASK_ID = TASK_ID_TAG
 TAG_TASK_VERSION = "agentenv/task_version"
 TAG_CONTENT_HASH = CONTENT_HASH_TAG
 TAG_FORMAT = "agentenv/format"
-TAG_STEP_ASSETS = STEP_ASSETS_TAG
 TAG_STEP_TYPE = "agentenv/step_type"
 TAG_STEP_ID = "agentenv/step_id"  # node tag: the step a node runs (its id in the task document)
 TAG_SEED = "agentenv/seed"  # the task's default token values (JSON); edit it in the launchpad to retarget a run
@@ -37,70 +35,31 @@ log = logging.getLogger("agentenv_dagster")
 
 
 class TaskTranslator:
-    """How task plans become Dagster definitions: names, tags, pools, retries, partitions,
-    asset keys, checks and code versions. Subclass it and override what you need:
-
-    ```python
-    from agentenv_dagster import build_repository
-    from agentenv_dagster.orchestration.translator import TaskTranslator
-
-    class TeamTranslator(TaskTranslator):
-        def get_job_name(self, plan):
-            return "eval_" + super().get_job_name(plan)
-
-    defs = build_repository("tasks", translator=TeamTranslator())
-    ```
-
-    A method's result must stay a valid Dagster name or spec: a task whose definitions Dagster
-    refuses becomes a ``<file>__invalid`` job that says why.
+    """How task plans become Dagster definitions: names, tags, pools, retries, partitions, asset
+    keys, checks and code versions. Subclass it, override the ``get_*`` methods you need (e.g.
+    ``return "eval_" + super().get_job_name(plan)``) and pass an instance to ``build_repository``
+    or ``build_definitions`` (see [Customizing](customizing.md#the-translator)). A result must stay
+    a valid Dagster name or spec: a task whose definitions Dagster refuses becomes a ``<file>__invalid`` job.
     """
 
     def get_job_name(self, plan: TaskPlan) -> str:
-        """The task's job name: the task id with characters outside ``[A-Za-z0-9_]`` mapped to
-        ``_`` (``reply-to-dana`` → ``reply_to_dana``). Two tasks with one job name are a
-        compile error. Asset keys are made from the task id by the ``get_*_asset_key``
-        methods, so renaming jobs keeps the assets' history.
-
-        ```python
-        def get_job_name(self, plan):
-            return f"eval_{super().get_job_name(plan)}"
-        ```
-        """
+        """The task id made a Dagster name (``reply-to-dana`` → ``reply_to_dana``); two tasks with one
+        job name are a compile error. Asset keys come from the task id, so renaming jobs keeps their history."""
         return job_name(plan.task_id)
 
     def get_graph_name(self, plan: TaskPlan) -> str:
-        """The task's op graph, the one node of its job (its steps are the graph's nodes):
-        ``reply_to_dana_steps`` for the job ``reply_to_dana``; op step keys read
-        ``reply_to_dana_steps.<step id>``.
-
-        ```python
-        def get_graph_name(self, plan):
-            return self.get_job_name(plan) + "_graph"
-        ```
-        """
+        """The op graph holding the task's steps, the one node of its job: ``reply_to_dana_steps``, so
+        op step keys read ``reply_to_dana_steps.<step id>``."""
         return f"{self.get_job_name(plan)}_steps"
 
     def get_node_name(self, step: TaskStep) -> str:
-        """A step's node in the graph: its id made a valid Dagster name (``ask-user`` →
-        ``ask_user``). Node names must stay unique within a task.
-
-        ```python
-        def get_node_name(self, step):
-            return f"{step.type}__{super().get_node_name(step)}"
-        ```
-        """
+        """A step's node: its id made a Dagster name (``ask-user`` → ``ask_user``), unique within a task."""
         return node_name(step.id)
 
     def get_job_tags(self, plan: TaskPlan) -> dict[str, str]:
-        """Tags every run of the task's job carries: task id, version, content hash, format and
-        (for a stored task with a seed) its seed. Keep these keys when overriding: sensors,
-        retries and re-execution read them.
-
-        ```python
-        def get_job_tags(self, plan):
-            return {**super().get_job_tags(plan), "team": "support"}
-        ```
-        """
+        """Tags of every run of the task: id, version, content hash, format and (a stored task's) seed.
+        Keep these keys when overriding (``{**super().get_job_tags(plan), "team": "support"}``): sensors,
+        retries and re-execution read them."""
         return {
             TAG_TASK_ID: plan.task_id,
             TAG_TASK_VERSION: str(plan.document.version or "unversioned"),
@@ -110,40 +69,26 @@ class TaskTranslator:
         }
 
     def get_job_description(self, plan: TaskPlan) -> str:
-        """The job's description in the UI: the task's own description (Coder Eval), what its
-        first prompt asks, and where it comes from, e.g. ``Prompt: "Reply to Dana." — agent-env
-        task `reply_to_dana` from `tasks/reply_to_dana.json` (7 steps)``.
-
-        ```python
-        def get_job_description(self, plan):
-            return super().get_job_description(plan) + " Owner: support."
-        ```
-        """
+        """The job's description in the UI: the task's own (Coder Eval), its first prompt and its origin,
+        e.g. ``agent-env task `reply_to_dana` from `tasks/reply_to_dana.json` (7 steps)``."""
         origin = f"{plan.document.format} task `{plan.task_id}` from `{plan.document.source}` ({len(plan.steps)} steps)"
-        prompt = next((p for s in plan.steps if isinstance(p := getattr(s, "prompt", None), str) and p.strip()), "")
-        lines = [plan.document.description or "", f'Prompt: "{_excerpt(prompt)}"' if prompt else "", origin]
+        prompt = next((" ".join(p.split()) for s in plan.steps if isinstance(p := getattr(s, "prompt", None), str)
+                       and p.strip()), "")
+        lines = [plan.document.description or "", f'Prompt: "{clip(prompt, 160)}"' if prompt else "", origin]
         return "\n\n".join(line for line in lines if line)
 
     def get_op_description(self, plan: TaskPlan, step: TaskStep) -> str:
-        """What a step's op says in the UI: its id, type and what it reads and writes, e.g.
-        ``Step `reply` (prompt_agent): reads agent `assistant`; writes prompt `reply`.``
-
-        ```python
-        def get_op_description(self, plan, step):
-            return super().get_op_description(plan, step) + " Owned by the support team."
-        ```
-        """
-        parts = [f"Step `{step.id}` ({step.type})"]
-        for verb, names in (("reads", step.names_read()), ("writes", step.names_written())):
-            listed = sorted({f"{n.kind} `{step.id if n.field == SELF else n.name}`" for n in names})
-            if listed:
-                parts.append(f"{verb} {', '.join(listed)}")
+        """A step's op in the UI: its id, type and what it reads and writes, e.g.
+        ``Step `reply` (prompt_agent): reads agent `assistant`; writes prompt `reply`.``"""
+        parts = [f"{verb} {', '.join(listed)}"
+                 for verb, names in (("reads", step.names_read()), ("writes", step.names_written()))
+                 if (listed := sorted({f"{n.kind} `{step.id if n.field == SELF else n.name}`" for n in names}))]
         rows = " for each row of the run" if plan.document.partitions else ""
-        return f"{parts[0]}{rows}" + (": " + "; ".join(parts[1:]) if parts[1:] else "") + "."
+        return f"Step `{step.id}` ({step.type}){rows}" + (": " + "; ".join(parts) if parts else "") + "."
 
     def get_op_tags(self, step: TaskStep) -> dict[str, str]:
-        """Tags of a step's node (``agentenv/step_type``). Executors read node tags, so this is
-        where per-step settings such as Kubernetes resources go:
+        """Tags of a step's node (``agentenv/step_type``); executors read them, so per-step settings such
+        as Kubernetes resources go here:
 
         ```python
         def get_op_tags(self, step):
@@ -156,10 +101,8 @@ class TaskTranslator:
         return {TAG_STEP_TYPE: step.type}
 
     def get_pool(self, plan: TaskPlan, step: TaskStep) -> str | None:
-        """The Dagster pool of a step that talks to an agent: one per agent id (and model),
-        so a rate limit set on it (``dagster instance concurrency set``) holds across runs.
-        ``agentenv_agent_claude_code`` for a ``prompt_agent`` of the agent ``claude-code``;
-        None (no pool) for other steps.
+        """The pool of a ``prompt_agent`` step, one per agent id and model (``agentenv_agent_claude_code``),
+        so a limit set on it (``dagster instance concurrency set``) holds across runs; None for other steps.
 
         ```python
         def get_pool(self, plan, step):
@@ -169,19 +112,17 @@ class TaskTranslator:
         agents = [n.name for n in step.names_read() if n.kind == AGENT]
         if step.type != "prompt_agent" or not agents:
             return None
-        deploys = [plan.step_by_id[a] for a in plan.ancestors(step.id)
-                   if (AGENT, agents[0]) in plan.written_by(plan.step_by_id[a])]
-        if not deploys:
+        deploy = next((plan.step_by_id[a] for a in plan.ancestors(step.id)
+                       if (AGENT, agents[0]) in plan.written_by(plan.step_by_id[a])), None)
+        if deploy is None:
             return None
-        deploy = deploys[0]
         model = (getattr(deploy, "agent_config", None) or {}).get("model") or getattr(step, "model", None)
         parts = ["agentenv_agent", getattr(deploy, "a2a_agent_id", None) or "default", *([model] if model else [])]
         return node_name("_".join(parts))
 
     def get_retry_policy(self, step: TaskStep) -> dg.RetryPolicy | None:
-        """``retry_config`` naming the step itself retries the op in place; one naming an
-        ancestor is a re-execution of the span in a child run (``retries.py``), so it has no
-        policy here.
+        """A ``retry_config`` naming the step itself retries the op in place; one naming an ancestor
+        re-executes the span in a child run (``retries.py``), so it has no policy here.
 
         ```python
         def get_retry_policy(self, step):
@@ -196,104 +137,51 @@ class TaskTranslator:
         return None
 
     def get_partitions_def(self, plan: TaskPlan) -> dg.PartitionsDefinition | None:
-        """A dataset task's rows as static partitions (a row id is a partition key); a task
-        under an experiment, its variants x rows (``<row>|<variant>``), or its variants alone;
-        None for a task without rows. Partition keys are what row-level launches, backfills
-        and the suite read, so an override should keep the row ids as keys.
-
-        ```python
-        def get_partitions_def(self, plan):
-            partitions = super().get_partitions_def(plan)
-            return None if plan.task_id.startswith("smoke-") else partitions
-        ```
-        """
+        """A dataset's row ids as static partitions; under an experiment, variants x rows
+        (``<row>|<variant>``) or the variants alone; None without rows. Row-level launches,
+        backfills and the suite read the keys, so an override should keep the row ids."""
         document = plan.document
-        if document.variant_steps is not None:
-            variants = dg.StaticPartitionsDefinition(list(document.variant_steps))
-            rows = document.row_ids()
-            if not rows:
-                return variants
-            return dg.MultiPartitionsDefinition({"row": dg.StaticPartitionsDefinition(rows), "variant": variants})
-        rows = document.partitions
-        return dg.StaticPartitionsDefinition(list(rows)) if rows else None
+        if document.variant_steps is None:
+            return dg.StaticPartitionsDefinition(list(document.partitions)) if document.partitions else None
+        variants = dg.StaticPartitionsDefinition(list(document.variant_steps))
+        if not (rows := document.row_ids()):
+            return variants
+        return dg.MultiPartitionsDefinition({"row": dg.StaticPartitionsDefinition(rows), "variant": variants})
 
     def get_group_name(self, plan: TaskPlan) -> str:
-        """The asset group of the task's assets in the UI: its job name.
-
-        ```python
-        def get_group_name(self, plan):
-            return "evals"  # every task's assets in one group
-        ```
-        """
+        """The asset group of the task's assets: its job name (``"evals"`` would put every task in one)."""
         return job_name(plan.task_id)
 
     def get_automation_condition(self, plan: TaskPlan) -> dg.AutomationCondition | None:
-        """The declarative automation condition of the task's assets, which Dagster's
-        ``default_automation_condition_sensor`` evaluates (turn it on in the UI's Automation
-        page). None, the default: nothing is automatic, and the ``agentenv_stale_scores``
-        sensor re-runs stale scores when turned on. The task's assets materialize together,
-        so a true condition on any of them runs the whole task (a dataset: the rows it holds for).
-
-        ```python
-        def get_automation_condition(self, plan):  # run a task again once what decides its scores changed
-            return dg.AutomationCondition.code_version_changed()
-        ```
-        """
+        """The automation condition of the task's assets, for Dagster's ``default_automation_condition_sensor``
+        (see [Regressions and staleness](regressions-and-staleness.md#keeping-scores-current-from-the-daemon)).
+        None: nothing is automatic. A true condition on any asset runs the whole task (a dataset: the
+        rows it holds for), as its assets materialize together."""
         return None
 
     # -- assets ----------------------------------------------------------------------------
     def get_verification_asset_key(self, task_id: str, verifier_id: str) -> dg.AssetKey:
-        """A verification's asset: ``verifications/<job>/<verifier_id>``.
-
-        ```python
-        def get_verification_asset_key(self, task_id, verifier_id):
-            return super().get_verification_asset_key(task_id, verifier_id).with_prefix("evals")
-        ```
-        """
+        """A verification's asset: ``verifications/<job>/<verifier_id>``."""
         return dg.AssetKey(["verifications", job_name(task_id), verifier_id])
 
     def get_collection_asset_key(self, task_id: str, step_id: str) -> dg.AssetKey:
-        """What a ``collect_artifacts`` step gathers: ``artifacts/<job>/<step id>``.
-
-        ```python
-        def get_collection_asset_key(self, task_id, step_id):
-            return dg.AssetKey(["outputs", job_name(task_id), step_id])
-        ```
-        """
+        """What a ``collect_artifacts`` step gathers: ``artifacts/<job>/<step id>``."""
         return dg.AssetKey(["artifacts", job_name(task_id), step_id])
 
     def get_suite_asset_key(self, task_id: str) -> dg.AssetKey:
-        """A dataset task's rolled-up rows: ``suites/<job>``.
-
-        ```python
-        def get_suite_asset_key(self, task_id):
-            return super().get_suite_asset_key(task_id).with_prefix("evals")
-        ```
-        """
+        """A dataset task's rolled-up rows: ``suites/<job>``."""
         return dg.AssetKey(["suites", job_name(task_id)])
 
     def get_loaded_artifact_asset_key(self, artifact_id: str) -> dg.AssetKey:
-        """A stored artifact: what steps load, and what a step writing it by name materializes:
-        ``artifacts/<artifact_id>``, shared by every task that names it.
-
-        ```python
-        def get_loaded_artifact_asset_key(self, artifact_id):
-            return dg.AssetKey(["datasets", artifact_id])
-        ```
-        """
+        """A stored artifact, which steps load or write by name: ``artifacts/<artifact_id>``, shared by
+        every task that names it."""
         return dg.AssetKey(["artifacts", artifact_id])
 
     def produced_asset_keys(self, task_id: str, step: TaskStep) -> list[tuple[str, str, dg.AssetKey]]:
-        """(kind, name, key) of the assets a step materializes, from its declared writes. A
-        stored artifact the step names (a snapshot's universe) is that artifact's own asset,
-        the one ``load_artifact`` reads, in place of a task-scoped one. It calls the
-        ``get_*_asset_key`` methods; override those rather than this.
-
-        ```python
-        translator.produced_asset_keys("reply-to-dana", plan.step_by_id["sent"])
-        # [("verification", "sent", AssetKey(["verifications", "reply_to_dana", "sent"]))]
-        ```
-        """
+        """(kind, name, key) of the assets a step materializes, from its declared writes, e.g.
+        ``[("verification", "sent", AssetKey(["verifications", "reply_to_dana", "sent"]))]``. A stored
+        artifact it names (a snapshot's universe) replaces a task-scoped one. Override the
+        ``get_*_asset_key`` methods rather than this."""
         written = list(step.names_written())
         named = any(n.kind == ARTIFACT for n in written)
         keys = []
@@ -307,78 +195,39 @@ class TaskTranslator:
         return keys
 
     def get_step_assets_tag(self, plan: TaskPlan, step: TaskStep) -> str:
-        """The asset keys a step's op reports, and the checks of its verifications, carried as
-        a node tag so a run uses the translator that built the job (ops are shared; the node
-        knows its step). Derived from ``produced_asset_keys``; not meant to be overridden.
-
-        ```python
-        json.loads(translator.get_step_assets_tag(plan, plan.step_by_id["sent"]))["checks"]
-        # ["passed"]
-        ```
-        """
+        """The asset keys a step's op reports and its verifications' checks, as JSON for a node tag, so
+        a run uses the translator that built the job (ops are shared). Not meant to be overridden."""
         produced = self.produced_asset_keys(plan.task_id, step)
+        verifies = any(kind == VERIFICATION for kind, _, _ in produced)
         return json.dumps({
             "produced": [[kind, name, key.path] for kind, name, key in produced],
-            "loaded": {
-                n.name: self.get_loaded_artifact_asset_key(n.name).path
-                for n in step.names_read() if n.kind == ARTIFACT
-            },
-            "checks": [name for name, _ in step.verification_checks()]
-            if any(kind == VERIFICATION for kind, _, _ in produced) else [],
+            "loaded": {n.name: self.get_loaded_artifact_asset_key(n.name).path
+                       for n in step.names_read() if n.kind == ARTIFACT},
+            "checks": [name for name, _ in step.verification_checks()] if verifies else [],
         })
 
     def get_step_asset_outputs(self, plan: TaskPlan, step: TaskStep) -> list[tuple[dg.AssetKey, str]]:
-        """The task-scoped assets a step's node materializes (its verification, or what it
-        collects), each with its description. Stored artifacts a step writes are shared by
-        tasks (``get_artifact_specs``), not the task's own.
-
-        ```python
-        def get_step_asset_outputs(self, plan, step):
-            return [(key, f"{text} Owner: support.") for key, text in super().get_step_asset_outputs(plan, step)]
-        ```
-        """
-        outputs = []
-        for kind, _, key in self.produced_asset_keys(plan.task_id, step):
-            if kind != ARTIFACT:
-                what = "verification" if kind == VERIFICATION else "artifacts produced"
-                outputs.append((key, f"The {what} of step `{step.id}` ({step.type}) of task `{plan.task_id}`."))
-        return outputs
+        """(key, description) of the task-scoped assets a step's node materializes: its verification or
+        what it collects (stored artifacts are shared by tasks: ``get_artifact_specs``)."""
+        what = {VERIFICATION: "verification", PRODUCER: "artifacts produced"}
+        return [(key, f"The {what[kind]} of step `{step.id}` ({step.type}) of task `{plan.task_id}`.")
+                for kind, _, key in self.produced_asset_keys(plan.task_id, step) if kind != ARTIFACT]
 
     def get_results_asset_key(self, plan: TaskPlan) -> dg.AssetKey:
-        """Each row's outcome (its status, and each step's): what the task's last node writes,
-        ``results/<job>``.
-
-        ```python
-        def get_results_asset_key(self, plan):
-            return dg.AssetKey(["runs", self.get_job_name(plan)])
-        ```
-        """
+        """Each row's outcome (its status and each step's), written by the task's last node: ``results/<job>``."""
         return dg.AssetKey(["results", self.get_job_name(plan)])
 
     def get_asset_tags(self, plan: TaskPlan) -> dict[str, str]:
-        """Tags on every asset of the task (``agentenv_task_id: <job>``), for the catalog's
-        filters.
-
-        ```python
-        def get_asset_tags(self, plan):
-            return {**super().get_asset_tags(plan), "format": plan.document.format}
-        ```
-        """
+        """Tags on every asset of the task (``agentenv_task_id: <job>``), for the catalog's filters."""
         return {TAG_TASK_ID.replace("/", "_"): self.get_job_name(plan)}
 
     def get_code_version(self, plan: TaskPlan, config: AgentEnvConfig, step: TaskStep | None = None) -> str:
-        """What decides an asset's value, hashed: Dagster shows the asset stale once it
-        changes. For a step's asset (its verification, what it collects) that is the step and
-        its ancestry as the task document has them (under an experiment, every variant's),
-        the task's default token values, and what those steps run on: the registry entries of
-        the agents and envs they deploy (a replay script's content too) and the models of the
-        ``[model]`` roles they use (``get_model_roles``) with their providers' protocol and
-        ``[model] params``. For the task's ``results`` (``step`` None), every step's.
-
-        Not part of it: keys, endpoints (``base_url``, ``mcp_url``), prices, descriptions,
-        run settings (rows in flight, sandboxes, the executor), and a dataset's rows (data,
-        not code: adding a row makes only that row's partitions missing, not every row's
-        score stale).
+        """A hash of what decides an asset's value, so Dagster shows it stale once that changes: the step
+        and its ancestry (every variant's; for ``results``, ``step`` None, every step), the seed, the
+        registry entries of the agents and envs they deploy (a replay script's content too), and the
+        models of their ``[model]`` roles (``get_model_roles``) with provider protocol and params.
+        Not keys, endpoints, prices, descriptions, run settings, nor a dataset's rows (data: a new
+        row is one missing partition, not every score stale).
 
         ```python
         def get_code_version(self, plan, config, step=None):  # a new grader release makes every score stale
@@ -386,8 +235,7 @@ class TaskTranslator:
         ```
         """
         document = plan.document
-        ids = ({s.id for s in plan.steps} if step is None
-               else {step.id, *plan.ancestors(step.id)})
+        ids = {s.id for s in plan.steps} if step is None else {step.id, *plan.ancestors(step.id)}
         variants = {v: [s for s in steps if s.id in ids] for v, steps in (document.variant_steps or {}).items()}
         steps = [s for s in plan.steps if s.id in ids]
         runs_on = {json.dumps(self._runs_on(s, config), sort_keys=True, default=str)
@@ -402,11 +250,9 @@ class TaskTranslator:
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def get_model_roles(self, step: TaskStep) -> list[str]:
-        """The ``[model]`` roles whose models decide what ``step`` records, for its assets'
-        code versions: ``judge`` for a rubric that names no model of its own and for Coder Eval
-        criteria with a judge (``llm_judge``, ``agent_judge``: a criterion type with a
-        ``judge_model``). A deployed agent's model comes with its registry entry. Override it
-        for a custom step that grades with a judge:
+        """The ``[model]`` roles deciding what ``step`` records, for its code version: ``judge`` for a
+        rubric without a model of its own and for criteria with a ``judge_model`` (``llm_judge``,
+        ``agent_judge``); a deployed agent's model comes with its entry. Override it for a custom judge:
 
         ```python
         def get_model_roles(self, step):
@@ -445,22 +291,14 @@ class TaskTranslator:
         return found
 
     def get_artifact_specs(self, plans: list[TaskPlan]) -> list[dg.AssetSpec]:
-        """One spec per stored artifact any task loads or writes, so a universe one task
-        snapshots and another loads is one asset: downstream of what the writing step had
-        loaded, upstream of what the loading task produces.
-
-        ```python
-        def get_artifact_specs(self, plans):
-            return [spec.replace_attributes(owners=["team:data"]) for spec in super().get_artifact_specs(plans)]
-        ```
-        """
+        """One spec per stored artifact any task loads or writes: a universe one task snapshots and
+        another loads is one asset, downstream of what the writer loaded."""
         upstream: dict[str, set[str]] = {}
         writers: dict[str, list[str]] = {}
         for plan in plans:
             for step in plan.steps:
                 lineage = plan.artifact_lineage(step.id)
-                for artifact_id in lineage:
-                    upstream.setdefault(artifact_id, set())
+                upstream.update({a: upstream.get(a, set()) for a in lineage})
                 for kind, artifact_id, _ in self.produced_asset_keys(plan.task_id, step):
                     if kind == ARTIFACT:
                         upstream.setdefault(artifact_id, set()).update(lineage)
@@ -476,10 +314,9 @@ class TaskTranslator:
         return specs
 
     def get_check_specs(self, plan: TaskPlan) -> list[dg.AssetCheckSpec]:
-        """The checks each verifier declares (``passed``; Coder Eval adds one per gating
-        criterion) on its verification asset, partitioned as it is: a row's check is evaluated
-        on that row, and the UI shows which rows passed and which fell short. (Partitioned
-        checks are a Dagster preview, whose warning is left out: the project pins Dagster.)
+        """The checks each verifier declares (``passed``; Coder Eval adds one per gating criterion),
+        partitioned like its asset so the UI shows which rows passed (a Dagster preview: its
+        warning is silenced, the project pins Dagster).
 
         ```python
         def get_check_specs(self, plan):  # make every check blocking
@@ -498,8 +335,7 @@ class TaskTranslator:
             ]
 
 
-# an agent entry's fields that leave its scores as they are
-AGENT_FIELDS_NOT_DECIDING = {"description", "delay_seconds", "cli_path"}
+AGENT_FIELDS_NOT_DECIDING = {"description", "delay_seconds", "cli_path"}  # leave an agent's scores as they are
 
 
 def _agent_version(config: AgentEnvConfig, agent_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -559,8 +395,3 @@ def _acyclic(upstream: dict[str, set[str]]) -> dict[str, list[str]]:
                 kept[artifact_id].append(dep)
     return kept
 
-
-def _excerpt(text: str, limit: int = 160) -> str:
-    """A prompt on one line, cut at ``limit`` characters."""
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[:limit - 1] + "…"
