@@ -1,18 +1,9 @@
 """What a task asset's materialization was made from, in the tags Dagster reads staleness from.
 
-Dagster stamps an asset's provenance (its code version, the data version of each upstream
-asset it read, its own data version) on the materializations of the outputs it stores. The
-ops here log each row's materialization themselves, so they stamp it: the node's code version
-(``TaskTranslator.get_code_version``); for each stored artifact upstream, the version Dagster
-holds current (its latest materialization's, the newest version written), or the one the
-row's own snapshot just wrote; for the task's own upstream assets (an aggregate's
-verifications, each row's ``results``) the data version their materializations carry,
-computed from the row's context. With it, Dagster shows a score stale exactly when its code
-version changed or an artifact upstream has a new version, and fresh otherwise (without it,
-Dagster counts every upstream as new).
-
-A data version is what the asset's value is: a verification's grade (score, passed,
-graded), the files a step collected, a row's outcome, a stored artifact's version number.
+The ops log each row's materializations themselves, so they stamp the provenance Dagster would: the node's
+code version, and each upstream's data version (a stored artifact's current or just-written version number;
+a task asset's grade, collected files or outcome, from the row's context). Dagster then shows a score stale
+exactly when its code version or an upstream artifact changed (unstamped, every upstream counts as new).
 """
 
 from __future__ import annotations
@@ -82,8 +73,7 @@ def loaded_version(ctx: TaskStepContext, artifact_id: str, step_id: str) -> int 
 
 
 def artifact_tags(version: int) -> dict[str, str]:
-    """A new version of a stored artifact: its number as the artifact asset's data version,
-    what the assets downstream of it record as their input."""
+    """A new version of a stored artifact: its number as the artifact asset's data version."""
     return {DATA_VERSION_TAG: str(version), DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
 
 
@@ -96,9 +86,8 @@ def written_version(ctx: TaskStepContext, artifact_id: str) -> int | None:
 
 @dataclass(frozen=True)
 class Provenance:
-    """How one node stamps its task asset's materializations: its code version, the assets
-    the asset is made from (``AssetsDefinition.asset_deps``), and what each of the task's
-    assets is (kind and name) so its data version can be read from a row's context."""
+    """How one node stamps its task asset's materializations: its code version, the asset's deps, and each task
+    asset's kind and name (to read its data version from a row's context)."""
 
     code_version: str | None
     deps: tuple[dg.AssetKey, ...] = ()
