@@ -1,11 +1,8 @@
 """Which of a task's scores are stale, by Dagster's own account, and the runs that refresh them.
 
-A task's row (a dataset's partition; the task itself when it has none) needs running again
-when one of its task assets — its verifications, what it collects, its ``results`` — is
-``STALE`` (the asset's code version changed, or a stored artifact upstream has a new version)
-or ``MISSING`` (never materialized): what the UI shows on the asset's page.
-``agentenv-dagster run --stale-only`` runs just those rows, and the ``agentenv_stale_scores``
-sensor (stopped by default) launches them from the daemon.
+A row (or a task without rows) needs running again when one of its task assets is ``STALE`` (a changed code
+version or upstream artifact) or ``MISSING``, as the UI shows; ``run --stale-only`` runs just those rows and
+the ``agentenv_stale_scores`` sensor (stopped by default) launches them from the daemon.
 """
 
 from __future__ import annotations
@@ -49,13 +46,12 @@ def task_asset_keys(plan: TaskPlan, translator: TaskTranslator) -> list[dg.Asset
     return [*keys, translator.get_results_asset_key(plan)]
 
 
-def plan_asset_graph(plan: TaskPlan, config: AgentEnvConfig, translator: TaskTranslator | None = None):
-    """The asset graph of the task as the project's code location builds it (its code
-    versions from ``config``), with the stored artifacts upstream."""
+def plan_asset_graph(plan: TaskPlan, config: AgentEnvConfig):
+    """The task's asset graph as the project's code location builds it, with the stored artifacts upstream."""
     from .definitions import location_resources  # definitions -> sensors -> this module
     from .task_job import build_task
 
-    translator = translator or TaskTranslator()
+    translator = TaskTranslator()
     task = build_task(plan, translator, dg.in_process_executor, config)
     return dg.Definitions(assets=[task.assets, *translator.get_artifact_specs([plan])],
                           resources=location_resources(config)).resolve_asset_graph()
@@ -65,9 +61,8 @@ def stale_rows(
     instance: dg.DagsterInstance, asset_graph, plan: TaskPlan, keys: list[str],
     translator: TaskTranslator | None = None,
 ) -> StaleRows:
-    """Which of ``keys`` (partition keys, or ``[""]`` for a task without rows) are stale or
-    missing in ``instance``, read against ``asset_graph`` (the code location's, or
-    ``plan_asset_graph``)."""
+    """Which of ``keys`` (partition keys, or ``[""]`` for a task without rows) are stale or missing in
+    ``instance``, read against ``asset_graph`` (the code location's, or ``plan_asset_graph``)."""
     translator = translator or TaskTranslator()
     statuses = StaleStatuses(instance, asset_graph)
     found = StaleRows()
@@ -90,24 +85,19 @@ def stale_rows(
     return found
 
 
-def stale_scores_sensor(
-    plans: list[TaskPlan], jobs: list[dg.JobDefinition], translator: TaskTranslator | None = None,
-    *, minimum_interval_seconds: int = 60,
-) -> dg.SensorDefinition:
-    """Each tick, the rows of each task whose assets are stale or missing (of a dataset, of
-    its selected rows), launched as one run a task and variant. The run key names the task's
-    code versions and those rows, so a run that failed is not launched again until something
-    changes."""
+def stale_scores_sensor(plans: list[TaskPlan], jobs: list[dg.JobDefinition],
+                        translator: TaskTranslator) -> dg.SensorDefinition:
+    """Each tick, each task's stale or missing (selected) rows launched as one run a task and variant; the run
+    key names the code versions and rows, so a failed run is not launched again until something changes."""
     from .schedules import task_run_requests  # schedules -> task_job -> ... -> this module
 
-    translator = translator or TaskTranslator()
     by_name = {job.name: job for job in jobs}
     tasks = [(plan, by_name[translator.get_job_name(plan)]) for plan in plans
              if translator.get_job_name(plan) in by_name]
 
     @dg.sensor(
         name=STALE_SCORES_SENSOR, jobs=[job for _, job in tasks] or None,
-        default_status=dg.DefaultSensorStatus.STOPPED, minimum_interval_seconds=minimum_interval_seconds,
+        default_status=dg.DefaultSensorStatus.STOPPED, minimum_interval_seconds=60,
         description="Launches the tasks (a dataset's rows) whose scores are stale or were never "
                     "materialized: a changed task, agent, model, judge or upstream artifact.",
     )
