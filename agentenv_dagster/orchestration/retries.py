@@ -1,16 +1,10 @@
 """retry_config at run time: a span retry is a Dagster re-execution, a self-retry an op RetryPolicy.
 
-agent-env rolls a span of its shared context back and runs it again in the same run. Here the
-failed run stays as it ran and a **child run** re-executes the span from the failed run's
-stored outputs (a step-selection re-execution, linked to its parent in the UI): the
-``retry_from`` step, everything downstream of it, and the deployers of what those steps use —
-the failed run ended every env, agent and sandbox it started, so a span that talks to one
-deploys it again (with everything downstream of that). At most ``max_retries`` children per
-step, counted along the parent chain. The run-failure sensor launches them for runs launched
-from a code location; ``agentenv-dagster run`` runs the same loop in its process.
-
-Every retried attempt records ``metadata.retry_resets`` (agent-env's marker) and keeps the
-failed attempt's ``failed_steps`` record, flagged ``retried``.
+Where agent-env rolls a span back within its run, here the failed run stays as it ran and a child run (a
+step-selection re-execution) re-executes the ``retry_from`` step, its dependents and the deployers of what
+they use (the failed run ended them), at most ``max_retries`` times per step along the parent chain. The
+run-failure sensor or ``agentenv-dagster run`` launches it; each retried attempt records
+``metadata.retry_resets`` (agent-env's marker) and keeps the failed attempt's records, flagged ``retried``.
 """
 
 from __future__ import annotations
@@ -74,8 +68,7 @@ def live_deployers(plan: TaskPlan, step_id: str) -> set[str]:
 
 
 def span_tags(plan: TaskPlan, step: TaskStep, translator: TaskTranslator) -> dict[str, str]:
-    """The node tag of a step whose retry_config names an ancestor (a self-retry is the
-    node's RetryPolicy, see ``TaskTranslator.get_retry_policy``)."""
+    """The node tag of a step whose retry_config names an ancestor (a self-retry is the node's RetryPolicy)."""
     config = step.retry_config
     if not config or config.retry_from_step_id == step.id or config.max_retries <= 0:
         return {}
@@ -99,8 +92,7 @@ class Retry:
 def plan_retry(
     instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
 ) -> Retry | str | None:
-    """The child run that retries the failed ``run``; else why not (None: no retry_config
-    span failed)."""
+    """The child run that retries the failed ``run``; else why not (None: no retry_config span failed)."""
     failed = sorted({e.step_key for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
                      if e.step_key and e.step_key != FINAL_STEP})  # (the teardown fails because a row stopped)
     graph = task_graph_of(job_def)
@@ -142,8 +134,7 @@ def plan_retry(
 
 
 def create_retry_run(instance: dg.DagsterInstance, job_def: dg.JobDefinition, retry: Retry) -> dg.DagsterRun:
-    """The child run, as ``ReexecutionOptions(parent, step_selection)`` makes it: the span's
-    steps run, every other step's output comes from the parent chain."""
+    """The child run, as ``ReexecutionOptions(parent, step_selection)`` makes it, announced on the parent."""
     child = create_reexecution(instance, job_def, retry.parent, retry.step_keys, retry.tags)
     reset = retry.reset
     instance.report_engine_event(
@@ -157,11 +148,9 @@ def create_retry_run(instance: dg.DagsterInstance, job_def: dg.JobDefinition, re
 
 def launch_retry(
     instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
-    sensor_name: str, logger: logging.Logger | None = None,
+    sensor_name: str, logger: logging.Logger,
 ) -> dg.DagsterRun | None:
-    """The sensor's part: create the child run and hand it to the run queue, tagged as the
-    sensor's (run key: the failed run) so the UI says who launched it."""
-    logger = logger or log
+    """The sensor's part: create the child run and queue it, tagged as the sensor's (run key: the failed run)."""
     outcome = plan_retry(instance, job_def, run, io)
     if not isinstance(outcome, Retry):
         if outcome:
@@ -183,8 +172,7 @@ def launch_retry(
 def retry_in_process(
     instance: dg.DagsterInstance, job_def: dg.JobDefinition, run_id: str, io: ContextIOManagerBase,
 ) -> list[str]:
-    """The CLI's part: while the run failed and may be retried, execute its child here; the
-    ids of the children, in order (the last one is the outcome)."""
+    """The CLI's part: while the run failed and may be retried, execute its child here; the children's ids."""
     children = []
     while True:
         run = instance.get_run_by_id(run_id)
@@ -232,10 +220,9 @@ def self_retry_pending(context: dg.OpExecutionContext, step: TaskStep) -> bool:
 
 def retries_carried(context: dg.OpExecutionContext, step: TaskStep,
                     io: ContextIOManagerBase) -> Callable[[str, TaskStepContext], None] | None:
-    """What a retried attempt writes into each row's context before the step runs (None in an
-    attempt that is no retry): the chain's resets (run tag) and the failed attempt's fatal
-    records (the rows the parent run stopped); for a self-retry, this run's own failed
-    attempt, read from the record the op kept of it. The records are read once, for every row."""
+    """What a retried attempt writes into each row's context before the step runs (None: no retry): the
+    chain's resets and the fatal records of the failed attempt (the parent run's stopped rows, or for a
+    self-retry the op's record of its own failed attempt), read once for every row."""
     resets = json.loads(context.run.tags.get(TAG_RETRY_RESETS) or "[]")
     parent = context.run.parent_run_id
     if not (resets and parent) and not context.retry_number:
