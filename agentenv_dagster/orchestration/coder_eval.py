@@ -1,7 +1,7 @@
 """Run Coder Eval tasks through Dagster and write their reports (the CLI's ``run TASK.yaml...``).
 
-A task (or the selected rows of its dataset, partitions of one run) is one Dagster run per variant and
-replicate; each row's context becomes a task.json record, summed up in run.json / run.md / task.html.
+A task's selected rows are one Dagster run per variant and replicate; each row's context becomes a
+task.json record, summed up in run.json / run.md / task.html.
 """
 
 from __future__ import annotations
@@ -199,8 +199,7 @@ def _prepare(
 
 def _stale_only(plan: TaskPlan, config: AgentEnvConfig, instance: dg.DagsterInstance | None, keys: list[str] | None,
                 label: str) -> tuple[list[str] | None, list[str], list[str]]:
-    """Of ``keys`` (None: the task has no rows), those whose assets are stale or missing; the
-    fresh ones; and what to tell of both."""
+    """Of ``keys`` (None: no rows), those whose assets are stale or missing, the fresh ones, and notes of both."""
     with opened_instance(config, instance) as active:
         found = stale_rows(active, plan_asset_graph(plan, config), plan, keys if keys is not None else [UNPARTITIONED])
     if keys is None:
@@ -243,8 +242,7 @@ def _rows_runs(
     task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
     rows_in_flight: int | None, max_sandboxes: int | None, run_ids: list[str],
 ) -> list[EvaluationResult]:
-    """Each variant's and replicate's rows run, each row finished as its task.json record;
-    the runs' ids added to ``run_ids``."""
+    """Each variant's and replicate's rows run, each row's task.json written; the runs added to ``run_ids``."""
     task, path = task_run.loaded.task, task_run.loaded.source
     results = []
     for variant in task_run.variants:
@@ -287,10 +285,8 @@ def _row_task_id(task_id: str, row_id: str) -> str:
 
 
 def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> list[str]:
-    """Materialize the ``suites/<task>`` asset of each job the task's variants ran in (under an experiment,
-    the partitions of those variants), as the UI would, from the row partitions just written: the same
-    rollup and blocking threshold checks in the instance (the exit code comes from the run's own suite.json
-    files); the runs' ids."""
+    """Materialize the suite asset of each job the task's variants ran in (under an experiment, their partitions)
+    as the UI would, so the instance holds the same rollup and threshold checks as the run's suite.json files."""
     jobs: dict[str, list[_VariantRun]] = {}
     for variant in task_run.variants if task_run.grouped else task_run.variants[:1]:
         jobs.setdefault(variant.plan.task_id, []).append(variant)
@@ -326,8 +322,7 @@ def _write_experiment(out: Path, experiment, variant_ids: list[str], results: li
 def _experiment_plans(
     loaded, experiment: Path | None, registry, overrides: Sequence[str], grade_only_from,
 ) -> dict[str, TaskPlan]:
-    """Each variant's job under the experiment, as the code location has them (one per group of
-    variants that lower to the same steps); empty without an experiment."""
+    """Each variant's job under the experiment, as the code location groups them; empty without an experiment."""
     if experiment is None:
         return {}
     plans = [checked_plan(d) for d in experiment_documents(loaded, experiment, registry, overrides=overrides,

@@ -1,9 +1,8 @@
 """What a person sees while ``agentenv-dagster run`` works, and the addresses it leaves.
 
-A live line per run on a terminal (rows or steps done, outcomes, running steps, ETA), an occasional line
-elsewhere, none with ``--quiet``, Dagster's own event lines with ``--verbose``; at the end each run's status,
-UI page and assets. It is all read back from the run's event log (``run_tally.py``), so it says no more than
-the UI would; the modes change only Dagster's console logger.
+A live line per run on a terminal, an occasional line elsewhere, none with ``--quiet``, Dagster's own event
+lines with ``--verbose``; then each run's status, UI page and assets. All of it is read back from the run's
+event log (``run_tally.py``), so it says no more than the UI would.
 """
 
 from __future__ import annotations

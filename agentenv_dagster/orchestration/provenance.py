@@ -1,9 +1,8 @@
 """What a task asset's materialization was made from, in the tags Dagster reads staleness from.
 
-The ops log each row's materializations themselves, so they stamp the provenance Dagster would: the node's
-code version, and each upstream's data version (a stored artifact's current or just-written version number;
-a task asset's grade, collected files or outcome, from the row's context). Dagster then shows a score stale
-exactly when its code version or an upstream artifact changed (unstamped, every upstream counts as new).
+The ops log each row's materializations themselves, so they stamp what Dagster would: the node's code
+version and each upstream's data version, so that Dagster shows a score stale exactly when its code version
+or an upstream artifact changed (unstamped, every upstream counts as new).
 """
 
 from __future__ import annotations
@@ -86,8 +85,7 @@ def written_version(ctx: TaskStepContext, artifact_id: str) -> int | None:
 
 @dataclass(frozen=True)
 class Provenance:
-    """How one node stamps its task asset's materializations: its code version, the asset's deps, and each task
-    asset's kind and name (to read its data version from a row's context)."""
+    """How one node stamps its task asset's materializations: code version, deps and their data versions."""
 
     code_version: str | None
     deps: tuple[dg.AssetKey, ...] = ()

@@ -1,10 +1,8 @@
 """retry_config at run time: a span retry is a Dagster re-execution, a self-retry an op RetryPolicy.
 
-Where agent-env rolls a span back within its run, here the failed run stays as it ran and a child run (a
-step-selection re-execution) re-executes the ``retry_from`` step, its dependents and the deployers of what
-they use (the failed run ended them), at most ``max_retries`` times per step along the parent chain. The
-run-failure sensor or ``agentenv-dagster run`` launches it; each retried attempt records
-``metadata.retry_resets`` (agent-env's marker) and keeps the failed attempt's records, flagged ``retried``.
+Where agent-env rolls a span back within its run, here the failed run stays as it ran and a child run
+re-executes the ``retry_from`` step, its dependents and the deployers of what they use (the failed run ended
+them), at most ``max_retries`` times per step; it records ``metadata.retry_resets`` as agent-env does.
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ def retry_span(plan: TaskPlan, step_id: str) -> list[str]:
 
 
 def live_deployers(plan: TaskPlan, step_id: str) -> set[str]:
-    """The ancestors of ``step_id`` that deployed an env, agent, sandbox or container it uses:
-    a run that ends them cannot lend them to a later run."""
+    """The ancestors of ``step_id`` that deployed an env, agent, sandbox or container it uses (a run ends them)."""
     used = {(n.kind, n.name) for n in plan.step_by_id[step_id].names_read() if n.kind in LIVE}
     return {a for a in plan.ancestors(step_id) if used & plan.written_by(plan.step_by_id[a])}
 

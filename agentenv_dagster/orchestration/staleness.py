@@ -1,8 +1,7 @@
 """Which of a task's scores are stale, by Dagster's own account, and the runs that refresh them.
 
-A row (or a task without rows) needs running again when one of its task assets is ``STALE`` (a changed code
-version or upstream artifact) or ``MISSING``, as the UI shows; ``run --stale-only`` runs just those rows and
-the ``agentenv_stale_scores`` sensor (stopped by default) launches them from the daemon.
+A row needs running again when one of its task assets is ``STALE`` or ``MISSING``, as the UI shows;
+``run --stale-only`` runs just those rows, the ``agentenv_stale_scores`` sensor launches them.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ STALE_SCORES_SENSOR = "agentenv_stale_scores"
 
 @dataclass
 class StaleRows:
-    """Of the rows asked about (``""``: the task without a dataset), the stale ones with why
-    (``<asset>: <cause>``), and the fresh ones."""
+    """Of the rows asked about (``""``: a task without rows), the stale ones with why, and the fresh ones."""
 
     stale: dict[str, list[str]] = field(default_factory=dict)
     fresh: list[str] = field(default_factory=list)

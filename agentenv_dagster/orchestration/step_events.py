@@ -1,8 +1,6 @@
-"""What a step wrote, as Dagster events: verification scores and collected files as asset
-materializations (a row's under its partition), the artifacts a step loaded as observations,
-each verification's checks as evaluations, and the assets a stopped row will never reach as
-planned materializations (Dagster shows those as failed partitions). A row's ``results``
-materialization says how it came out (``outcome``): what the CLI's progress display counts.
+"""What a step wrote, as Dagster events: materializations (a row's under its partition, its ``results``
+with the ``outcome`` the CLI counts), observations of what it loaded, check evaluations, and planned
+materializations of what a stopped row will never reach (Dagster shows those as failed partitions).
 """
 
 from __future__ import annotations
@@ -63,14 +61,12 @@ def asset_provenance(context: dg.OpExecutionContext, key: dg.AssetKey | None = N
 
 
 def asset_events(
-    assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
-    *, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
-    provenance: Provenance | None = None, row_page: str | None = None,
+    assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None, *,
+    prices: dict[str, dict[str, float]], replicate: int | None, provenance: Provenance, row_page: str | None,
 ) -> Iterator[Any]:
     """Materializations of what the step wrote (task assets stamped with their ``provenance``; a verification
     with its ``replicate`` and ``row_page`` link) and observations of the versions it read, under the keys the
     translator gave the step's node. Its checks follow: ``check_evaluations``."""
-    provenance = provenance or Provenance(None)
     for artifact_id, path in assets["loaded"].items():
         loaded = loaded_version(ctx, artifact_id, step.id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
@@ -81,7 +77,7 @@ def asset_events(
             entry = (ctx.metadata.get("verifications") or {}).get(name)
             if entry is not None:
                 metadata = {**verification_metadata(entry),
-                            **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None)),
+                            **usage_metadata(ctx, entry, prices, getattr(step, "prompt_id", None)),
                             **({"replicate": replicate} if replicate is not None else {}),
                             **({"row_page": dg.MetadataValue.url(row_page)} if row_page else {})}
                 yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition,
@@ -108,8 +104,7 @@ def result_materialization(key: dg.AssetKey, row: str | None, ctx: TaskStepConte
 
 
 def result_metadata(ctx: TaskStepContext, failure: dict[str, Any] | None) -> dict[str, Any]:
-    """A row's outcome as its ``results`` asset shows it: passed, or where it stopped and why,
-    and each step's status and duration."""
+    """A row's outcome as its ``results`` asset shows it: where it stopped and why, each step's status."""
     timings = ctx.metadata.get("step_timings") or {}
     failed = {record["step_id"]: record for record in ctx.metadata.get("failed_steps") or []}
     steps = [{

@@ -1,8 +1,7 @@
 """The suite asset of a dataset task: its row partitions' verifications rolled up.
 
-It reads each row's (and replicate's) latest verification, aggregates per criterion (accuracy, per-label
-F1, confusion ...) and gates ``suite_thresholds`` as blocking asset checks. Under an experiment a suite is
-one variant's rows (upstream's ``<variant>/<suite_id>/suite.json``), so the asset is partitioned by variant.
+It aggregates each row's latest verification per criterion and gates ``suite_thresholds`` as blocking
+checks; under an experiment a suite is one variant's rows, so the asset is partitioned by variant.
 """
 
 from __future__ import annotations
@@ -32,8 +31,8 @@ ROWS_UPDATED = (dg.AutomationCondition.any_deps_updated().since_last_handled()
 
 def suite_asset(plan: TaskPlan, translator: TaskTranslator,
                 regression: RegressionSettings | None = None) -> dg.AssetsDefinition | None:
-    """The task's suite asset (None: not a dataset with criteria), its threshold gates as
-    blocking checks and, with an enabled ``regression`` gate, ``no_regression`` on its metrics."""
+    """The task's suite asset (None: not a dataset with criteria), gated by blocking checks on its thresholds
+    and, with an enabled ``regression`` gate, ``no_regression`` on its metrics."""
     document = plan.document
     criteria = _criteria(plan, translator)
     if not document.row_ids() or criteria is None:  # a suite is a dataset's (under an experiment, a variant's)
@@ -155,8 +154,7 @@ def _row_results(
     instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, document: TaskDocument, rows: list[str],
     replicates: int,
 ) -> list[EvaluationResult]:
-    """Each row's (and replicate's, as upstream's suite counts each) latest verification as a task result, in
-    dataset order; rows that never ran are left out."""
+    """Each row's (and replicate's) latest verification as a task result, in dataset order; unrun rows left out."""
     found = latest_replicates(instance, key, rows, replicates, RESULT_LABELS)
     return [_result(f"{task_id}/{document.row_of(row)}", {k: v.value for k, v in found[(row, r)].items()})
             for row in rows for r in range(replicates) if (row, r) in found]
