@@ -36,11 +36,8 @@ class Mode(StrEnum):
 
 
 def choose_mode(*, quiet: bool, verbose: bool, stream: IO[str]) -> Mode:
-    if verbose:
-        return Mode.VERBOSE
-    if quiet:
-        return Mode.QUIET
-    return Mode.LIVE if stream.isatty() else Mode.LINES
+    """The mode the command's flags ask for; without one, live on a terminal, else lines."""
+    return Mode.VERBOSE if verbose else Mode.QUIET if quiet else Mode.LIVE if stream.isatty() else Mode.LINES
 
 
 POLL_SECONDS = 0.5
@@ -52,8 +49,7 @@ _COLOURS = {"passed": "green", "failed": "red", "errored": "yellow", "not graded
 
 def run_label(job_name: str, tags: Mapping[str, str]) -> str:
     """A run's name on the display: its job, and the variant and replicate when they tell runs apart."""
-    variant = tags.get(VARIANT_TAG)
-    replicate = tags.get(REPLICATE_TAG)
+    variant, replicate = tags.get(VARIANT_TAG), tags.get(REPLICATE_TAG)
     return job_name + (f" [{variant}]" if variant and variant != "default" else "") + (
         f" #{replicate}" if replicate and replicate != "0" else "")
 
@@ -62,11 +58,8 @@ class _View:
     """Where a run's progress shows: nowhere (quiet, verbose)."""
 
     def started(self, tally: RunTally) -> None: ...
-
     def update(self, tally: RunTally) -> None: ...
-
     def finished(self, tally: RunTally) -> None: ...
-
     def close(self) -> None: ...
 
 

@@ -18,13 +18,8 @@ from ..context import TaskStepContext
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION
 from ..steps.scoring import verification_passed
 from .dagster_internals import (
-    CODE_VERSION_TAG,
-    DATA_VERSION_IS_USER_PROVIDED_TAG,
-    DATA_VERSION_TAG,
-    DEFAULT_DATA_VERSION,
-    NULL_EVENT_POINTER,
-    input_data_version_tag,
-    input_event_pointer_tag,
+    CODE_VERSION_TAG, DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG, DEFAULT_DATA_VERSION, NULL_EVENT_POINTER,
+    input_data_version_tag, input_event_pointer_tag,
 )
 from .rows import node_assets, op_graph
 from .translator import TAG_CODE_VERSION

@@ -21,11 +21,7 @@ from ..steps.base import AGENT, ENV, SANDBOX, TaskStep
 from ..steps.containers import CONTAINER
 from ..steps.execution import record_retries, rolled_back_sandboxes
 from .dagster_internals import (
-    RUN_KEY_TAG,
-    SENSOR_NAME_TAG,
-    TAGS_TO_MAYBE_OMIT_ON_RETRY,
-    create_reexecution,
-    execute_here,
+    RUN_KEY_TAG, SENSOR_NAME_TAG, TAGS_TO_MAYBE_OMIT_ON_RETRY, create_reexecution, execute_here,
 )
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .rows import node_step_key, task_graph_of
