@@ -161,8 +161,7 @@ class _VariantRun:
 @dataclass(frozen=True)
 class _TaskRun:
     loaded: LoadedCoderEvalTask
-    variants: list[_VariantRun]
-    grouped: bool  # under an experiment: each variant runs in its group's job (partitions variant x row)
+    variants: list[_VariantRun]  # under an experiment each runs in its group's job (partitions variant x row)
 
 
 def _prepare(
@@ -194,7 +193,7 @@ def _prepare(
             kept += fresh
             notes += said
         variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys, kept, tuple(notes)))
-    return _TaskRun(loaded, variants, bool(groups))
+    return _TaskRun(loaded, variants)
 
 
 def _stale_only(plan: TaskPlan, config: AgentEnvConfig, instance: dg.DagsterInstance | None, keys: list[str] | None,
@@ -288,7 +287,7 @@ def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg
     """Materialize the suite asset of each job the task's variants ran in (under an experiment, their partitions)
     as the UI would, so the instance holds the same rollup and threshold checks as the run's suite.json files."""
     jobs: dict[str, list[_VariantRun]] = {}
-    for variant in task_run.variants if task_run.grouped else task_run.variants[:1]:
+    for variant in task_run.variants:
         jobs.setdefault(variant.plan.task_id, []).append(variant)
     run_ids = []
     for variants in jobs.values():
@@ -297,7 +296,7 @@ def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg
         if asset is None:
             continue
         with opened_instance(config, instance) as active:
-            for variant_id in [v.variant_id for v in variants] if task_run.grouped else [None]:
+            for variant_id in [v.variant_id for v in variants]:  # None: the task alone, its asset unpartitioned
                 done = dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant_id,
                                       run_config=console_config())
                 noted(active, done.run_id, asset.key.to_user_string() + (f" [{variant_id}]" if variant_id else ""))

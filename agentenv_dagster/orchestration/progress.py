@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from enum import StrEnum
 from typing import IO, Any
@@ -185,10 +185,8 @@ class Reporter:
         finally:
             stop.set()
             follower.join()
-            try:
+            with suppress(Exception):  # the display never fails the command
                 self._catch_up(instance, self.tallies[-1])  # what the run recorded last
-            except Exception:  # noqa: BLE001, S110 - the display never fails the command
-                pass
             self._view.finished(self.tallies[-1])
 
     def _start(self, label: str, rows: int, run_id: str) -> RunTally:

@@ -88,8 +88,7 @@ def plan_retry(
     """The child run that retries the failed ``run``; else why not (None: no retry_config span failed)."""
     failed = sorted({e.step_key for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
                      if e.step_key and e.step_key != FINAL_STEP})  # (the teardown fails because a row stopped)
-    graph = task_graph_of(job_def)
-    nodes = {node_step_key(job_def, node.name): node for node in graph.nodes}
+    nodes = {node_step_key(job_def, node.name): node for node in task_graph_of(job_def).nodes}
     spans = {key: json.loads(tag) for key in failed if key in nodes and (tag := nodes[key].tags.get(TAG_RETRY_SPAN))}
     if not spans:
         return None
