@@ -110,8 +110,7 @@ class Provenance:
         tags = {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version}
         for dep in self.deps:
             tags[input_data_version_tag(dep)] = self._dep_version(dep, ctx)
-            # Dagster reads the pointer of a partitioned input only (the row's own upstream
-            # asset here), whose version the row's context gives: no event to point at
+            # Dagster reads only a partitioned input's pointer (the row's own upstream): no event to point at
             tags[input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
         return tags
 

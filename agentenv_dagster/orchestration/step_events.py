@@ -98,13 +98,7 @@ def asset_events(
 
 def result_materialization(key: dg.AssetKey, row: str | None, ctx: TaskStepContext, failure: dict[str, Any] | None,
                            provenance: Provenance) -> dg.AssetMaterialization:
-    """A row's outcome as its ``results`` materialization."""
-    return dg.AssetMaterialization(asset_key=key, partition=row, metadata=result_metadata(ctx, failure),
-                                   tags=provenance.tags(ctx, results_version(ctx, failure)))
-
-
-def result_metadata(ctx: TaskStepContext, failure: dict[str, Any] | None) -> dict[str, Any]:
-    """A row's outcome as its ``results`` asset shows it: where it stopped and why, each step's status."""
+    """A row's outcome as its ``results`` materialization: where it stopped and why, each step's status."""
     timings = ctx.metadata.get("step_timings") or {}
     failed = {record["step_id"]: record for record in ctx.metadata.get("failed_steps") or []}
     steps = [{
@@ -123,11 +117,11 @@ def result_metadata(ctx: TaskStepContext, failure: dict[str, Any] | None) -> dic
     scores = {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}
     if scores:
         metadata["scores"] = dg.MetadataValue.json(scores)
-    return metadata
+    return dg.AssetMaterialization(asset_key=key, partition=row, metadata=metadata,
+                                   tags=provenance.tags(ctx, results_version(ctx, failure)))
 
 
 # A run whose reports the CLI writes: the folder, and the task id its rows' pages are filed under
-# (an experiment's job has an id of its own)
 REPORTS_TAG, REPORTS_TASK_TAG = "agentenv/reports", "agentenv/reports_task_id"
 
 

@@ -22,8 +22,7 @@ from .rows import latest_replicates
 from .translator import TaskTranslator
 
 SUITES_SENSOR = "agentenv_suites"
-# Rolled up again once rows were updated and none is running any more. Unlike ``eager()``, a
-# row never run (outside a sample, or not reached yet) does not hold the suite back.
+# Unlike ``eager()``, a row never run (outside a sample, or not reached yet) does not hold the suite back
 ROWS_UPDATED = (dg.AutomationCondition.any_deps_updated().since_last_handled()
                 & ~dg.AutomationCondition.any_deps_in_progress() & ~dg.AutomationCondition.in_progress()
                 ).with_label("rows updated, none running")
