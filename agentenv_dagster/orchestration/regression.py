@@ -199,21 +199,10 @@ def suite_check_spec(key: dg.AssetKey, settings: RegressionSettings) -> dg.Asset
                                          f"{settings.window} earlier values.")
 
 
-@dataclass(frozen=True)
-class Regression:
-    """A failed ``no_regression`` evaluation of a run, as the CLI reports it."""
-
-    asset: str
-    partition: str | None
-    text: str
-
-    def __str__(self) -> str:
-        return f"regression: {self.asset}{f' [{self.partition}]' if self.partition else ''}: {self.text}"
-
-
-def run_regressions(instance: dg.DagsterInstance, run_ids: list[str]) -> list[Regression]:
-    """The failed ``no_regression`` checks of the runs."""
-    return [Regression(e.asset_key.to_user_string(), e.partition, e.description or "regressed")
+def run_regressions(instance: dg.DagsterInstance, run_ids: list[str]) -> list[str]:
+    """The failed ``no_regression`` checks of the runs, as the CLI reports them."""
+    return [f"regression: {e.asset_key.to_user_string()}{f' [{e.partition}]' if e.partition else ''}: "
+            f"{e.description or 'regressed'}"
             for run_id in run_ids for e in run_check_evaluations(instance, run_id)
             if e.check_name == REGRESSION_CHECK and not e.passed]
 
