@@ -24,10 +24,9 @@ STALE_SCORES_SENSOR = "agentenv_stale_scores"
 
 @dataclass
 class StaleRows:
-    """Of the rows asked about (``""``: a task without rows), the stale ones with why, and the fresh ones."""
+    """Of the rows asked about (``""``: a task without rows), the stale ones with why; the others are fresh."""
 
     stale: dict[str, list[str]] = field(default_factory=dict)
-    fresh: list[str] = field(default_factory=list)
 
     def summary(self, limit: int = 3) -> str:
         """The stale rows' reasons in a line: the first ``limit`` rows', and how many more."""
@@ -78,8 +77,6 @@ def stale_rows(
         reasons = ["never materialized"] if missing and len(missing) == len(assets) else [*reasons, *missing]
         if reasons:
             found.stale[row] = reasons
-        else:
-            found.fresh.append(row)
     return found
 
 
