@@ -214,9 +214,8 @@ def _stale_only(plan: TaskPlan, config: AgentEnvConfig, instance: dg.DagsterInst
 
 def _task_suites(task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None,
                  results: list[EvaluationResult], run_ids: list[str]) -> list[dict[str, Any]]:
-    """A dataset task's suites from its ``results``, one per variant (upstream's
-    ``<variant>/<suite_id>/suite.json``); once rows ran (``--failed-only`` may run none), its suite
-    asset is materialized too, the runs added to ``run_ids``."""
+    """A dataset task's suites from its ``results``, one per variant (upstream's ``<variant>/<suite_id>``), and
+    once rows ran (``--failed-only`` may run none) its suite asset materialized, the runs added to ``run_ids``."""
     task = task_run.loaded.task
     if task.dataset is None:
         return []

@@ -97,9 +97,8 @@ def earlier_values(
     settings: RegressionSettings, *, judged_run: str | None, code_version: str | None,
     newest: tuple[list[dg.EventLogRecord], bool] | None = None,
 ) -> list[tuple[str, dict[str, float]]]:
-    """The latest ``window`` earlier materializations of ``key`` (of ``partition``, not the judged run's, of its
-    code version when ``same_code_version``) with one of ``metrics`` as a number, newest first, as (run id,
-    values). ``newest``: records read already and whether they are all; the instance is asked only if need be."""
+    """(run id, values) of the latest ``window`` earlier materializations of ``key`` and ``partition`` with one of
+    ``metrics`` as a number, newest first; ``newest``: records read already and whether they are all there is."""
     found: list[tuple[str, dict[str, float]]] = []
 
     def take(records: list[dg.EventLogRecord]) -> bool:

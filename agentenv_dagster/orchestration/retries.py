@@ -212,9 +212,8 @@ def self_retry_pending(context: dg.OpExecutionContext, step: TaskStep) -> bool:
 
 def retries_carried(context: dg.OpExecutionContext, step: TaskStep,
                     io: ContextIOManagerBase) -> Callable[[str, TaskStepContext], None] | None:
-    """What a retried attempt writes into each row's context before the step runs (None: no retry): the
-    chain's resets and the fatal records of the failed attempt (the parent run's stopped rows, or for a
-    self-retry the op's record of its own failed attempt), read once for every row."""
+    """What a retried attempt writes into each row's context before the step runs (None: no retry): the chain's
+    resets and the failed attempt's fatal records (the parent run's, or a self-retry's own), read once."""
     resets = json.loads(context.run.tags.get(TAG_RETRY_RESETS) or "[]")
     parent = context.run.parent_run_id
     if not (resets and parent) and not context.retry_number:

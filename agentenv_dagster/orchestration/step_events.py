@@ -27,9 +27,8 @@ from .usage import usage_metadata
 
 
 def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
-    """Each task asset the stopped rows will not get (from this step on), and its checks, as planned: in a
-    failed run Dagster shows those as failed partitions (open source storage keeps no failure events), so a
-    backfill can pick out just those rows."""
+    """Each task asset (and check) the stopped rows will not get, as planned: a failed run's planned partitions
+    are what Dagster shows as failed (OSS storage keeps no failure events), so a backfill can pick those rows."""
     partitions = context.assets_def.partitions_def if context.has_assets_def else context.job_def.partitions_def
     rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
     report_planned(context, unreached_assets(op_graph(context), context.op_handle.name), rows, partitions)
@@ -64,9 +63,8 @@ def asset_events(
     assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None, *,
     prices: dict[str, dict[str, float]], replicate: int | None, provenance: Provenance, row_page: str | None,
 ) -> Iterator[Any]:
-    """Materializations of what the step wrote (task assets stamped with their ``provenance``; a verification
-    with its ``replicate`` and ``row_page`` link) and observations of the versions it read, under the keys the
-    translator gave the step's node. Its checks follow: ``check_evaluations``."""
+    """Materializations of what the step wrote (stamped with their ``provenance``; a verification with its
+    ``replicate`` and ``row_page``) and observations of the versions it read; its checks: ``check_evaluations``."""
     for artifact_id, path in assets["loaded"].items():
         loaded = loaded_version(ctx, artifact_id, step.id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
@@ -196,9 +194,8 @@ ROWS_A_QUERY = 1000
 def check_evaluations(
     instance: dg.DagsterInstance, assets: dict[str, Any], contexts: dict[str, TaskStepContext],
 ) -> Iterator[dg.AssetCheckEvaluation]:
-    """Each declared check of each row's verification as that row's partition of the check, pointing at the
-    materialization it judged (Dagster counts a check current only while that is its latest); with a
-    regression gate, ``no_regression`` compares each row's score with its earlier ones."""
+    """Each declared check (and ``no_regression``, with a gate) of each row's verification as that row's partition
+    of the check, pointing at the materialization it judged: Dagster counts it current only while that is latest."""
     regression = node_regression(assets)
     for kind, name, path in assets["produced"]:
         if kind != VERIFICATION:
@@ -224,9 +221,8 @@ def check_evaluations(
 def _recent_materializations(
     instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], per_row: int,
 ) -> dict[str | None, tuple[list[dg.EventLogRecord], bool]]:
-    """Each of ``rows``' newest materialization records (the asset's, when none), newest first, and whether they
-    are all it has: the first is what its checks judge, the others a regression baseline. A query per
-    ``ROWS_A_QUERY`` rows (SQLite takes a bounded number of parameters), ``per_row`` records a row."""
+    """Each of ``rows``' ``per_row`` newest materialization records (the first judged, the rest a baseline) and
+    whether they are all; a query per ``ROWS_A_QUERY`` rows, as SQLite takes a bounded number of parameters."""
     recent: dict[str | None, tuple[list[dg.EventLogRecord], bool]] = {}
     for start in range(0, max(len(rows), 1), ROWS_A_QUERY):
         chunk = rows[start:start + ROWS_A_QUERY]
