@@ -25,25 +25,26 @@ from .rows import node_assets, op_graph
 from .translator import TAG_CODE_VERSION
 
 
-def _digest(value: Any) -> str:
+def digest(value: Any) -> str:
+    """A short, stable hash of a JSON-able value."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def verification_version(entry: dict[str, Any]) -> str:
     """A verification's data version: its grade."""
-    return _digest({"score": entry.get("score"), "passed": verification_passed(entry),
+    return digest({"score": entry.get("score"), "passed": verification_passed(entry),
                     "graded": entry.get("graded", True)})
 
 
 def collection_version(entry: dict[str, Any]) -> str:
     """A collection's data version: the files (and universe) it gathered."""
-    return _digest({"files": entry.get("artifacts") or {}, "universe": entry.get("file_artifact_universe")})
+    return digest({"files": entry.get("artifacts") or {}, "universe": entry.get("file_artifact_universe")})
 
 
 def results_version(ctx: TaskStepContext, failure: dict[str, Any] | None) -> str:
     """A row outcome's data version: where it stopped (if it did) and its scores."""
     scores = {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}
-    return _digest({"stopped_at": (failure or {}).get("step_id"), "scores": scores})
+    return digest({"stopped_at": (failure or {}).get("step_id"), "scores": scores})
 
 
 def produced_entry(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:

@@ -6,8 +6,6 @@ A row needs running again when one of its task assets is ``STALE`` or ``MISSING`
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -16,6 +14,7 @@ from ..config import AgentEnvConfig
 from ..plan import TaskPlan
 from ..steps.base import ARTIFACT
 from .dagster_internals import FRESH, MISSING, StaleStatuses
+from .provenance import digest
 from .rows import UNPARTITIONED
 from .translator import TaskTranslator
 
@@ -109,8 +108,7 @@ def stale_scores_sensor(plans: list[TaskPlan], jobs: list[dg.JobDefinition],
                     continue
                 context.log.info(f"{plan.task_id}{f' [{variant}]' if variant else ''}: {found.summary()}")
                 rows = [k for k in keys if k in found.stale]
-                run_key = "stale:" + hashlib.sha256(json.dumps([plan.task_id, variant, versions, rows]).encode()
-                                                    ).hexdigest()[:16]
+                run_key = "stale:" + digest([plan.task_id, variant, versions, rows])
                 requests += task_run_requests(plan, translator, run_key=run_key, variants=[variant],
                                               rows=rows if plan.document.partitions else None)
         if requests:
