@@ -1,7 +1,7 @@
 """Run Coder Eval tasks through Dagster and write their reports (the CLI's ``run TASK.yaml...``).
 
 A task's selected rows are one Dagster run per variant and replicate; each row's context becomes a
-task.json record, summed up in run.json / run.md / task.html.
+task.json record, summed up in run.json / run.md / task.html with upstream's exit code.
 """
 
 from __future__ import annotations
