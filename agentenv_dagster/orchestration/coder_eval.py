@@ -1,9 +1,7 @@
 """Run Coder Eval tasks through Dagster and write their reports (the CLI's ``run TASK.yaml...``).
 
-Each task itself, or the selected rows of its dataset (partitions of the job, run together as
-one single-run backfill), is one Dagster run of the lowered job per variant and replicate;
-each row's finished context becomes a task.json record, summed up in run.json /
-run.md / task.html with upstream's exit code.
+A task's selected rows are one Dagster run per variant and replicate; each row's context becomes a
+task.json record, summed up in run.json / run.md / task.html with upstream's exit code.
 """
 
 from __future__ import annotations
@@ -93,15 +91,11 @@ def run_coder_eval_tasks(
     stale_only: bool = False, include_skipped: bool = False,
     on_warning: Callable[[str], None] | None = None,
 ) -> CoderEvalRun:
-    """Every task x variant (or the task as it is) x replicate: one Dagster run over the
-    selected rows of a dataset (a partition each, ``rows_in_flight`` at a time); one run.json
-    (and experiment.json) for them all. ``failed_only``: of the selected rows, those that did
-    not pass last time; ``stale_only``: those whose assets Dagster shows stale or missing
-    (``staleness.py``), a task without rows only when it is.
-    Tasks with ``skip: true`` are reported as skipped unless ``include_skipped``. Their load
-    warnings go to ``on_warning`` before anything runs.
-    Raises ``TaskLoadError`` for a bad task or two tasks with one id, before anything runs
-    (exit 2 in the CLI)."""
+    """Every task x variant x replicate as one Dagster run over its selected rows (``rows_in_flight`` at a
+    time), with one run.json (and experiment.json) for them all. ``failed_only`` / ``stale_only`` keep the
+    rows that did not pass last time / whose assets Dagster shows stale or missing; ``skip: true`` tasks are
+    reported as skipped unless ``include_skipped``; load warnings go to ``on_warning``. Raises
+    ``TaskLoadError`` (a bad task, two tasks with one id) before anything runs."""
     tasks = [load_coder_eval_task(path) for path in paths]
     for warning in (w for t in tasks for w in t.warnings):
         (on_warning or log.warning)(warning)
@@ -120,10 +114,10 @@ def run_coder_eval_tasks(
     suites: list[dict[str, Any]] = []
     run_ids: list[str] = []
     for task_run in prepared:
-        task_results, task_suites = _run_task(task_run, config, out, instance, rows_in_flight=rows_in_flight,
-                                              max_sandboxes=max_sandboxes, run_ids=run_ids)
+        task_results = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight,
+                                  max_sandboxes=max_sandboxes, run_ids=run_ids)
+        suites += _task_suites(task_run, config, out, instance, task_results, run_ids)
         results += task_results
-        suites += task_suites
     summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
     reports = write_reports(out, summary, results, task_jsons_written=True)
     if experiment is not None:
@@ -167,14 +161,13 @@ class _VariantRun:
 @dataclass(frozen=True)
 class _TaskRun:
     loaded: LoadedCoderEvalTask
-    variants: list[_VariantRun]
-    grouped: bool  # under an experiment: each variant runs in its group's job (partitions variant x row)
+    variants: list[_VariantRun]  # under an experiment each runs in its group's job (partitions variant x row)
 
 
 def _prepare(
     loaded: LoadedCoderEvalTask, config: AgentEnvConfig, registry, instance: dg.DagsterInstance | None, *,
     overrides: Sequence[str], grade_only_from: Path | None, split: str | None, sample: int | None,
-    sample_seed: int, experiment: Path | None, failed_only: bool, stale_only: bool = False,
+    sample_seed: int, experiment: Path | None, failed_only: bool, stale_only: bool,
 ) -> _TaskRun:
     """Everything a task's runs need, resolved without running anything."""
     groups = _experiment_plans(loaded, experiment, registry, overrides, grade_only_from)
@@ -200,13 +193,12 @@ def _prepare(
             kept += fresh
             notes += said
         variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys, kept, tuple(notes)))
-    return _TaskRun(loaded, variants, bool(groups))
+    return _TaskRun(loaded, variants)
 
 
 def _stale_only(plan: TaskPlan, config: AgentEnvConfig, instance: dg.DagsterInstance | None, keys: list[str] | None,
                 label: str) -> tuple[list[str] | None, list[str], list[str]]:
-    """Of ``keys`` (None: the task has no rows), those whose assets are stale or missing; the
-    fresh ones; and what to tell of both."""
+    """Of ``keys`` (None: no rows), those whose assets are stale or missing, the fresh ones, and notes of both."""
     with opened_instance(config, instance) as active:
         found = stale_rows(active, plan_asset_graph(plan, config), plan, keys if keys is not None else [UNPARTITIONED])
     if keys is None:
@@ -220,90 +212,69 @@ def _stale_only(plan: TaskPlan, config: AgentEnvConfig, instance: dg.DagsterInst
     return [k for k in keys if k in found.stale], fresh, notes
 
 
-def _run_task(
-    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
-    rows_in_flight: int | None, max_sandboxes: int | None, run_ids: list[str],
-) -> tuple[list[EvaluationResult], list[dict[str, Any]]]:
-    """One task's results (every variant and replicate) and its suites (a dataset's, per
-    variant); once the rows ran, its suite asset is materialized from their partitions. The
-    runs it made are added to ``run_ids``."""
+def _task_suites(task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None,
+                 results: list[EvaluationResult], run_ids: list[str]) -> list[dict[str, Any]]:
+    """A dataset task's suites from its ``results``, one per variant (upstream's ``<variant>/<suite_id>``), and
+    once rows ran (``--failed-only`` may run none) its suite asset materialized, the runs added to ``run_ids``."""
     task = task_run.loaded.task
-    runs = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes,
-                      run_ids=run_ids)
-    if _rolls_up(task_run):
+    if task.dataset is None:
+        return []
+    if any(v.keys for v in task_run.variants):
         run_ids += _materialize_suites(task_run, config, instance)
-    results = [result for finished in runs for result in finished.values()]
     suites = []
-    if task.dataset is not None:  # a suite per variant: its row-tasks (upstream's <variant>/<suite_id>/suite.json)
-        for variant in task_run.variants:
-            variant_id = variant.variant_id or "default"
-            thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
-            rows = [r for r in results if r.variant_id == variant_id]
-            if variant.kept:  # the rows not run again count as they last ran (the suite asset's view)
-                with opened_instance(config, instance) as active:
-                    kept = latest_row_results(variant.plan, active, variant.kept, task.task_id, variant.variant_id)
-                rows = _in_dataset_order(task.task_id, variant.plan, kept + rows)
-            suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
-            write_suite(out / variant_id / task.task_id, suite)
-            suites.append(suite)
-    return results, suites
+    for variant in task_run.variants:
+        variant_id = variant.variant_id or "default"
+        thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
+        rows = [r for r in results if r.variant_id == variant_id]
+        if variant.kept:  # the rows not run again count as they last ran (the suite asset's view)
+            with opened_instance(config, instance) as active:
+                kept = latest_row_results(variant.plan, active, variant.kept, task.task_id, variant.variant_id)
+            rows = _in_dataset_order(task.task_id, variant.plan, kept + rows)
+        suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
+        write_suite(out / variant_id / task.task_id, suite)
+        suites.append(suite)
+    return suites
 
 
 def _rows_runs(
     task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
     rows_in_flight: int | None, max_sandboxes: int | None, run_ids: list[str],
-) -> list[dict[str, EvaluationResult]]:
-    """Each variant's and replicate's rows run, each row finished as its task.json record;
-    the runs' ids added to ``run_ids``."""
+) -> list[EvaluationResult]:
+    """Each variant's and replicate's rows run, each row's task.json written; the runs added to ``run_ids``."""
     task, path = task_run.loaded.task, task_run.loaded.source
-    runs = []
+    results = []
     for variant in task_run.variants:
-        keys, repeats = variant.keys, variant.repeats
+        keys, repeats, row_of = variant.keys, variant.repeats, variant.plan.document.row_of
+        fields = {  # the same for each of the variant's rows
+            "description": task.description, "agent_type": variant.task.agent.type if variant.task.agent else "none",
+            "resolved_task": variant.task.model_dump(mode="json", exclude_none=True), "source_file": str(path),
+            "prices": config.model.prices, "variant_id": variant.variant_id or "default",
+        }
         for replicate in range(repeats if keys != [] else 0):  # selected rows: one run, a partition each
             label = "/".join(p for p in (variant.variant_id, str(replicate) if repeats > 1 else None) if p)
             tags = {VARIANT_TAG: variant.variant_id or "default", REPLICATE_TAG: str(replicate),
                     # where its rows' pages go: their verifications link them
                     REPORTS_TAG: str(out.resolve()), REPORTS_TASK_TAG: task.task_id}
-            row_result = _RowResult(
-                out, task.task_id, task.description, variant.task.agent.type if variant.task.agent else "none",
-                variant.plan.document.row_of, variant.task.model_dump(mode="json", exclude_none=True), str(path),
-                config.model.prices, variant.variant_id or "default", replicate)
             done = execute_plan(variant.plan, config, instance=instance, partition_keys=keys or None,
                                 rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes, tags=tags,
                                 output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))
             run_ids.append(done.run_id)
-            runs.append({key: row_result(key, done.contexts[key]) for key in keys or [""] if key in done.contexts})
-    return runs
+            results += [_row_result(out, done.contexts[key], task_id=_row_task_id(task.task_id, row_of(key)),
+                                    replicate_index=replicate, **fields)
+                        for key in keys or [""] if key in done.contexts]
+    return results
 
 
-@dataclass(frozen=True)
-class _RowResult:
+def _row_result(out: Path, context: TaskStepContext, **fields: Any) -> EvaluationResult:
     """A row's finished context as its task.json record, written."""
-
-    out: Path
-    task_id: str
-    description: str
-    agent_type: str
-    row_of: Callable[[str], str]
-    resolved: dict[str, Any]  # the variant's task, resolved: the same for each of its rows
-    source_file: str
-    prices: dict[str, dict[str, float]]
-    variant_id: str
-    replicate: int
-
-    def __call__(self, key: str, context: TaskStepContext) -> EvaluationResult:
-        started, completed = _span(context)
-        response = context.find_prompt_response(PROMPT_ID)
-        url = response.agent_trajectory_object_url if response else None
-        result = evaluation_result(
-            context, task_id=_row_task_id(self.task_id, self.row_of(key)), description=self.description,
-            agent_type=self.agent_type, started=started, completed=completed, verifier_id=VERIFIER_ID,
-            prompt_id=PROMPT_ID, trajectory=json.loads(ObjectStore.read(url)) if url else None,
-            resolved_task=self.resolved, source_file=self.source_file, prices=self.prices,
-            variant_id=self.variant_id, replicate_index=self.replicate,
-        )
-        write_task_json(self.out, result)
-        return result
+    started, completed = _span(context)
+    response = context.find_prompt_response(PROMPT_ID)
+    url = response.agent_trajectory_object_url if response else None
+    result = evaluation_result(context, started=started, completed=completed, verifier_id=VERIFIER_ID,
+                               prompt_id=PROMPT_ID, trajectory=json.loads(ObjectStore.read(url)) if url else None,
+                               **fields)
+    write_task_json(out, result)
+    return result
 
 
 def _row_task_id(task_id: str, row_id: str) -> str:
@@ -311,53 +282,31 @@ def _row_task_id(task_id: str, row_id: str) -> str:
     return f"{task_id}/{row_id}" if row_id else task_id
 
 
-def _rolls_up(task_run: _TaskRun) -> bool:
-    """Whether the task has a suite to materialize: a dataset's, with rows run (``--failed-only``
-    may run none again, and the asset is then as it was)."""
-    return task_run.loaded.task.dataset is not None and any(v.keys for v in task_run.variants)
-
-
 def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> list[str]:
-    """The suite asset of the task's job (under an experiment, of each job its variants ran
-    in); the runs' ids."""
-    return [run_id for plan, variants in _suite_jobs(task_run)
-            for run_id in materialize_suite(plan, config, instance, variants)]
-
-
-def _suite_jobs(task_run: _TaskRun) -> list[tuple[TaskPlan, list[str] | None]]:
-    """Each job the task's variants ran in, with those variants (None: the task's own job)."""
-    if not task_run.grouped:
-        return [(task_run.variants[0].plan, None)]
+    """Materialize the suite asset of each job the task's variants ran in (under an experiment, their partitions)
+    as the UI would, so the instance holds the same rollup and threshold checks as the run's suite.json files."""
     jobs: dict[str, list[_VariantRun]] = {}
     for variant in task_run.variants:
         jobs.setdefault(variant.plan.task_id, []).append(variant)
-    return [(runs[0].plan, [v.variant_id for v in runs]) for runs in jobs.values()]
+    run_ids = []
+    for variants in jobs.values():
+        plan = variants[0].plan
+        asset = suite_asset(plan, TaskTranslator(), config.regression.for_task(plan.task_id))
+        if asset is None:
+            continue
+        with opened_instance(config, instance) as active:
+            for variant_id in [v.variant_id for v in variants]:  # None: the task alone, its asset unpartitioned
+                done = dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant_id,
+                                      run_config=console_config())
+                noted(active, done.run_id, asset.key.to_user_string() + (f" [{variant_id}]" if variant_id else ""))
+                run_ids.append(done.run_id)
+    return run_ids
 
 
 def _in_dataset_order(task_id: str, plan: TaskPlan, results: list[EvaluationResult]) -> list[EvaluationResult]:
     """Row-task results in the order of the dataset's partitions (replicates of a row together)."""
     position = {f"{task_id}/{plan.document.row_of(k)}": i for i, k in enumerate(plan.document.partitions)}
     return sorted(results, key=lambda r: position.get(r.task_id, len(position)))
-
-
-def materialize_suite(
-    plan, config: AgentEnvConfig, instance: dg.DagsterInstance | None, variants: list[str] | None = None,
-) -> list[str]:
-    """Materialize the ``suites/<task>`` asset (under an experiment, the partitions of the
-    ``variants`` that ran), as the UI would, from the row partitions the run just wrote: the
-    same rollup and blocking threshold checks in the instance (the exit code comes from the
-    run's own suite.json files); the runs' ids."""
-    asset = suite_asset(plan, TaskTranslator(), config.regression.for_task(plan.task_id))
-    if asset is None:
-        return []
-    with opened_instance(config, instance) as active:
-        run_ids = []
-        for variant in variants or [None]:
-            done = dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant,
-                                  run_config=console_config())
-            noted(active, done.run_id, asset.key.to_user_string() + (f" [{variant}]" if variant else ""))
-            run_ids.append(done.run_id)
-        return run_ids
 
 
 def _write_experiment(out: Path, experiment, variant_ids: list[str], results: list[EvaluationResult]) -> None:
@@ -371,8 +320,7 @@ def _write_experiment(out: Path, experiment, variant_ids: list[str], results: li
 def _experiment_plans(
     loaded, experiment: Path | None, registry, overrides: Sequence[str], grade_only_from,
 ) -> dict[str, TaskPlan]:
-    """Each variant's job under the experiment, as the code location has them (one per group of
-    variants that lower to the same steps); empty without an experiment."""
+    """Each variant's job under the experiment, as the code location groups them; empty without an experiment."""
     if experiment is None:
         return {}
     plans = [checked_plan(d) for d in experiment_documents(loaded, experiment, registry, overrides=overrides,

@@ -1,28 +1,19 @@
 """What a person sees while ``agentenv-dagster run`` works, and the addresses it leaves.
 
-On a terminal, a live display with a line per run (per variant and replicate): rows done of
-the rows the run carries (a task without a dataset: steps done), passed / failed / errored,
-the steps running, elapsed time and ETA. Elsewhere (CI logs), a compact line when a run
-starts, at every tenth of it, every ``LINE_EVERY_SECONDS`` and when it ends. ``--quiet``
-shows none of it; ``--verbose`` shows Dagster's own event lines instead. At the end, each
-run's status and counts, its page in the Dagster UI and the assets it materialized.
-
-All of it is read back from what the run records in the Dagster instance: a thread polls the
-run's event log while the run executes (``run_tally.py``). The display so says no more than
-the UI would, and shows only counts, run ids, step ids and asset keys. The modes change only
-Dagster's console logger; the events always go into the instance.
+A live line per run on a terminal, an occasional line elsewhere, none with ``--quiet``, Dagster's own event
+lines with ``--verbose``; then each run's status, UI page and assets. All of it is read back from the run's
+event log (``run_tally.py``), so it says no more than the UI would.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from enum import StrEnum
 from typing import IO, Any
@@ -45,25 +36,20 @@ class Mode(StrEnum):
 
 
 def choose_mode(*, quiet: bool, verbose: bool, stream: IO[str]) -> Mode:
-    if verbose:
-        return Mode.VERBOSE
-    if quiet:
-        return Mode.QUIET
-    return Mode.LIVE if stream.isatty() else Mode.LINES
+    """The mode the command's flags ask for; without one, live on a terminal, else lines."""
+    return Mode.VERBOSE if verbose else Mode.QUIET if quiet else Mode.LIVE if stream.isatty() else Mode.LINES
 
 
 POLL_SECONDS = 0.5
 LINE_EVERY_SECONDS = 30.0  # not a terminal: at least this often while a run goes on
-# Dagster's console logger on the console's default config, quietened: its event lines stay
-# in the event log (the UI shows them) and out of the terminal
+# Dagster's console logger quietened: its event lines stay in the event log (the UI shows them), off the terminal
 QUIET_CONSOLE: Mapping[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 _COLOURS = {"passed": "green", "failed": "red", "errored": "yellow", "not graded": "blue"}
 
 
 def run_label(job_name: str, tags: Mapping[str, str]) -> str:
     """A run's name on the display: its job, and the variant and replicate when they tell runs apart."""
-    variant = tags.get(VARIANT_TAG)
-    replicate = tags.get(REPLICATE_TAG)
+    variant, replicate = tags.get(VARIANT_TAG), tags.get(REPLICATE_TAG)
     return job_name + (f" [{variant}]" if variant and variant != "default" else "") + (
         f" #{replicate}" if replicate and replicate != "0" else "")
 
@@ -72,10 +58,9 @@ class _View:
     """Where a run's progress shows: nowhere (quiet, verbose)."""
 
     def started(self, tally: RunTally) -> None: ...
-
     def update(self, tally: RunTally) -> None: ...
-
     def finished(self, tally: RunTally) -> None: ...
+    def close(self) -> None: ...
 
 
 class _Lines(_View):
@@ -107,9 +92,8 @@ class _Lines(_View):
 
 
 class _Live(_View):
-    """A terminal: a ``rich`` progress display, a line per run, left on screen when it ends.
-    It leaves the process's stdout and stderr alone (no redirection): what the run prints goes
-    where Dagster's log capture sends it."""
+    """A terminal: a ``rich`` progress display, a line per run, left on screen when it ends; it leaves
+    stdout and stderr alone, so what the run prints goes where Dagster's log capture sends it."""
 
     def __init__(self, stream: IO[str]) -> None:
         self.progress = Progress(
@@ -126,14 +110,13 @@ class _Live(_View):
             self.progress.start()
         self.tasks[tally.run_id] = self.progress.add_task(escape(tally.label), total=None, **self._fields(tally))
 
-    def update(self, tally: RunTally) -> None:
+    def update(self, tally: RunTally, finished: bool = False) -> None:
         done, total, _ = tally.amount()
+        total = done if finished and total is None else total  # an ended run's bar is full
         self.progress.update(self.tasks[tally.run_id], completed=done, total=total, **self._fields(tally))
 
     def finished(self, tally: RunTally) -> None:
-        done, total, _ = tally.amount()
-        self.progress.update(self.tasks[tally.run_id], completed=done, total=total if total is not None else done,
-                             **self._fields(tally))
+        self.update(tally, finished=True)
         self.progress.stop_task(self.tasks[tally.run_id])
 
     def close(self) -> None:
@@ -160,8 +143,7 @@ class _Live(_View):
 
 
 def _width(stream: IO[str]) -> int | None:
-    """The terminal's width, read once: while a run's logs are captured, rich cannot find its
-    terminal among the standard streams. None (rich's own guess) when it has none."""
+    """The terminal's width, read once (while a run's logs are captured rich cannot find it); None: rich guesses."""
     try:
         return os.get_terminal_size(stream.fileno()).columns or None
     except (AttributeError, OSError, ValueError):
@@ -169,9 +151,8 @@ def _width(stream: IO[str]) -> int | None:
 
 
 def _own_handle(stream: IO[str]) -> IO[str]:
-    """A handle of the display's own on ``stream``'s file (a duplicate descriptor): while a run
-    executes, Dagster points the process's stdout and stderr at the run's captured logs (the
-    UI's stdout/stderr of the run), and the progress belongs on the terminal, not in them."""
+    """A duplicate descriptor of ``stream``'s file: while a run executes, Dagster points stdout and stderr
+    at the run's captured logs, and the progress belongs on the terminal, not in them."""
     try:
         descriptor = os.dup(stream.fileno())
     except (AttributeError, OSError, ValueError):  # no file behind it (a test's buffer)
@@ -191,14 +172,9 @@ class Reporter:
         self._view = (_Live(self._stream) if mode == Mode.LIVE else _Lines(self._stream) if mode == Mode.LINES
                       else _View())
 
-    def console_config(self) -> Mapping[str, Any]:
-        """The run config of Dagster's console logger: quiet unless ``--verbose``."""
-        return {} if self.mode == Mode.VERBOSE else QUIET_CONSOLE
-
     @contextmanager
     def watch(self, instance: dg.DagsterInstance, label: str, rows: int) -> Iterator[str]:
-        """A new run id for the run about to execute; while it (and each retry of it) runs,
-        its progress, read from its event log by a thread of its own."""
+        """A new run id for the run about to execute, whose progress (and each retry's) a thread follows."""
         tally = self._start(label, rows, str(uuid.uuid4()))
         stop = threading.Event()
         follower = threading.Thread(target=self._follow, args=(instance, tally, stop), name="agentenv progress",
@@ -209,17 +185,9 @@ class Reporter:
         finally:
             stop.set()
             follower.join()
-            try:
+            with suppress(Exception):  # the display never fails the command
                 self._catch_up(instance, self.tallies[-1])  # what the run recorded last
-            except Exception:  # noqa: BLE001, S110 - the display never fails the command
-                pass
             self._view.finished(self.tallies[-1])
-
-    def note(self, instance: dg.DagsterInstance, run_id: str, label: str) -> None:
-        """A run that executed without a watch (a suite's materialization), for the summary."""
-        tally = RunTally(run_id, label, rows=1)
-        read_new_events(instance, tally)
-        self.tallies.append(tally)
 
     def _start(self, label: str, rows: int, run_id: str) -> RunTally:
         tally = RunTally(run_id, label, rows)
@@ -236,8 +204,7 @@ class Reporter:
             self._view.update(tally)
 
     def _catch_up(self, instance: dg.DagsterInstance, tally: RunTally) -> RunTally:
-        """Read what the run recorded; once it failed and a retry re-executes it, go on with
-        the retry's run (the tally now followed)."""
+        """Read what the run recorded; once it failed and a retry re-executes it, follow the retry's run."""
         read_new_events(instance, tally)
         while tally.status == "FAILURE" and (child := instance.get_run_by_id(tally.run_id).tags.get(TAG_RETRIED_BY)):
             self._view.finished(tally)
@@ -246,14 +213,12 @@ class Reporter:
         return tally
 
     def close(self) -> None:
-        if isinstance(self._view, _Live):
-            self._view.close()
+        self._view.close()
         if self._owned:
             self._stream.close()
 
     def summary_lines(self) -> list[str]:
-        """Each run's status and counts with its page in the Dagster UI, then the assets the runs
-        materialized."""
+        """Each run's status and counts with its page in the Dagster UI, then the assets the runs materialized."""
         if not self.tallies:
             return []
         lines = [f"  dagster UI: {ui_url()}  (that of `dagster dev -w workspace.yaml`; {UI_URL_ENV} names another)"]
@@ -268,9 +233,9 @@ _REPORTER: ContextVar[Reporter | None] = ContextVar("agentenv_progress", default
 
 
 @contextmanager
-def reporting(mode: Mode, stream: IO[str] | None = None) -> Iterator[Reporter]:
-    """Show the progress of the runs this command executes (``execute_plan`` watches each)."""
-    reporter = Reporter(mode, stream or sys.stderr)
+def reporting(mode: Mode, stream: IO[str]) -> Iterator[Reporter]:
+    """Show the progress of the runs this command executes on ``stream`` (``execute_plan`` watches each)."""
+    reporter = Reporter(mode, stream)
     token = _REPORTER.set(reporter)
     try:
         yield reporter
@@ -280,24 +245,19 @@ def reporting(mode: Mode, stream: IO[str] | None = None) -> Iterator[Reporter]:
 
 
 def console_config(job_def: dg.JobDefinition | None = None) -> Mapping[str, Any]:
-    """What a run's config says of Dagster's console logger: nothing outside a command that
-    reports progress (Dagster's default, every event), nor for a job with loggers of its own
-    and no console; quiet in such a command, unless ``--verbose``."""
+    """What a run's config says of Dagster's console logger: quiet in a command that reports progress,
+    unless ``--verbose``; else nothing (Dagster's default), as for a job with loggers of its own and no console."""
     reporter = _REPORTER.get()
     if reporter is None or (job_def is not None and job_def.loggers and "console" not in job_def.loggers):
         return {}
-    return reporter.console_config()
+    return {} if reporter.mode == Mode.VERBOSE else QUIET_CONSOLE
 
 
 @contextmanager
 def watching(instance: dg.DagsterInstance, label: str, rows: int) -> Iterator[str]:
-    """The id to give the run about to execute, its progress shown while it does when the
-    command reports progress."""
+    """The id to give the run about to execute, its progress shown when the command reports progress."""
     reporter = _REPORTER.get()
-    if reporter is None:
-        yield str(uuid.uuid4())
-        return
-    with reporter.watch(instance, label, rows) as run_id:
+    with reporter.watch(instance, label, rows) if reporter is not None else nullcontext(str(uuid.uuid4())) as run_id:
         yield run_id
 
 
@@ -305,4 +265,6 @@ def noted(instance: dg.DagsterInstance, run_id: str, label: str) -> None:
     """A run executed without a watch, listed in the summary when the command reports progress."""
     reporter = _REPORTER.get()
     if reporter is not None:
-        reporter.note(instance, run_id, label)
+        tally = RunTally(run_id, label, rows=1)
+        read_new_events(instance, tally)
+        reporter.tallies.append(tally)

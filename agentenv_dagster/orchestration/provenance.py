@@ -1,18 +1,8 @@
 """What a task asset's materialization was made from, in the tags Dagster reads staleness from.
 
-Dagster stamps an asset's provenance (its code version, the data version of each upstream
-asset it read, its own data version) on the materializations of the outputs it stores. The
-ops here log each row's materialization themselves, so they stamp it: the node's code version
-(``TaskTranslator.get_code_version``); for each stored artifact upstream, the version Dagster
-holds current (its latest materialization's, the newest version written), or the one the
-row's own snapshot just wrote; for the task's own upstream assets (an aggregate's
-verifications, each row's ``results``) the data version their materializations carry,
-computed from the row's context. With it, Dagster shows a score stale exactly when its code
-version changed or an artifact upstream has a new version, and fresh otherwise (without it,
-Dagster counts every upstream as new).
-
-A data version is what the asset's value is: a verification's grade (score, passed,
-graded), the files a step collected, a row's outcome, a stored artifact's version number.
+The ops log each row's materializations themselves, so they stamp what Dagster would: the node's code
+version and each upstream's data version, so that Dagster shows a score stale exactly when its code version
+or an upstream artifact changed (unstamped, every upstream counts as new).
 """
 
 from __future__ import annotations
@@ -28,37 +18,33 @@ from ..context import TaskStepContext
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION
 from ..steps.scoring import verification_passed
 from .dagster_internals import (
-    CODE_VERSION_TAG,
-    DATA_VERSION_IS_USER_PROVIDED_TAG,
-    DATA_VERSION_TAG,
-    DEFAULT_DATA_VERSION,
-    NULL_EVENT_POINTER,
-    input_data_version_tag,
-    input_event_pointer_tag,
+    CODE_VERSION_TAG, DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG, DEFAULT_DATA_VERSION, NULL_EVENT_POINTER,
+    input_data_version_tag, input_event_pointer_tag,
 )
 from .rows import node_assets, op_graph
 from .translator import TAG_CODE_VERSION
 
 
-def _digest(value: Any) -> str:
+def digest(value: Any) -> str:
+    """A short, stable hash of a JSON-able value."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def verification_version(entry: dict[str, Any]) -> str:
     """A verification's data version: its grade."""
-    return _digest({"score": entry.get("score"), "passed": verification_passed(entry),
+    return digest({"score": entry.get("score"), "passed": verification_passed(entry),
                     "graded": entry.get("graded", True)})
 
 
 def collection_version(entry: dict[str, Any]) -> str:
     """A collection's data version: the files (and universe) it gathered."""
-    return _digest({"files": entry.get("artifacts") or {}, "universe": entry.get("file_artifact_universe")})
+    return digest({"files": entry.get("artifacts") or {}, "universe": entry.get("file_artifact_universe")})
 
 
 def results_version(ctx: TaskStepContext, failure: dict[str, Any] | None) -> str:
     """A row outcome's data version: where it stopped (if it did) and its scores."""
     scores = {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}
-    return _digest({"stopped_at": (failure or {}).get("step_id"), "scores": scores})
+    return digest({"stopped_at": (failure or {}).get("step_id"), "scores": scores})
 
 
 def produced_entry(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:
@@ -82,8 +68,7 @@ def loaded_version(ctx: TaskStepContext, artifact_id: str, step_id: str) -> int 
 
 
 def artifact_tags(version: int) -> dict[str, str]:
-    """A new version of a stored artifact: its number as the artifact asset's data version,
-    what the assets downstream of it record as their input."""
+    """A new version of a stored artifact: its number as the artifact asset's data version."""
     return {DATA_VERSION_TAG: str(version), DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
 
 
@@ -96,9 +81,7 @@ def written_version(ctx: TaskStepContext, artifact_id: str) -> int | None:
 
 @dataclass(frozen=True)
 class Provenance:
-    """How one node stamps its task asset's materializations: its code version, the assets
-    the asset is made from (``AssetsDefinition.asset_deps``), and what each of the task's
-    assets is (kind and name) so its data version can be read from a row's context."""
+    """How one node stamps its task asset's materializations: code version, deps and their data versions."""
 
     code_version: str | None
     deps: tuple[dg.AssetKey, ...] = ()
@@ -128,8 +111,7 @@ class Provenance:
         tags = {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version}
         for dep in self.deps:
             tags[input_data_version_tag(dep)] = self._dep_version(dep, ctx)
-            # Dagster reads the pointer of a partitioned input only (the row's own upstream
-            # asset here), whose version the row's context gives: no event to point at
+            # Dagster reads only a partitioned input's pointer (the row's own upstream): no event to point at
             tags[input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
         return tags
 

@@ -1,13 +1,9 @@
-"""The regression gate: a new score against the scores before it.
+"""The regression gate: the asset check ``no_regression`` of every verification asset and suite.
 
-Every verification asset (and every dataset's suite) has the asset check ``no_regression``,
-evaluated where the score is materialized: the new score against the median of the latest
-``window`` earlier scores of the same asset — of the same partition, for a dataset row or an
-experiment's variant — failing (severity ERROR) when it is more than ``max_drop`` below. With
-fewer than ``min_history`` earlier scores it passes, saying there is no baseline yet. Earlier
-scores of any code version count unless ``same_code_version``: a change of agent, model or
-judge that costs score is what the gate is for. Settings: ``[regression]`` in
-``.agentenv/config.toml`` (per task under ``[regression.tasks."<task id>"]``).
+Where a score is materialized it is compared with the median of the ``window`` earlier scores of the same
+asset and partition, failing when more than ``max_drop`` below (passing, without a baseline, under
+``min_history``). Earlier scores of any code version count unless ``same_code_version``: a change of agent,
+model or judge that costs score is what the gate is for. Settings: ``[regression]`` in ``.agentenv/config.toml``.
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ from .translator import TaskTranslator
 
 REGRESSION_CHECK = "no_regression"
 SCORE = "score"
-PAGES = 20  # how many pages of earlier materializations a baseline reads at most (scores of another
-# code version, or not graded, are passed over)
+PAGES = 20  # pages of earlier materializations a baseline reads at most (other code versions, ungraded skipped)
 
 
 def regression_tag(settings: RegressionSettings) -> dict[str, str]:
@@ -53,20 +48,17 @@ def regression_check_specs(plan: TaskPlan, translator: TaskTranslator,
     if not settings.enabled:
         return []
     partitions = translator.get_partitions_def(plan)
+    scope = "of its code version" if settings.same_code_version else "of any code version"
+    description = (f"The score is at most {settings.max_drop:g} below the median of the last {settings.window} "
+                   f"earlier scores {scope} (of the same partition); passes with fewer than {settings.min_history}.")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)  # partitioned checks (see get_check_specs)
         return [
-            dg.AssetCheckSpec(REGRESSION_CHECK, asset=key, description=description(settings),
+            dg.AssetCheckSpec(REGRESSION_CHECK, asset=key, description=description,
                               blocking=settings.blocking, partitions_def=partitions)
             for step in plan.steps
             for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION
         ]
-
-
-def description(settings: RegressionSettings) -> str:
-    scope = "of its code version" if settings.same_code_version else "of any code version"
-    return (f"The score is at most {settings.max_drop:g} below the median of the last {settings.window} "
-            f"earlier scores {scope} (of the same partition); passes with fewer than {settings.min_history}.")
 
 
 @dataclass(frozen=True)
@@ -105,11 +97,8 @@ def earlier_values(
     settings: RegressionSettings, *, judged_run: str | None, code_version: str | None,
     newest: tuple[list[dg.EventLogRecord], bool] | None = None,
 ) -> list[tuple[str, dict[str, float]]]:
-    """The latest ``window`` earlier materializations of ``key`` (of ``partition``) that have
-    one of ``metrics`` as a number, newest first, as (run id, values): the judged run's own
-    are not earlier; of another code version, left out when ``same_code_version``. ``newest``:
-    the partition's newest records, read already, and whether they are all it has; the
-    instance is asked only when they fill no window and there are more."""
+    """(run id, values) of the latest ``window`` earlier materializations of ``key`` and ``partition`` with one of
+    ``metrics`` as a number, newest first; ``newest``: records read already and whether they are all there is."""
     found: list[tuple[str, dict[str, float]]] = []
 
     def take(records: list[dg.EventLogRecord]) -> bool:
@@ -153,8 +142,7 @@ def score_evaluation(
     settings: RegressionSettings, *, judged_run: str | None, code_version: str | None,
     target: Any = None, newest: tuple[list[dg.EventLogRecord], bool] | None = None,
 ) -> dg.AssetCheckEvaluation:
-    """A verification's ``no_regression`` evaluation of ``score`` (None: not graded, which
-    passes: there is nothing to compare); ``newest`` as ``earlier_values`` takes it."""
+    """A verification's ``no_regression`` evaluation of ``score`` (None: not graded, which passes)."""
     common = {"asset_key": key, "check_name": REGRESSION_CHECK, "partition": partition,
               "target_materialization_data": target, "blocking": settings.blocking}
     if score is None:
@@ -181,8 +169,7 @@ def suite_check_result(
     instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: dict[str, float],
     settings: RegressionSettings,
 ) -> dg.AssetCheckResult:
-    """A suite's ``no_regression`` result, from its asset's body (the new materialization is
-    not stored yet): each metric against the median of its earlier values."""
+    """A suite's ``no_regression`` result, from its asset's body (the new materialization is not stored yet)."""
     earlier = earlier_values(instance, key, partition, list(metrics), settings, judged_run=None, code_version=None)
     comparisons = compare(metrics, earlier, settings)
     regressed = [c for c in comparisons if c.regressed]
@@ -211,21 +198,10 @@ def suite_check_spec(key: dg.AssetKey, settings: RegressionSettings) -> dg.Asset
                                          f"{settings.window} earlier values.")
 
 
-@dataclass(frozen=True)
-class Regression:
-    """A failed ``no_regression`` evaluation of a run, as the CLI reports it."""
-
-    asset: str
-    partition: str | None
-    text: str
-
-    def __str__(self) -> str:
-        return f"regression: {self.asset}{f' [{self.partition}]' if self.partition else ''}: {self.text}"
-
-
-def run_regressions(instance: dg.DagsterInstance, run_ids: list[str]) -> list[Regression]:
-    """The failed ``no_regression`` checks of the runs."""
-    return [Regression(e.asset_key.to_user_string(), e.partition, e.description or "regressed")
+def run_regressions(instance: dg.DagsterInstance, run_ids: list[str]) -> list[str]:
+    """The failed ``no_regression`` checks of the runs, as the CLI reports them."""
+    return [f"regression: {e.asset_key.to_user_string()}{f' [{e.partition}]' if e.partition else ''}: "
+            f"{e.description or 'regressed'}"
             for run_id in run_ids for e in run_check_evaluations(instance, run_id)
             if e.check_name == REGRESSION_CHECK and not e.passed]
 

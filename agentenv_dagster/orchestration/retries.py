@@ -1,16 +1,8 @@
 """retry_config at run time: a span retry is a Dagster re-execution, a self-retry an op RetryPolicy.
 
-agent-env rolls a span of its shared context back and runs it again in the same run. Here the
-failed run stays as it ran and a **child run** re-executes the span from the failed run's
-stored outputs (a step-selection re-execution, linked to its parent in the UI): the
-``retry_from`` step, everything downstream of it, and the deployers of what those steps use —
-the failed run ended every env, agent and sandbox it started, so a span that talks to one
-deploys it again (with everything downstream of that). At most ``max_retries`` children per
-step, counted along the parent chain. The run-failure sensor launches them for runs launched
-from a code location; ``agentenv-dagster run`` runs the same loop in its process.
-
-Every retried attempt records ``metadata.retry_resets`` (agent-env's marker) and keeps the
-failed attempt's ``failed_steps`` record, flagged ``retried``.
+Where agent-env rolls a span back within its run, here the failed run stays as it ran and a child run
+re-executes the ``retry_from`` step, its dependents and the deployers of what they use (the failed run ended
+them), at most ``max_retries`` times per step; it records ``metadata.retry_resets`` as agent-env does.
 """
 
 from __future__ import annotations
@@ -29,11 +21,7 @@ from ..steps.base import AGENT, ENV, SANDBOX, TaskStep
 from ..steps.containers import CONTAINER
 from ..steps.execution import record_retries, rolled_back_sandboxes
 from .dagster_internals import (
-    RUN_KEY_TAG,
-    SENSOR_NAME_TAG,
-    TAGS_TO_MAYBE_OMIT_ON_RETRY,
-    create_reexecution,
-    execute_here,
+    RUN_KEY_TAG, SENSOR_NAME_TAG, TAGS_TO_MAYBE_OMIT_ON_RETRY, create_reexecution, execute_here,
 )
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .rows import node_step_key, task_graph_of
@@ -67,15 +55,13 @@ def retry_span(plan: TaskPlan, step_id: str) -> list[str]:
 
 
 def live_deployers(plan: TaskPlan, step_id: str) -> set[str]:
-    """The ancestors of ``step_id`` that deployed an env, agent, sandbox or container it uses:
-    a run that ends them cannot lend them to a later run."""
+    """The ancestors of ``step_id`` that deployed an env, agent, sandbox or container it uses (a run ends them)."""
     used = {(n.kind, n.name) for n in plan.step_by_id[step_id].names_read() if n.kind in LIVE}
     return {a for a in plan.ancestors(step_id) if used & plan.written_by(plan.step_by_id[a])}
 
 
 def span_tags(plan: TaskPlan, step: TaskStep, translator: TaskTranslator) -> dict[str, str]:
-    """The node tag of a step whose retry_config names an ancestor (a self-retry is the
-    node's RetryPolicy, see ``TaskTranslator.get_retry_policy``)."""
+    """The node tag of a step whose retry_config names an ancestor (a self-retry is the node's RetryPolicy)."""
     config = step.retry_config
     if not config or config.retry_from_step_id == step.id or config.max_retries <= 0:
         return {}
@@ -99,12 +85,10 @@ class Retry:
 def plan_retry(
     instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
 ) -> Retry | str | None:
-    """The child run that retries the failed ``run``; else why not (None: no retry_config
-    span failed)."""
+    """The child run that retries the failed ``run``; else why not (None: no retry_config span failed)."""
     failed = sorted({e.step_key for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
                      if e.step_key and e.step_key != FINAL_STEP})  # (the teardown fails because a row stopped)
-    graph = task_graph_of(job_def)
-    nodes = {node_step_key(job_def, node.name): node for node in graph.nodes}
+    nodes = {node_step_key(job_def, node.name): node for node in task_graph_of(job_def).nodes}
     spans = {key: json.loads(tag) for key in failed if key in nodes and (tag := nodes[key].tags.get(TAG_RETRY_SPAN))}
     if not spans:
         return None
@@ -142,8 +126,7 @@ def plan_retry(
 
 
 def create_retry_run(instance: dg.DagsterInstance, job_def: dg.JobDefinition, retry: Retry) -> dg.DagsterRun:
-    """The child run, as ``ReexecutionOptions(parent, step_selection)`` makes it: the span's
-    steps run, every other step's output comes from the parent chain."""
+    """The child run, as ``ReexecutionOptions(parent, step_selection)`` makes it, announced on the parent."""
     child = create_reexecution(instance, job_def, retry.parent, retry.step_keys, retry.tags)
     reset = retry.reset
     instance.report_engine_event(
@@ -157,11 +140,9 @@ def create_retry_run(instance: dg.DagsterInstance, job_def: dg.JobDefinition, re
 
 def launch_retry(
     instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
-    sensor_name: str, logger: logging.Logger | None = None,
+    sensor_name: str, logger: logging.Logger,
 ) -> dg.DagsterRun | None:
-    """The sensor's part: create the child run and hand it to the run queue, tagged as the
-    sensor's (run key: the failed run) so the UI says who launched it."""
-    logger = logger or log
+    """The sensor's part: create the child run and queue it, tagged as the sensor's (run key: the failed run)."""
     outcome = plan_retry(instance, job_def, run, io)
     if not isinstance(outcome, Retry):
         if outcome:
@@ -183,8 +164,7 @@ def launch_retry(
 def retry_in_process(
     instance: dg.DagsterInstance, job_def: dg.JobDefinition, run_id: str, io: ContextIOManagerBase,
 ) -> list[str]:
-    """The CLI's part: while the run failed and may be retried, execute its child here; the
-    ids of the children, in order (the last one is the outcome)."""
+    """The CLI's part: while the run failed and may be retried, execute its child here; the children's ids."""
     children = []
     while True:
         run = instance.get_run_by_id(run_id)
@@ -232,10 +212,8 @@ def self_retry_pending(context: dg.OpExecutionContext, step: TaskStep) -> bool:
 
 def retries_carried(context: dg.OpExecutionContext, step: TaskStep,
                     io: ContextIOManagerBase) -> Callable[[str, TaskStepContext], None] | None:
-    """What a retried attempt writes into each row's context before the step runs (None in an
-    attempt that is no retry): the chain's resets (run tag) and the failed attempt's fatal
-    records (the rows the parent run stopped); for a self-retry, this run's own failed
-    attempt, read from the record the op kept of it. The records are read once, for every row."""
+    """What a retried attempt writes into each row's context before the step runs (None: no retry): the chain's
+    resets and the failed attempt's fatal records (the parent run's, or a self-retry's own), read once."""
     resets = json.loads(context.run.tags.get(TAG_RETRY_RESETS) or "[]")
     parent = context.run.parent_run_id
     if not (resets and parent) and not context.retry_number:

@@ -1,7 +1,5 @@
-"""One Dagster run's progress as the run records it in the instance's event log: rows done
-(each row's ``results`` materialization and its ``outcome``), steps started and ended, the
-assets materialized, how the run ended and its first failure; and the run's and assets' pages
-in the Dagster UI. What ``progress.py`` shows and sums up.
+"""One Dagster run's progress as its event log tells it (rows done by ``outcome``, steps, assets, how it
+ended), and the run's and assets' pages in the Dagster UI: what ``progress.py`` shows and sums up.
 """
 
 from __future__ import annotations
@@ -9,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -23,13 +22,8 @@ DEFAULT_UI_URL = "http://127.0.0.1:3000"  # `dagster dev`'s own host and port
 
 
 def ui_url() -> str:
-    """Where the Dagster UI of the project's instance is: ``AGENTENV_UI_URL``, else the address
-    ``dagster dev -w workspace.yaml`` serves by default (this process cannot know another)."""
+    """Where the project's Dagster UI is: ``AGENTENV_UI_URL``, else ``dagster dev``'s default address."""
     return (os.environ.get(UI_URL_ENV) or DEFAULT_UI_URL).rstrip("/")
-
-
-def run_url(run_id: str) -> str:
-    return f"{ui_url()}/runs/{run_id}"
 
 
 def asset_url(key: str) -> str:
@@ -39,14 +33,10 @@ def asset_url(key: str) -> str:
 
 FAILURE_CHARS = 300  # of a failure's message in the summary
 OUTCOMES = ("passed", "failed", "errored", "not graded")  # a row's, as its results materialization says
-WATCHED = {
-    dg.DagsterEventType.STEP_START, dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE,
-    dg.DagsterEventType.STEP_SKIPPED, dg.DagsterEventType.ASSET_MATERIALIZATION, dg.DagsterEventType.RUN_SUCCESS,
-    dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED,
-}
 _RUN_ENDS = {dg.DagsterEventType.RUN_SUCCESS: "SUCCESS", dg.DagsterEventType.RUN_FAILURE: "FAILURE",
              dg.DagsterEventType.RUN_CANCELED: "CANCELED"}
 _STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
+WATCHED = {*_RUN_ENDS, *_STEP_ENDS, dg.DagsterEventType.STEP_START, dg.DagsterEventType.ASSET_MATERIALIZATION}
 
 
 @dataclass
@@ -100,10 +90,8 @@ class RunTally:
 
     def count(self) -> dict[str, int]:
         """Rows done by outcome; "not graded" only when some are."""
-        counted = {outcome: 0 for outcome in OUTCOMES}
-        for outcome in self.outcomes.values():
-            counted[outcome] += 1
-        return {outcome: n for outcome, n in counted.items() if n or outcome != "not graded"}
+        counted = Counter(self.outcomes.values())
+        return {outcome: counted[outcome] for outcome in OUTCOMES if counted[outcome] or outcome != "not graded"}
 
     def counts(self) -> str:
         return ", ".join(f"{n} {outcome}" for outcome, n in self.count().items())
@@ -142,7 +130,8 @@ class RunTally:
         """The run in the final summary: status, counts, its page in the UI, its first failure."""
         undone = self.rows - len(self.outcomes)
         counts = f", {self.rows} rows: {self.counts()}" + (f", {undone} not done" if undone else "") if self.by_rows else ""
-        lines = [f"    {self.label}: {self.status or 'NOT FINISHED'}{counts}", f"      run:    {run_url(self.run_id)}"]
+        lines = [f"    {self.label}: {self.status or 'NOT FINISHED'}{counts}",
+                 f"      run:    {ui_url()}/runs/{self.run_id}"]
         if self.failure and self.status != "SUCCESS":
             lines.append(f"      failed: {self.failure}")
         return lines

@@ -1,17 +1,11 @@
 """Which of a task's scores are stale, by Dagster's own account, and the runs that refresh them.
 
-A task's row (a dataset's partition; the task itself when it has none) needs running again
-when one of its task assets — its verifications, what it collects, its ``results`` — is
-``STALE`` (the asset's code version changed, or a stored artifact upstream has a new version)
-or ``MISSING`` (never materialized): what the UI shows on the asset's page.
-``agentenv-dagster run --stale-only`` runs just those rows, and the ``agentenv_stale_scores``
-sensor (stopped by default) launches them from the daemon.
+A row needs running again when one of its task assets is ``STALE`` or ``MISSING``, as the UI shows;
+``run --stale-only`` runs just those rows, the ``agentenv_stale_scores`` sensor launches them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -20,6 +14,7 @@ from ..config import AgentEnvConfig
 from ..plan import TaskPlan
 from ..steps.base import ARTIFACT
 from .dagster_internals import FRESH, MISSING, StaleStatuses
+from .provenance import digest
 from .rows import UNPARTITIONED
 from .translator import TaskTranslator
 
@@ -28,11 +23,9 @@ STALE_SCORES_SENSOR = "agentenv_stale_scores"
 
 @dataclass
 class StaleRows:
-    """Of the rows asked about (``""``: the task without a dataset), the stale ones with why
-    (``<asset>: <cause>``), and the fresh ones."""
+    """Of the rows asked about (``""``: a task without rows), the stale ones with why; the others are fresh."""
 
     stale: dict[str, list[str]] = field(default_factory=dict)
-    fresh: list[str] = field(default_factory=list)
 
     def summary(self, limit: int = 3) -> str:
         """The stale rows' reasons in a line: the first ``limit`` rows', and how many more."""
@@ -49,13 +42,12 @@ def task_asset_keys(plan: TaskPlan, translator: TaskTranslator) -> list[dg.Asset
     return [*keys, translator.get_results_asset_key(plan)]
 
 
-def plan_asset_graph(plan: TaskPlan, config: AgentEnvConfig, translator: TaskTranslator | None = None):
-    """The asset graph of the task as the project's code location builds it (its code
-    versions from ``config``), with the stored artifacts upstream."""
+def plan_asset_graph(plan: TaskPlan, config: AgentEnvConfig):
+    """The task's asset graph as the project's code location builds it, with the stored artifacts upstream."""
     from .definitions import location_resources  # definitions -> sensors -> this module
     from .task_job import build_task
 
-    translator = translator or TaskTranslator()
+    translator = TaskTranslator()
     task = build_task(plan, translator, dg.in_process_executor, config)
     return dg.Definitions(assets=[task.assets, *translator.get_artifact_specs([plan])],
                           resources=location_resources(config)).resolve_asset_graph()
@@ -65,9 +57,8 @@ def stale_rows(
     instance: dg.DagsterInstance, asset_graph, plan: TaskPlan, keys: list[str],
     translator: TaskTranslator | None = None,
 ) -> StaleRows:
-    """Which of ``keys`` (partition keys, or ``[""]`` for a task without rows) are stale or
-    missing in ``instance``, read against ``asset_graph`` (the code location's, or
-    ``plan_asset_graph``)."""
+    """Which of ``keys`` (partition keys, or ``[""]`` for a task without rows) are stale or missing in
+    ``instance``, read against ``asset_graph`` (the code location's, or ``plan_asset_graph``)."""
     translator = translator or TaskTranslator()
     statuses = StaleStatuses(instance, asset_graph)
     found = StaleRows()
@@ -85,29 +76,22 @@ def stale_rows(
         reasons = ["never materialized"] if missing and len(missing) == len(assets) else [*reasons, *missing]
         if reasons:
             found.stale[row] = reasons
-        else:
-            found.fresh.append(row)
     return found
 
 
-def stale_scores_sensor(
-    plans: list[TaskPlan], jobs: list[dg.JobDefinition], translator: TaskTranslator | None = None,
-    *, minimum_interval_seconds: int = 60,
-) -> dg.SensorDefinition:
-    """Each tick, the rows of each task whose assets are stale or missing (of a dataset, of
-    its selected rows), launched as one run a task and variant. The run key names the task's
-    code versions and those rows, so a run that failed is not launched again until something
-    changes."""
+def stale_scores_sensor(plans: list[TaskPlan], jobs: list[dg.JobDefinition],
+                        translator: TaskTranslator) -> dg.SensorDefinition:
+    """Each tick, each task's stale or missing (selected) rows launched as one run a task and variant; the run
+    key names the code versions and rows, so a failed run is not launched again until something changes."""
     from .schedules import task_run_requests  # schedules -> task_job -> ... -> this module
 
-    translator = translator or TaskTranslator()
     by_name = {job.name: job for job in jobs}
     tasks = [(plan, by_name[translator.get_job_name(plan)]) for plan in plans
              if translator.get_job_name(plan) in by_name]
 
     @dg.sensor(
         name=STALE_SCORES_SENSOR, jobs=[job for _, job in tasks] or None,
-        default_status=dg.DefaultSensorStatus.STOPPED, minimum_interval_seconds=minimum_interval_seconds,
+        default_status=dg.DefaultSensorStatus.STOPPED, minimum_interval_seconds=60,
         description="Launches the tasks (a dataset's rows) whose scores are stale or were never "
                     "materialized: a changed task, agent, model, judge or upstream artifact.",
     )
@@ -124,8 +108,7 @@ def stale_scores_sensor(
                     continue
                 context.log.info(f"{plan.task_id}{f' [{variant}]' if variant else ''}: {found.summary()}")
                 rows = [k for k in keys if k in found.stale]
-                run_key = "stale:" + hashlib.sha256(json.dumps([plan.task_id, variant, versions, rows]).encode()
-                                                    ).hexdigest()[:16]
+                run_key = "stale:" + digest([plan.task_id, variant, versions, rows])
                 requests += task_run_requests(plan, translator, run_key=run_key, variants=[variant],
                                               rows=rows if plan.document.partitions else None)
         if requests:

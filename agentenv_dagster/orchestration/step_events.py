@@ -1,8 +1,6 @@
-"""What a step wrote, as Dagster events: verification scores and collected files as asset
-materializations (a row's under its partition), the artifacts a step loaded as observations,
-each verification's checks as evaluations, and the assets a stopped row will never reach as
-planned materializations (Dagster shows those as failed partitions). A row's ``results``
-materialization says how it came out (``outcome``): what the CLI's progress display counts.
+"""What a step wrote, as Dagster events: materializations (a row's under its partition, its ``results``
+with the ``outcome`` the CLI counts), observations of what it loaded, check evaluations, and planned
+materializations of what a stopped row will never reach (Dagster shows those as failed partitions).
 """
 
 from __future__ import annotations
@@ -29,19 +27,15 @@ from .usage import usage_metadata
 
 
 def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
-    """Each task asset the stopped rows will not get (from this step on) as a planned
-    materialization, and each of its checks as a planned evaluation: in a failed run, that is
-    what Dagster shows as a failed partition of the asset and an execution-failed partition of
-    the check (open source storage keeps no failure events), so a backfill can pick out just
-    those rows."""
+    """Each task asset (and check) the stopped rows will not get, as planned: a failed run's planned partitions
+    are what Dagster shows as failed (OSS storage keeps no failure events), so a backfill can pick those rows."""
     partitions = context.assets_def.partitions_def if context.has_assets_def else context.job_def.partitions_def
     rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
     report_planned(context, unreached_assets(op_graph(context), context.op_handle.name), rows, partitions)
 
 
 def unreached_assets(graph: dg.GraphDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
-    """The task-scoped assets (verifications, collections) of ``node`` of the task's ``graph``
-    and every node after it, each with its checks."""
+    """The task-scoped assets (verifications, collections) of ``node`` and every node after it, with their checks."""
     structure = graph.dependency_structure
     seen, todo = set(), [node]
     while todo:
@@ -60,23 +54,17 @@ def unreached_assets(graph: dg.GraphDefinition, node: str) -> list[tuple[dg.Asse
 
 
 def asset_provenance(context: dg.OpExecutionContext, key: dg.AssetKey | None = None) -> Provenance:
-    """How the node stamps the materializations of its task asset (``key``, else the one its
-    tag names): ``provenance.py``."""
+    """How the node stamps the materializations of its task asset (``key``, else its tag's): ``provenance.py``."""
     task_assets = [path for kind, _, path in node_assets(context.op.tags)["produced"] if kind != ARTIFACT]
     return Provenance.of_node(context, key or (dg.AssetKey(task_assets[0]) if task_assets else None))
 
 
 def asset_events(
-    assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None = None,
-    *, prices: dict[str, dict[str, float]] | None = None, replicate: int | None = None,
-    provenance: Provenance | None = None, row_page: str | None = None,
+    assets: dict[str, Any], step: TaskStep, ctx: TaskStepContext, partition: str | None, *,
+    prices: dict[str, dict[str, float]], replicate: int | None, provenance: Provenance, row_page: str | None,
 ) -> Iterator[Any]:
-    """Materializations for what the step wrote (the task's own assets stamped with their
-    ``provenance``), and observations of what it read (the version loaded), under the keys the
-    translator gave the step's node; a verification says which replicate of its row it is, and
-    links the row's page (``row_page``, see ``row_page_link``). Its checks follow:
-    ``check_evaluations``."""
-    provenance = provenance or Provenance(None)
+    """Materializations of what the step wrote (stamped with their ``provenance``; a verification with its
+    ``replicate`` and ``row_page``) and observations of the versions it read; its checks: ``check_evaluations``."""
     for artifact_id, path in assets["loaded"].items():
         loaded = loaded_version(ctx, artifact_id, step.id)
         metadata = {"loaded_by_step": step.id, **({"version": loaded} if loaded else {})}
@@ -87,7 +75,7 @@ def asset_events(
             entry = (ctx.metadata.get("verifications") or {}).get(name)
             if entry is not None:
                 metadata = {**verification_metadata(entry),
-                            **usage_metadata(ctx, entry, prices or {}, getattr(step, "prompt_id", None)),
+                            **usage_metadata(ctx, entry, prices, getattr(step, "prompt_id", None)),
                             **({"replicate": replicate} if replicate is not None else {}),
                             **({"row_page": dg.MetadataValue.url(row_page)} if row_page else {})}
                 yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition,
@@ -108,47 +96,36 @@ def asset_events(
 
 def result_materialization(key: dg.AssetKey, row: str | None, ctx: TaskStepContext, failure: dict[str, Any] | None,
                            provenance: Provenance) -> dg.AssetMaterialization:
-    """A row's outcome as its ``results`` materialization."""
-    return dg.AssetMaterialization(asset_key=key, partition=row, metadata=result_metadata(ctx, failure),
-                                   tags=provenance.tags(ctx, results_version(ctx, failure)))
-
-
-def result_metadata(ctx: TaskStepContext, failure: dict[str, Any] | None) -> dict[str, Any]:
-    """A row's outcome as its ``results`` asset shows it: passed, or where it stopped and why,
-    and each step's status and duration."""
+    """A row's outcome as its ``results`` materialization: where it stopped and why, each step's status."""
     timings = ctx.metadata.get("step_timings") or {}
     failed = {record["step_id"]: record for record in ctx.metadata.get("failed_steps") or []}
-    steps = [dg.TableRecord({
+    steps = [{
         "step": step_id,
         "status": ("stopped" if failed[step_id].get("is_fatal") else "failed (tolerated)") if step_id in failed else "done",
         "seconds": float(timing.get("duration_seconds") or 0.0),
         "error": str(failed.get(step_id, {}).get("error", ""))[:300],
-    }) for step_id, timing in timings.items()]
+    } for step_id, timing in timings.items()]
     metadata: dict[str, Any] = {
         "status": "stopped" if failure else "done",
         "outcome": "errored" if failure else row_outcome(ctx),
-        "steps": dg.MetadataValue.table(steps, schema=dg.TableSchema(columns=[
-            dg.TableColumn("step", "string"), dg.TableColumn("status", "string"),
-            dg.TableColumn("seconds", "float"), dg.TableColumn("error", "string")])),
+        "steps": _table(steps, step="string", status="string", seconds="float", error="string"),
     }
     if failure:
-        metadata["stopped_at"] = str(failure.get("step_id"))
-        metadata["error"] = str(failure.get("error", ""))[:500]
+        metadata.update(stopped_at=str(failure.get("step_id")), error=str(failure.get("error", ""))[:500])
     scores = {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}
     if scores:
         metadata["scores"] = dg.MetadataValue.json(scores)
-    return metadata
+    return dg.AssetMaterialization(asset_key=key, partition=row, metadata=metadata,
+                                   tags=provenance.tags(ctx, results_version(ctx, failure)))
 
 
-# A run whose reports the CLI writes (a Coder Eval task run by ``agentenv-dagster run``): the
-# folder, and the task id its rows' pages are filed under (an experiment's job has an id of its own)
+# A run whose reports the CLI writes: the folder, and the task id its rows' pages are filed under
 REPORTS_TAG, REPORTS_TASK_TAG = "agentenv/reports", "agentenv/reports_task_id"
 
 
 def row_page_link(context: dg.OpExecutionContext) -> Callable[[str], str | None]:
-    """Each row's page (``row.html``) as a link, for a run whose reports the CLI writes (its
-    tags say where); for any other run, no link. The page is written as the CLI's run ends;
-    ``agentenv-dagster view`` serves the folder."""
+    """Each row's page (``row.html``, written as the CLI's run ends) as a link, for a run whose reports the CLI
+    writes (its tags say where); for any other run, no link."""
     folder = context.run.tags.get(REPORTS_TAG)
     if not folder:
         return lambda key: None
@@ -173,25 +150,15 @@ def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
         "passed": verification_passed(entry),
         "graded": entry.get("graded", True),
         "format": entry.get("format") or "rows",
-        "criteria": dg.MetadataValue.table(
-            records=[
-                dg.TableRecord({
-                    "id": str(row.get("id") or row.get("description") or row.get("criterion_type") or i),
-                    "result": str(row.get("result", row.get("evaluation_status"))),
-                    "score": float(row.get("score") or 0.0),
-                    "weight": float(row.get("weight", 1) or 0),
-                    "justification": str(
-                        row.get("justification") or row.get("message") or row.get("details") or row.get("error") or ""
-                    )[:500],
-                })
-                for i, row in enumerate(rows)
-            ],
-            schema=dg.TableSchema(columns=[
-                dg.TableColumn("id", "string"), dg.TableColumn("result", "string"),
-                dg.TableColumn("score", "float"), dg.TableColumn("weight", "float"),
-                dg.TableColumn("justification", "string"),
-            ]),
-        ),
+        "criteria": _table([{
+            "id": str(row.get("id") or row.get("description") or row.get("criterion_type") or i),
+            "result": str(row.get("result", row.get("evaluation_status"))),
+            "score": float(row.get("score") or 0.0),
+            "weight": float(row.get("weight", 1) or 0),
+            "justification": str(row.get("justification") or row.get("message") or row.get("details")
+                                 or row.get("error") or "")[:500],
+        } for i, row in enumerate(rows)], id="string", result="string", score="float", weight="float",
+            justification="string"),
     }
     if entry.get("score") is not None:
         metadata["score"] = dg.MetadataValue.float(float(entry["score"]))
@@ -209,15 +176,16 @@ def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
 
 def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
     artifacts = entry.get("artifacts") or {}
-    metadata: dict[str, Any] = {
-        "file_count": len(artifacts),
-        "files": dg.MetadataValue.json(artifacts),
-    }
-    universe = entry.get("file_artifact_universe")
-    if universe:
-        metadata["universe_id"] = universe["id"]
-        metadata["universe_version"] = universe["version"]
+    metadata: dict[str, Any] = {"file_count": len(artifacts), "files": dg.MetadataValue.json(artifacts)}
+    if universe := entry.get("file_artifact_universe"):
+        metadata.update(universe_id=universe["id"], universe_version=universe["version"])
     return metadata
+
+
+def _table(records: list[dict[str, Any]], **column_types: str) -> dg.TableMetadataValue:
+    """``records`` as a metadata table with ``column_types`` (name: type) as its schema, even when empty."""
+    return dg.MetadataValue.table([dg.TableRecord(r) for r in records], schema=dg.TableSchema(
+        columns=[dg.TableColumn(name, kind) for name, kind in column_types.items()]))
 
 
 ROWS_A_QUERY = 1000
@@ -226,10 +194,8 @@ ROWS_A_QUERY = 1000
 def check_evaluations(
     instance: dg.DagsterInstance, assets: dict[str, Any], contexts: dict[str, TaskStepContext],
 ) -> Iterator[dg.AssetCheckEvaluation]:
-    """Each declared check of each row's verification, as that row's partition of the check
-    (so the UI shows which rows passed and which fell short), pointing at the materialization
-    it judged: Dagster counts a partition's check as current only while that is its latest.
-    With a regression gate, ``no_regression`` compares each row's score with its earlier ones."""
+    """Each declared check (and ``no_regression``, with a gate) of each row's verification as that row's partition
+    of the check, pointing at the materialization it judged: Dagster counts it current only while that is latest."""
     regression = node_regression(assets)
     for kind, name, path in assets["produced"]:
         if kind != VERIFICATION:
@@ -255,11 +221,8 @@ def check_evaluations(
 def _recent_materializations(
     instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], per_row: int,
 ) -> dict[str | None, tuple[list[dg.EventLogRecord], bool]]:
-    """The newest materialization records of each of ``rows`` (of the asset, when none), newest
-    first, and whether they are all it has; a query per ``ROWS_A_QUERY`` rows of at most
-    ``per_row`` records a row: the op has just written one a row, so the first is the one each
-    row's checks judge, and the others are what a regression baseline reads (and SQLite takes a
-    bounded number of parameters)."""
+    """Each of ``rows``' ``per_row`` newest materialization records (the first judged, the rest a baseline) and
+    whether they are all; a query per ``ROWS_A_QUERY`` rows, as SQLite takes a bounded number of parameters."""
     recent: dict[str | None, tuple[list[dg.EventLogRecord], bool]] = {}
     for start in range(0, max(len(rows), 1), ROWS_A_QUERY):
         chunk = rows[start:start + ROWS_A_QUERY]

@@ -1,11 +1,7 @@
 """The suite asset of a dataset task: its row partitions' verifications rolled up.
 
-Materialize it after the rows ran (or a backfill of the failed ones): it reads each
-partition's latest verification (each replicate's, when the task runs several, as upstream's
-suite counts every replicate), aggregates per criterion (accuracy, per-label F1, confusion
-...) and gates ``suite_thresholds`` as blocking asset checks. Under an experiment a suite is
-one variant's rows (upstream's ``<variant>/<suite_id>/suite.json``), so the asset is
-partitioned by variant, each partition rolling up the variant x row partitions of its variant.
+It aggregates each row's latest verification per criterion and gates ``suite_thresholds`` as blocking
+checks; under an experiment a suite is one variant's rows, so the asset is partitioned by variant.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ from .rows import latest_replicates
 from .translator import TaskTranslator
 
 SUITES_SENSOR = "agentenv_suites"
-# Rolled up again once rows were updated and none is running any more. Unlike ``eager()``, a
-# row never run (outside a sample, or not reached yet) does not hold the suite back.
+# Unlike ``eager()``, a row never run (outside a sample, or not reached yet) does not hold the suite back
 ROWS_UPDATED = (dg.AutomationCondition.any_deps_updated().since_last_handled()
                 & ~dg.AutomationCondition.any_deps_in_progress() & ~dg.AutomationCondition.in_progress()
                 ).with_label("rows updated, none running")
@@ -35,13 +30,13 @@ ROWS_UPDATED = (dg.AutomationCondition.any_deps_updated().since_last_handled()
 
 def suite_asset(plan: TaskPlan, translator: TaskTranslator,
                 regression: RegressionSettings | None = None) -> dg.AssetsDefinition | None:
-    """The task's suite asset (None: not a dataset with criteria), its threshold gates as
-    blocking checks and, with an enabled ``regression`` gate, ``no_regression`` on its metrics."""
+    """The task's suite asset (None: not a dataset with criteria), gated by blocking checks on its thresholds
+    and, with an enabled ``regression`` gate, ``no_regression`` on its metrics."""
     document = plan.document
-    step = _criteria_step(plan)
-    if not document.row_ids() or step is None:  # a suite is a dataset's (under an experiment, a variant's)
+    criteria = _criteria(plan, translator)
+    if not document.row_ids() or criteria is None:  # a suite is a dataset's (under an experiment, a variant's)
         return None
-    verification = _verification_key(plan, step, translator)
+    step, verification = criteria
     thresholds = [c.get("suite_thresholds") for c in step.criteria]  # a variant cannot change the criteria
     key = translator.get_suite_asset_key(plan.task_id)
     names = _check_names(thresholds)
@@ -67,7 +62,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
         from ..reports.render import suite_markdown  # Jinja: not on every run worker's import path
 
         variant = context.partition_key if variants else None
-        rows = _suite_rows(document, variant)
+        rows = [k for k in document.partitions if document.variant_of(k) == variant]
         replicates = document.replicates_of(variant)
         results = _row_results(context.instance, verification, plan.task_id, document, rows, replicates)
         suite = suite_rollup(plan.task_id, results, thresholds, variant_id=variant or "default")
@@ -96,8 +91,8 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
 
 
 def suites_sensor(suites: list[dg.AssetsDefinition]) -> list[dg.AutomationConditionSensorDefinition]:
-    """Keeps the suites current: whatever updated the rows (a run, a backfill of the failed
-    ones, a schedule's tick), the daemon materializes the suite after it."""
+    """Keeps the suites current: whatever updated the rows (a run, a backfill, a schedule's tick), the daemon
+    materializes the suite after it."""
     if not suites:
         return []
     return [dg.AutomationConditionSensorDefinition(
@@ -107,15 +102,13 @@ def suites_sensor(suites: list[dg.AssetsDefinition]) -> list[dg.AutomationCondit
 
 
 def _metric_series(suite: dict[str, Any]) -> dict[str, float]:
-    """Each criterion's metrics as numbers of their own (``criterion_1/accuracy``), which the
-    asset's Plots tab charts across materializations: accuracy over time, per label too."""
+    """Each criterion's metrics as numbers of their own (``criterion_1/accuracy``), which the Plots tab charts."""
     return {f"criterion_{a['criterion_index'] + 1}/{name}": float(value)
             for a in suite["criterion_aggregates"] for name, value in a["metrics"].items()}
 
 
 def _gated_metrics(suite: dict[str, Any]) -> dict[str, float]:
-    """What a suite's regression gate compares: its pass rate, its average score and each
-    metric a threshold gates, under their metadata labels."""
+    """What a suite's regression gate compares: pass rate, average score and each gated metric, by metadata label."""
     metrics = {"pass_rate": suite["pass_rate"], "average_weighted_score": suite["average_weighted_score"],
                **{f"criterion_{a['criterion_index'] + 1}/{c['metric']}": c["actual_value"]
                   for a in suite["criterion_aggregates"] for c in a["checks"]}}
@@ -124,8 +117,8 @@ def _gated_metrics(suite: dict[str, Any]) -> dict[str, float]:
 
 
 def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, str], str]:
-    """A check name per gate, unique on the asset: a label in a metric (``recall.(none)``,
-    ``f1.case-management``) may hold characters Dagster names cannot."""
+    """A check name per gate, unique on the asset: a metric's label (``f1.case-management``) may hold characters
+    Dagster names cannot."""
     names: dict[tuple[int, str], str] = {}
     for index, gate in enumerate(thresholds):
         for metric in gate or {}:
@@ -136,41 +129,31 @@ def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, s
     return names
 
 
-def _suite_rows(document: TaskDocument, variant: str | None) -> list[str]:
-    """The partitions a suite (of ``variant``, under an experiment) rolls up."""
-    return [k for k in document.partitions if document.variant_of(k) == variant]
-
-
 def latest_row_results(
     plan: TaskPlan, instance: dg.DagsterInstance, rows: list[str], task_id: str, variant: str | None = None,
 ) -> list[EvaluationResult]:
-    """What the suite asset counts for ``rows`` (partition keys): each one's latest
-    verification, as the result of row-task ``<task_id>/<row>``. ``run --failed-only`` counts
-    the rows it does not run again this way, so its suite is the whole dataset's, as the asset's is."""
-    step = _criteria_step(plan)
-    if step is None:
+    """What the suite asset counts for ``rows`` (partition keys): each one's latest verification, as the
+    result of row-task ``<task_id>/<row>``; ``run --failed-only`` counts the rows it does not run again so."""
+    criteria = _criteria(plan, TaskTranslator())
+    if criteria is None:
         return []
-    return _row_results(instance, _verification_key(plan, step, TaskTranslator()), task_id, plan.document,
-                        rows, plan.document.replicates_of(variant))
+    return _row_results(instance, criteria[1], task_id, plan.document, rows, plan.document.replicates_of(variant))
 
 
-def _criteria_step(plan: TaskPlan):
-    """The success_criteria step whose verification a suite rolls up (None: nothing to roll up)."""
-    return next((s for s in plan.steps if s.type == "success_criteria" and getattr(s, "criteria", None)), None)
-
-
-def _verification_key(plan: TaskPlan, step, translator: TaskTranslator) -> dg.AssetKey:
+def _criteria(plan: TaskPlan, translator: TaskTranslator) -> tuple[Any, dg.AssetKey] | None:
+    """The success_criteria step a suite rolls up and its verification asset (None: nothing to roll up)."""
+    step = next((s for s in plan.steps if s.type == "success_criteria" and getattr(s, "criteria", None)), None)
+    if step is None:
+        return None
     (key,) = [key for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION]
-    return key
+    return step, key
 
 
 def _row_results(
     instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, document: TaskDocument, rows: list[str],
     replicates: int,
 ) -> list[EvaluationResult]:
-    """Each row's latest verification (of each replicate, for a task that runs several, as
-    upstream's suite counts every replicate's row-task) as a task result, in dataset order;
-    rows that never ran are left out."""
+    """Each row's (and replicate's) latest verification as a task result, in dataset order; unrun rows left out."""
     found = latest_replicates(instance, key, rows, replicates, RESULT_LABELS)
     return [_result(f"{task_id}/{document.row_of(row)}", {k: v.value for k, v in found[(row, r)].items()})
             for row in rows for r in range(replicates) if (row, r) in found]
