@@ -1,28 +1,25 @@
 """Row streams: how a run's rows flow from op to op without waiting for each other.
 
-Every op of a task job outputs a *stream* rather than a finished batch: it yields its Output
-(a :class:`StreamRef`) as it starts, then appends a record for each row as that row's step
-ends. The op below it reads the stream as it grows, so a row's grading starts when its own
-agent has answered, not when every row's has. Under an executor that runs a job's ops side by
-side (``executor.py``; Dagster's multiprocess and k8s executors with
-``step_dependency_config: {require_upstream_step_success: false}`` too) the rows are
-pipelined; under one that runs them one after another (``execute_in_process``, Celery) each
-op finds its upstream streams complete and the run goes step by step, with the same results.
+Every op outputs a *stream* (a :class:`StreamRef`) as it starts, then appends a record for each
+row as that row's step ends; the op below reads it as it grows, so a row's grading starts when
+its own agent has answered, not when every row's has. An executor that runs ops side by side
+(``executors.py``; Dagster's multiprocess and k8s ones with ``step_dependency_config:
+{require_upstream_step_success: false}``) pipelines the rows; one that runs them one after
+another finds each upstream stream complete, with the same results.
 
-A stream is stored by the run's IO manager (a JSONL file in the state folder, or objects in a
-bucket), so it outlives the op's process: a re-execution reads its parent run's streams, and
-ops on other machines read each other's. Within one process a writer wakes its readers at
-once; across processes they look again every ``POLL_SECONDS``.
+The run's IO manager stores the streams (JSONL in the state folder, or a bucket), so a
+re-execution reads its parent's and ops on other machines read each other's. A writer wakes
+its readers in this process at once; other processes look every ``POLL_SECONDS``.
 
-A record is one row's: ``{"row": key, "context": {...}}`` (the row's context after the step),
-or ``{"row": key, "stopped": {...}, "context": {...}}`` (the row stopped at a fatal failure,
-here or upstream: the failure record and what the row had), or the stream's end,
-``{"end": true}``.
+A record is ``{"row": key, "context": {...}}`` (the row's context after the step), ``{"row":
+key, "stopped": {...}, "context": {...}}`` (stopped at a fatal failure, here or upstream), or
+the stream's end, ``{"end": true}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
@@ -33,7 +30,6 @@ if TYPE_CHECKING:
     from .io_manager import ContextIOManagerBase
 
 POLL_SECONDS = 0.5  # how often a reader looks for rows a writer in another process appended
-END = {"end": True}
 
 
 @dataclass(frozen=True)
@@ -78,10 +74,8 @@ class _Wakeups:
         with self._lock:
             waiting = list(self._waiting.get(stream, ()))
         for loop, event in waiting:
-            try:
+            with contextlib.suppress(RuntimeError):  # its loop has closed: its reader is gone
                 loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # its loop has closed: its reader is gone
-                pass
 
 
 WAKEUPS = _Wakeups()
@@ -101,7 +95,7 @@ class StreamWriter:
         self._append([{"row": key, "stopped": failure, "context": _as_dict(context)}])
 
     def end(self) -> None:
-        self._append([END])
+        self._append([{"end": True}])
 
     def _append(self, records: list[dict[str, Any]]) -> None:
         self.io.append_records(self.ref.run_id, self.ref.name, records)
@@ -122,10 +116,8 @@ async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dic
             if ended:
                 return
             if not found:
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(woken.wait(), POLL_SECONDS)
-                except asyncio.TimeoutError:
-                    pass
         finally:
             WAKEUPS.forget(stream, woken)
 
@@ -188,7 +180,7 @@ _STOPS: set[str] = set()  # runs asked to stop (terminated), by run id
 
 
 def running_side_by_side() -> Any:
-    """The executor's mark for the step run in this thread (``executor.py``)."""
+    """The executor's mark for the step run in this thread (``executors.py``)."""
     _STEP_THREAD.side_by_side = True
 
 
@@ -213,8 +205,4 @@ def _as_dict(context: TaskStepContext | dict[str, Any]) -> dict[str, Any]:
 def final_rows(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each row's last record of a stream read whole (its context, with ``stopped`` where it
     stopped), in the order the rows arrived."""
-    rows: dict[str, dict[str, Any]] = {}
-    for record in records_:
-        if "row" in record:
-            rows[record["row"]] = record
-    return rows
+    return {record["row"]: record for record in records_ if "row" in record}
