@@ -7,6 +7,7 @@ builds a :class:`StepRuntime` from them, so step code never sees Dagster.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -124,7 +125,7 @@ class AgentEnvResource(dg.ConfigurableResource):
         dataset row's carries its values as the seed every step is filled from."""
         try:
             data = json.loads(Path(self.initial_context_path).read_text()) if self.initial_context_path else {}
-        except (FileNotFoundError, ProcessLookupError):  # it lives as long as the process that ran ``--context`` (it may hold secrets)
+        except (FileNotFoundError, ProcessLookupError):  # it may hold secrets: it ends with ``--context``'s process
             raise dg.Failure("the initial context (agentenv-dagster run --context) ended with the run that "
                              "passed it; launch again without initial_context_path, or from the CLI") from None
         ctx = TaskStepContext.from_dict(data)
@@ -136,10 +137,8 @@ class AgentEnvResource(dg.ConfigurableResource):
         return ctx
 
     def live_rows_bound(self, task_bound: int | None = None) -> int:
-        """How many rows may hold their deployments at once: this resource's ``max_sandboxes``
-        (the CLI's flag, the launchpad), else the task's own (``task_bound``), else
-        twice ``rows_in_flight``: the rows whose agents work, and as many whose grading (which
-        may still use the sandbox) runs meanwhile, so that grading never idles an agent lane."""
+        """How many rows may hold their deployments at once: ``max_sandboxes`` (the CLI's flag, the
+        launchpad), else the task's own, else twice ``rows_in_flight`` so grading never idles an agent lane."""
         return self.max_sandboxes or task_bound or 2 * self.rows_in_flight
 
     def step_runtime(
@@ -167,9 +166,8 @@ def agentenv_resources(
     config: AgentEnvConfig, initial_context_path: str | None = None, rows_in_flight: int | None = None,
     max_sandboxes: int | None = None,
 ) -> dict[str, dg.ConfigurableResource]:
-    """The resources, with the project's settings as their (launchpad-visible) defaults.
-    (Settings go in at construction: Dagster runs a resource from the config it was built
-    with, so a ``model_copy`` of one is silently ignored.)"""
+    """The resources, with the project's settings as their (launchpad-visible) defaults: given at
+    construction, since Dagster runs a resource from the config it was built with (not a ``model_copy``)."""
     store = artifact_store(config)
     bound = {k: v for k, v in (("rows_in_flight", rows_in_flight), ("max_sandboxes", max_sandboxes)) if v}
     return {
@@ -186,6 +184,4 @@ def _store_settings(config: AgentEnvConfig) -> dict[str, str | None]:
         return {"objects_root": str(config.state_dir / "objects")}
     from ..runtime.s3 import s3_location
 
-    location = s3_location(config)
-    return {"backend": "s3", "bucket": location.bucket, "prefix": location.prefix,
-            "endpoint_url": location.endpoint_url, "region": location.region}
+    return {"backend": "s3", **dataclasses.asdict(s3_location(config))}
