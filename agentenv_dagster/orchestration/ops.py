@@ -1,12 +1,10 @@
 """The op of a step: one definition per step type, copied per step with its description.
 
-An op streams: it yields its Output (its row stream, ``streams.py``) as it starts, then runs
-its step for each row as that row arrives from the ops above it (a root op: as the run admits
-it), ``rows_in_flight`` at a time, appending each row to its stream as its step ends and
-reporting what the step wrote as asset events (a row's under its partition). A row that
-stops at a fatal failure is passed on as stopped, so the ops below skip it; nothing an op
-does ends another row's deployments. The last op, ``teardown_run``, ends each row's
-deployments as the row leaves the run, which lets the next row in (``max_sandboxes``).
+An op yields its Output (its row stream, ``streams.py``) as it starts, then runs its step for
+each row as the row arrives (a root op: as the run admits it), ``rows_in_flight`` at a time,
+appending the row to its stream and reporting its asset events as its step ends. A row stopped
+at a fatal failure is passed on as stopped, so the ops below skip it. The last op,
+``teardown_run``, ends each row's deployments as it leaves the run, letting the next row in.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from ..runtime.loop import new_event_loop
 from ..steps.base import TaskStep
 from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
-from .provenance import Provenance
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import live_deployers, retries_carried, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
@@ -108,7 +105,7 @@ def run_step_op(
     try:
         yield from _driven(context.run_id, lambda outbox: rows.run(source, outbox), rows.events)
     except _RetryPending as pending:  # the stream stays open: the op's next attempt goes on with it
-        raise pending.failed from None
+        raise pending.args[0] from None
     except BaseException:
         out.end()  # the ops below see the rows it did not pass on as lost
         raise
@@ -116,11 +113,8 @@ def run_step_op(
 
 
 class _RetryPending(Exception):
-    """The op's step failed for its row with a self-retry left: Dagster runs the op again."""
-
-    def __init__(self, failed: StepFailed) -> None:
-        super().__init__(str(failed))
-        self.failed = failed
+    """The op's step failed for its row (``args[0]``, the StepFailed) with a self-retry left: Dagster runs
+    the op again."""
 
 
 class _RowsOfOp:
@@ -179,8 +173,7 @@ class _RowsOfOp:
                                               judge=getattr(self.context.resources, JUDGE_KEY),
                                               artifacts=getattr(self.context.resources, ARTIFACTS_KEY)) as rt:
             async with rt.lanes(self.resource.rows_in_flight) as lanes:
-                warming = asyncio.create_task(self._warm_up(rt))
-                running: set[asyncio.Task] = {warming}
+                running: set[asyncio.Task] = {asyncio.create_task(self._warm_up(rt))}
                 async for row in source:
                     if row.stopped is not None:
                         self.out.stopped(row.key, row.stopped, row.context)
@@ -188,8 +181,7 @@ class _RowsOfOp:
                     task = asyncio.create_task(self._one(row, lanes, outbox))
                     running.add(task)
                     task.add_done_callback(running.discard)
-                if running:
-                    await asyncio.gather(*running)
+                await asyncio.gather(*running)
 
     async def _warm_up(self, rt) -> None:
         try:
@@ -244,17 +236,16 @@ class _RowsOfOp:
         yield from check_evaluations(self.context.instance, self.assets, passed)
 
     def finish(self) -> None:
-        """End the stream; fail the op when every row that reached it stopped here. Under an
-        executor that runs one step at a time, Dagster then skips every step below a failed
-        one, the teardown op too: what the run deployed ends with the last step that still
-        runs (this one, unless a step independent of the failure is still to run)."""
+        """End the stream; fail the op when every row that reached it stopped here. Under a one-step-at-a-time
+        executor Dagster then skips every step below a failed one, the teardown op too: what the run deployed
+        ends with the last step that still runs (this one, unless a step independent of the failure is left)."""
         self.out.end()
         stopped = self.stopped_here
         self.context.log.info(f"step '{self.step.id}': {self.passed} row(s) passed"
                               + (f", {len(stopped)} stopped here" if stopped else ""))
         failing = bool(stopped and not self.passed)
         ended = self.resource.teardown(self.context.run_id) \
-            if not side_by_side() and _one_step_at_a_time(self.context) \
+            if not side_by_side() and self.context.job_def.executor_def.name in ONE_STEP_AT_A_TIME \
             and _last_to_run_after_a_failure(self.context, self.step.id, failing) else []
         if ended and not failing:
             self.context.log.info(f"the run's failed steps skip the rest of it: ended {len(ended)} deployment(s)")
@@ -272,35 +263,27 @@ class _Outbox(queue.SimpleQueue):
     threads: the rows run on the op's event loop thread, the generator in the op's thread."""
 
     def take(self) -> list[Any]:
-        """At least one item (blocking until there is one), and whatever else is waiting."""
+        """At least one item (blocking until there is one), and whatever else is waiting (it has one reader)."""
         while True:  # a timeout now and then: the main thread's signal handlers run meanwhile
             try:
                 items = [self.get(timeout=STOP_POLL_SECONDS)]
-                break
             except queue.Empty:
                 continue
-        while True:
-            try:
+            while not self.empty():
                 items.append(self.get_nowait())
-            except queue.Empty:
-                return items
+            return items
 
 
 STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
-
-
 _MAIN_ENDED = object()  # what the loop thread puts in the outbox last
 
 
 def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
             to_events: Callable[[list[Any]], Iterator[Any]]) -> Iterator[Any]:
-    """Run ``main`` on an event loop in a thread of the op's own, handing what it puts in its
-    outbox to ``to_events`` in the op's thread (Dagster takes events from there only); returns
-    once ``main`` has ended, raising what it raised. Storing an event takes the op's thread,
-    never the loop: the op's rows go on meanwhile.
-
-    Asked to stop (the run terminated: SIGINT in the main thread, ``streams.request_stop`` from
-    the executor), ``main`` is cancelled and unwinds; then the interruption is raised."""
+    """Run ``main`` on an event loop in a thread of its own, handing what it puts in its outbox to
+    ``to_events`` in the op's thread (Dagster takes events from there only, and the rows go on while
+    it stores them); returns once ``main`` has ended, raising what it raised. Asked to stop (SIGINT,
+    ``streams.request_stop``), ``main`` is cancelled and unwinds, then the interruption is raised."""
     loop = new_event_loop()
     outbox = _Outbox()
     ended: list[BaseException | None] = []
@@ -375,29 +358,13 @@ async def _until_stopped(run_id: str, task: asyncio.Task) -> None:
 
 
 ONE_STEP_AT_A_TIME = ("in_process", "execute_in_process_executor")  # Dagster's in-process executors
-
-
-def _results_asset(context: dg.OpExecutionContext) -> tuple[dg.AssetKey, Provenance] | None:
-    """The teardown node's asset (each row's outcome), with the provenance of its materializations."""
-    if not context.has_assets_def:  # (a job of the op graph alone)
-        return None
-    key = context.asset_key_for_output(ASSET_OUTPUT)
-    return key, asset_provenance(context, key)
-
-
-def _one_step_at_a_time(context: dg.OpExecutionContext) -> bool:
-    """Whether the run's executor runs its steps one after another in this process."""
-    return context.job_def.executor_def.name in ONE_STEP_AT_A_TIME
-
-
 _STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
 
 
 def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, failing: bool) -> bool:
-    """Under a one-step-at-a-time executor: whether a step of the run has failed (this one,
-    when ``failing``) and no other step of it is still to run but those Dagster will skip
-    (descendants of a failed step, the teardown op among them). A step independent of the
-    failure still runs after it, against the run's deployments: they must not end before."""
+    """Under a one-step-at-a-time executor: whether a step of the run has failed (this one, when
+    ``failing``) and no step is still to run but those Dagster will skip (a failed step's descendants,
+    the teardown op among them); a step independent of the failure still uses the run's deployments."""
     plan = plan_of(context)
     if plan is None:  # (a job not built from a task plan: nothing to wait for is known)
         return failing
@@ -470,10 +437,8 @@ def refuse_changed_task(context) -> None:
     before = parent.tags.get(TAG_CONTENT_HASH) if parent else None
     now = context.op.tags.get(TAG_CONTENT_HASH)
     if before and now and before != now:
-        raise dg.Failure(
-            description=f"re-execution refused: the task changed since run {parent_id} "
-            f"(content hash {before} -> {now}); launch a new run instead"
-        )
+        raise dg.Failure(description=f"re-execution refused: the task changed since run {parent_id} "
+                         f"(content hash {before} -> {now}); launch a new run instead")
 
 
 @lru_cache(maxsize=None)
@@ -497,18 +462,20 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
     out = StreamWriter(io, context.run_id, str(context.op_handle))
     if "result" in context.selected_output_names:
         yield dg.Output(out.ref, "result")
-    results = _results_asset(context)
+    # the teardown node's asset (each row's outcome); none in a job of the op graph alone
+    results_key = context.asset_key_for_output(ASSET_OUTPUT) if context.has_assets_def else None
+    provenance = asset_provenance(context, results_key) if results_key is not None else None
     stopped: list[str] = []
     ended: list[str] = []
 
     async def leave(outbox: _Outbox) -> None:
         async for row in joined(io, upstream, after):
             ctx = TaskStepContext.from_dict(row.context)
+            timing = ctx.metadata_map("step_timings")[TEARDOWN_OP] = {
+                "started_at_utc": datetime.now(timezone.utc).isoformat()}
             started = time.perf_counter()
-            timing = {"started_at_utc": datetime.now(timezone.utc).isoformat()}
             ended.extend(await asyncio.to_thread(resource.end_row, context.run_id, ctx))
-            ctx.metadata_map("step_timings")[TEARDOWN_OP] = {
-                **timing, "duration_seconds": round(time.perf_counter() - started, 3)}
+            timing["duration_seconds"] = round(time.perf_counter() - started, 3)
             row.context = ctx.to_dict()
             if row.stopped is not None:
                 stopped.append(row.key)
@@ -518,10 +485,8 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
             outbox.put((row.key, ctx, row.stopped))
 
     def materialized(left: list[tuple[str, TaskStepContext, dict | None]]) -> Iterator[Any]:
-        if results is not None:
-            key, provenance = results
-            for row, ctx, failure in left:
-                yield result_materialization(key, row or None, ctx, failure, provenance)
+        for row, ctx, failure in left if results_key is not None else []:
+            yield result_materialization(results_key, row or None, ctx, failure, provenance)
 
     yield from _driven(context.run_id, leave, materialized)
     ended += resource.teardown(context.run_id)
