@@ -16,6 +16,7 @@ import dagster as dg
 
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
+from ..runtime.s3 import s3_location
 from .streams import StreamRef, final_rows
 
 FINAL_STEP = "teardown_run"  # the op whose stream holds each row's final context
@@ -145,8 +146,7 @@ class TaskContextIOManager(ContextIOManagerBase):
 def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:
     """The project's IO manager: the state folder, or its bucket (``[stores] backend = "s3"``)."""
     if config.stores.backend == "s3":
-        from ..runtime.s3 import s3_location
-        from .s3_io_manager import S3ContextIOManager
+        from .s3_io_manager import S3ContextIOManager  # (it imports this module)
 
         return S3ContextIOManager(**dataclasses.asdict(s3_location(config)))
     return TaskContextIOManager(base_dir=str(config.state_dir / "runs"))

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from datetime import datetime, timezone
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import dagster as dg
@@ -50,28 +50,33 @@ STREAM = dg.DagsterType(type_check_fn=lambda _, value: isinstance(value, StreamR
 STREAMS = dg.List[STREAM]
 
 
-def _ins() -> dict[str, dg.In]:
-    return {"upstream": dg.In(STREAMS, default_value=[], description="the streams whose rows' contexts it merges"),
-            AFTER: dg.In(STREAMS, default_value=[], description="streams whose rows it only waits for"),
-            ARTIFACTS_INPUT: dg.In(dg.Nothing, description="the stored artifacts the step loads")}
+def _stream_op(name: str, run: Callable[..., Iterator[Any]], **op_args: Any) -> dg.OpDefinition:
+    """An op whose output is its row stream, mapping the task asset it writes: ``run(context,
+    upstream, after)`` is its body."""
 
+    @dg.op(
+        name=name,
+        ins={"upstream": dg.In(STREAMS, default_value=[], description="the streams whose rows' contexts it merges"),
+             AFTER: dg.In(STREAMS, default_value=[], description="streams whose rows it only waits for"),
+             ARTIFACTS_INPUT: dg.In(dg.Nothing, description="the stored artifacts the step loads")},
+        out={"result": dg.Out(io_manager_key=IO_MANAGER_KEY, is_required=False,
+                              description="the step's row stream: each row as its step ends"),
+             ASSET_OUTPUT: dg.Out(dg.Nothing, is_required=False,
+                                  description="the task asset the step writes, a materialization a row")},
+        **op_args,
+    )
+    def _op(context, upstream, after):
+        yield from run(context, upstream, after)
 
-def _outs() -> dict[str, dg.Out]:
-    return {"result": dg.Out(io_manager_key=IO_MANAGER_KEY, is_required=False,
-                             description="the step's row stream: each row as its step ends"),
-            ASSET_OUTPUT: dg.Out(dg.Nothing, is_required=False,
-                                 description="the task asset the step writes, a materialization a row")}
+    return _op
 
 
 @lru_cache(maxsize=None)
 def step_op(step_type: str) -> dg.OpDefinition:
     """The op of one step type; ``config.step`` holds the step's fields (launchpad-editable),
     ``config.rows`` the dataset values of the rows a root op starts."""
-
-    @dg.op(
-        name=node_name(step_type),
-        ins=_ins(),
-        out=_outs(),
+    return _stream_op(
+        node_name(step_type), partial(run_step_op, step_type=step_type),
         config_schema={
             "step": dg.Field(dg.Permissive(), description="the step's fields"),
             ROWS: dg.Field(dg.Array(str), is_required=False,
@@ -81,14 +86,10 @@ def step_op(step_type: str) -> dg.OpDefinition:
         tags={TAG_STEP_TYPE: step_type},
         description=f"Runs an agent-env `{step_type}` step for each row of the run.",
     )
-    def _step(context, upstream, after):
-        yield from run_step_op(context, step_type, upstream, after)
-
-    return _step
 
 
 def run_step_op(
-    context: dg.OpExecutionContext, step_type: str, upstream: list[StreamRef], after: list[StreamRef],
+    context: dg.OpExecutionContext, upstream: list[StreamRef], after: list[StreamRef], step_type: str,
 ) -> Iterator[Any]:
     resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
     io: ContextIOManagerBase = getattr(context.resources, IO_MANAGER_KEY)
@@ -443,17 +444,13 @@ def refuse_changed_task(context) -> None:
 
 @lru_cache(maxsize=None)
 def teardown_op() -> dg.OpDefinition:
-    @dg.op(
-        name=TEARDOWN_OP, ins=_ins(), out=_outs(),
-        required_resource_keys={RESOURCE_KEY, IO_MANAGER_KEY},
+    """The last op of every task graph."""
+    return _stream_op(
+        TEARDOWN_OP, run_teardown, required_resource_keys={RESOURCE_KEY, IO_MANAGER_KEY},
         description="Ends each row's envs, agents and sandboxes as the row leaves the run (every "
         "last step done, or stopped at a failure), then whatever the run still holds; its stream "
         "holds each row's final context. Fails the run when a row stopped at a failing step.",
     )
-    def _teardown(context, upstream, after):
-        yield from run_teardown(context, upstream, after)
-
-    return _teardown
 
 
 def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], after: list[StreamRef]) -> Iterator[Any]:

@@ -11,8 +11,6 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import dagster as dg
 from pydantic import Field, ValidationError
 
@@ -22,12 +20,9 @@ from ..context import TaskStepContext
 from ..runtime.artifacts import FilesystemArtifactStore, ObjectStore
 from ..runtime.base import RunInfo, StepRuntime, artifact_store
 from ..runtime.local import Ledger
+from ..runtime.s3 import S3ArtifactStore, S3Location, S3ObjectStore, s3_location
 from ..spec.loader import validation_problems
 from ..steps.base import TaskStep
-
-if TYPE_CHECKING:
-    from ..runtime.s3 import S3ArtifactStore, S3ObjectStore
-
 
 RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY = "agentenv", "agentenv_artifacts", "agentenv_judge"
 MAX_PROBLEMS_SHOWN = 5  # of a step's fields in the run config that do not validate
@@ -47,23 +42,17 @@ class ArtifactStoreResource(dg.ConfigurableResource):
     endpoint_url: str | None = None
     region: str | None = None
 
-    def _location(self):
-        from ..runtime.s3 import S3Location
-
+    def _location(self) -> S3Location:
         return S3Location(self.bucket, self.prefix, self.endpoint_url, self.region)
 
     def get_store(self) -> FilesystemArtifactStore | S3ArtifactStore:
         bundles = [Path(d) for d in self.bundle_dirs]
         if self.backend == "s3":
-            from ..runtime.s3 import S3ArtifactStore
-
             return S3ArtifactStore(self._location(), Path(self.root), bundles)
         return FilesystemArtifactStore(Path(self.root), bundles)
 
     def get_object_store(self) -> ObjectStore | S3ObjectStore:
         if self.backend == "s3":
-            from ..runtime.s3 import S3ObjectStore
-
             return S3ObjectStore(self._location())
         return ObjectStore(Path(self.objects_root or Path(self.root).parent / "objects"))
 
@@ -136,7 +125,7 @@ class AgentEnvResource(dg.ConfigurableResource):
             ctx.metadata["seed"] = {**(ctx.metadata.get("seed") or {}), **seed}
         return ctx
 
-    def live_rows_bound(self, task_bound: int | None = None) -> int:
+    def live_rows_bound(self, task_bound: int | None) -> int:
         """How many rows may hold their deployments at once: ``max_sandboxes`` (the CLI's flag, the
         launchpad), else the task's own, else twice ``rows_in_flight`` so grading never idles an agent lane."""
         return self.max_sandboxes or task_bound or 2 * self.rows_in_flight
@@ -182,6 +171,4 @@ def agentenv_resources(
 def _store_settings(config: AgentEnvConfig) -> dict[str, str | None]:
     if config.stores.backend != "s3":
         return {"objects_root": str(config.state_dir / "objects")}
-    from ..runtime.s3 import s3_location
-
     return {"backend": "s3", **dataclasses.asdict(s3_location(config))}
