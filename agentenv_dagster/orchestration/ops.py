@@ -114,8 +114,7 @@ def run_step_op(
 
 
 class _RetryPending(Exception):
-    """The op's step failed for its row (``args[0]``, the StepFailed) with a self-retry left: Dagster runs
-    the op again."""
+    """A row's step failed (``args[0]``, the StepFailed) with a self-retry left: Dagster runs the op again."""
 
 
 class _RowsOfOp:
@@ -295,12 +294,12 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
         task = asyncio.create_task(main(outbox))
         tasks.append(task)
         started.set()
-        watcher = asyncio.create_task(_until_stopped(run_id, task))
-        try:
+        await asyncio.sleep(0)  # ``main`` starts before the first look at whether the run must stop
+        while not task.done() and not stop_requested(run_id):
+            await asyncio.wait({task}, timeout=STOP_POLL_SECONDS)
+        if not task.done():  # the run was asked to stop
+            task.cancel()
             await asyncio.wait({task})
-        finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
         ended.append(task.exception() if not task.cancelled() else asyncio.CancelledError())
 
     beside = side_by_side()
@@ -348,14 +347,6 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
         if thread.is_alive():  # the generator was closed early: its rows end with it
             cancel()
             thread.join()
-
-
-async def _until_stopped(run_id: str, task: asyncio.Task) -> None:
-    while not task.done():
-        if stop_requested(run_id):
-            task.cancel()
-            return
-        await asyncio.sleep(STOP_POLL_SECONDS)
 
 
 ONE_STEP_AT_A_TIME = ("in_process", "execute_in_process_executor")  # Dagster's in-process executors
