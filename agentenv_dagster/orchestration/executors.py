@@ -1,11 +1,7 @@
-"""The executor a job gets: the project's side-by-side executor, or what ``[dagster] executor``
-(``.agentenv/config.toml``, or ``AGENTENV_DAGSTER_EXECUTOR``) chooses.
-
-``agentenv_executor`` runs a run's ops in threads of its process, each once its upstream streams
-exist, so a dataset's rows are pipelined (``streams.py``); a chain of steps with no dataset gains
-nothing from that and runs on Dagster's in-process executor. Ops hand each other rows through the
-IO manager, so with the S3 one and a Postgres instance the same job runs on Celery workers
-(``celery``) or in Kubernetes Jobs (``k8s``).
+"""The executor a job gets: the project's side-by-side ``agentenv`` executor, Dagster's in-process
+one for a chain of steps with no dataset (nothing to overlap), or what ``[dagster] executor`` (or
+``AGENTENV_DAGSTER_EXECUTOR``) chooses. The jobs are the same under each: with the S3 IO manager and
+a Postgres instance their steps run on Celery workers or in Kubernetes Jobs (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The op of a step: one definition per step type, copied per step with its description.
 
-An op yields its Output (its row stream, ``streams.py``) as it starts, then runs its step for
-each row as the row arrives (a root op: as the run admits it), ``rows_in_flight`` at a time,
-appending the row to its stream and reporting its asset events as its step ends. A row stopped
-at a fatal failure is passed on as stopped, so the ops below skip it. The last op,
-``teardown_run``, ends each row's deployments as it leaves the run, letting the next row in.
+An op runs its step for each row as the row arrives (``streams.py``), ``rows_in_flight`` at a time,
+and reports each row's asset events as its step ends; a row stopped at a fatal failure is passed on
+as stopped. The last op, ``teardown_run``, ends each row's deployments as it leaves the run.
 """
 
 from __future__ import annotations
@@ -251,11 +249,9 @@ class _RowsOfOp:
             self.context.log.info(f"the run's failed steps skip the rest of it: ended {len(ended)} deployment(s)")
         if failing:
             first = self.first_failure
-            raise dg.Failure(
-                description=str(first) if len(stopped) == 1 else f"{len(stopped)} rows failed; the first: {first}",
-                metadata={"error_type": first.record["error_type"], "torn_down": ended,
-                          **({"failed_rows": sorted(stopped)} if len(stopped) > 1 else {})},
-            )
+            several = {"failed_rows": sorted(stopped)} if len(stopped) > 1 else {}
+            raise dg.Failure(description=f"{len(stopped)} rows failed; the first: {first}" if several else str(first),
+                             metadata={"error_type": first.record["error_type"], "torn_down": ended, **several})
 
 
 class _Outbox(queue.SimpleQueue):
@@ -404,9 +400,8 @@ def _row(key: str) -> str:
 
 
 def refuse_ended_deployments(context, step: TaskStep) -> None:
-    """A re-execution of some steps reads its parent's contexts, but what the parent deployed
-    ended with it: a step that uses an env, agent or sandbox its own run does not deploy again
-    is refused at once, with the steps to select."""
+    """Refuse a step of a re-execution that uses an env, agent or sandbox its parent run deployed (which
+    ended with that run) and its own run does not deploy again, naming the steps to select."""
     selected = context.run.step_keys_to_execute
     plan = plan_of(context)
     if not context.run.parent_run_id or selected is None or plan is None or step.id not in plan.step_by_id:

@@ -1,19 +1,12 @@
 """Row streams: how a run's rows flow from op to op without waiting for each other.
 
-Every op outputs a *stream* (a :class:`StreamRef`) as it starts, then appends a record for each
-row as that row's step ends; the op below reads it as it grows, so a row's grading starts when
-its own agent has answered, not when every row's has. An executor that runs ops side by side
-(``executors.py``; Dagster's multiprocess and k8s ones with ``step_dependency_config:
-{require_upstream_step_success: false}``) pipelines the rows; one that runs them one after
-another finds each upstream stream complete, with the same results.
+Every op outputs a stream (a :class:`StreamRef`) as it starts and appends each row's record as the
+row's step ends; the op below reads it as it grows (docs/architecture.md, "Datasets: how rows flow").
+The run's IO manager stores the streams, so they outlive the op's process; a writer wakes the
+readers in its process at once, others look every ``POLL_SECONDS``.
 
-The run's IO manager stores the streams (JSONL in the state folder, or a bucket), so a
-re-execution reads its parent's and ops on other machines read each other's. A writer wakes
-its readers in this process at once; other processes look every ``POLL_SECONDS``.
-
-A record is ``{"row": key, "context": {...}}`` (the row's context after the step), ``{"row":
-key, "stopped": {...}, "context": {...}}`` (stopped at a fatal failure, here or upstream), or
-the stream's end, ``{"end": true}``.
+A record is ``{"row": key, "context": {...}}``, ``{"row": key, "stopped": {...}, "context": {...}}``
+(the row stopped at a fatal failure, here or upstream), or the stream's end, ``{"end": true}``.
 """
 
 from __future__ import annotations
@@ -55,22 +48,22 @@ class _Wakeups:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiting: dict[tuple[str, str], set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._waiting: dict[StreamRef, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 
-    def wait(self, stream: tuple[str, str]) -> asyncio.Event:
+    def wait(self, stream: StreamRef) -> asyncio.Event:
         event = asyncio.Event()
         with self._lock:
             self._waiting.setdefault(stream, set()).add((asyncio.get_running_loop(), event))
         return event
 
-    def forget(self, stream: tuple[str, str], event: asyncio.Event) -> None:
+    def forget(self, stream: StreamRef, event: asyncio.Event) -> None:
         with self._lock:
             waiting = self._waiting.get(stream, set())
             waiting.difference_update({w for w in waiting if w[1] is event})
             if not waiting:
                 self._waiting.pop(stream, None)
 
-    def wake(self, stream: tuple[str, str]) -> None:
+    def wake(self, stream: StreamRef) -> None:
         with self._lock:
             waiting = list(self._waiting.get(stream, ()))
         for loop, event in waiting:
@@ -99,15 +92,14 @@ class StreamWriter:
 
     def _append(self, records: list[dict[str, Any]]) -> None:
         self.io.append_records(self.ref.run_id, self.ref.name, records)
-        WAKEUPS.wake((self.ref.run_id, self.ref.name))
+        WAKEUPS.wake(self.ref)
 
 
 async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dict[str, Any]]:
     """The stream's row records as they are appended, until its end."""
-    stream = (ref.run_id, ref.name)
     position: Any = None
     while True:
-        woken = WAKEUPS.wait(stream)  # before reading: an append after the read wakes it
+        woken = WAKEUPS.wait(ref)  # before reading: an append after the read wakes it
         try:
             found, position, ended = await asyncio.to_thread(io.read_records, ref.run_id, ref.name, position) \
                 if io.reads_remotely else io.read_records(ref.run_id, ref.name, position)
@@ -119,7 +111,7 @@ async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dic
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(woken.wait(), POLL_SECONDS)
         finally:
-            WAKEUPS.forget(stream, woken)
+            WAKEUPS.forget(ref, woken)
 
 
 async def joined(io: ContextIOManagerBase, sources: list[StreamRef], after: list[StreamRef]) -> AsyncIterator[Row]:
