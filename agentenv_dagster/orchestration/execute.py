@@ -171,12 +171,9 @@ def location_job(config: AgentEnvConfig, plan: TaskPlan) -> LocationJob | None:
     """The job the project's code location (its ``workspace.yaml``) has for this task, when
     it has it as ``plan`` is (same content); else None."""
     workspace = config.root / "workspace.yaml"
-    if not workspace.is_file():
-        return None
-    found = dagster_location_job(str(workspace), TaskTranslator().get_job_name(plan))
-    if found is None or found.job_def.tags.get(TAG_CONTENT_HASH) != plan.document.content_hash:
-        return None
-    return found
+    found = dagster_location_job(str(workspace), TaskTranslator().get_job_name(plan)) if workspace.is_file() else None
+    same = found is not None and found.job_def.tags.get(TAG_CONTENT_HASH) == plan.document.content_hash
+    return found if same else None
 
 
 def _launch(plan: TaskPlan, partition_keys: list[str] | None) -> tuple[dict[str, Any], dict[str, str]]:

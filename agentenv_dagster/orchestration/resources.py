@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import Any
 import dagster as dg
 from pydantic import Field, ValidationError
 
@@ -151,16 +152,13 @@ class AgentEnvResource(dg.ConfigurableResource):
         return Ledger.of_run(self.run_dir(run_id)).close()
 
 
-def agentenv_resources(
-    config: AgentEnvConfig, initial_context_path: str | None = None, rows_in_flight: int | None = None,
-    max_sandboxes: int | None = None,
-) -> dict[str, dg.ConfigurableResource]:
-    """The resources, with the project's settings as their (launchpad-visible) defaults: given at
-    construction, since Dagster runs a resource from the config it was built with (not a ``model_copy``)."""
+def agentenv_resources(config: AgentEnvConfig, **settings: Any) -> dict[str, dg.ConfigurableResource]:
+    """The resources, with the project's settings and ``settings`` (fields of :class:`AgentEnvResource`)
+    as their (launchpad-visible) defaults: given at construction, since Dagster runs a resource from
+    the config it was built with (not a ``model_copy``)."""
     store = artifact_store(config)
-    bound = {k: v for k, v in (("rows_in_flight", rows_in_flight), ("max_sandboxes", max_sandboxes)) if v}
     return {
-        RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), initial_context_path=initial_context_path, **bound),
+        RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), **settings),
         ARTIFACTS_KEY: ArtifactStoreResource(
             root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs], **_store_settings(config),
         ),
