@@ -87,9 +87,8 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
                      if name == node or name.endswith(f".{node}")), None)
 
     def final_contexts(self, run_id: str) -> dict[str, TaskStepContext]:
-        """Each row's final context: the teardown op's record of it (every sink merged, or
-        what a stopped row had when it stopped); for a run that ended before its teardown op
-        did, each row's last record of every stream, merged."""
+        """Each row's final context: the teardown op's record of it; for a run that ended before
+        its teardown op did, each row's last record of every stream, merged."""
         final = self.step_stream(run_id, FINAL_STEP)
         records, _, ended = self.read_records(run_id, final) if final else ([], None, False)
         if ended:
@@ -138,8 +137,7 @@ class TaskContextIOManager(ContextIOManagerBase):
         return rows, offset + len(whole), ended
 
     def stream_names(self, run_id: str) -> list[str]:
-        folder = self._folder(run_id)
-        files = sorted(folder.glob("*.jsonl"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
+        files = sorted(self._folder(run_id).glob("*.jsonl"), key=lambda p: p.stat().st_mtime_ns)
         return [p.name[: -len(".jsonl")] for p in files if not p.name.endswith(f"{FAILED_ATTEMPT}.jsonl")]
 
 

@@ -137,9 +137,8 @@ class _RowsOfOp:
         self.first_failure: StepFailed | None = None
 
     async def admitted(self) -> AsyncIterator[Row]:
-        """A root op's rows: the run's rows, fresh contexts, in order; where the run's ops go
-        side by side, a row only once fewer than ``max_sandboxes`` are in the run (the
-        teardown op's stream says which have left)."""
+        """A root op's rows, fresh contexts, in order; where the run's ops go side by side, a row only once
+        fewer than ``max_sandboxes`` are in the run (the teardown op's stream says which have left)."""
         context, resource = self.context, self.resource
         keys = run_keys(context, context.op_config.get(ROWS))
         defaults = _seed_defaults(context)

@@ -1,7 +1,6 @@
 """The Dagster face of the runtime: resources that hold settings and build plain runtimes.
 
-``AgentEnvResource`` (runs, teardown), ``ArtifactStoreResource`` and ``JudgeResource``: their
-defaults come from ``.agentenv/config.toml`` and the launchpad can override each. Every op
+Their defaults come from ``.agentenv/config.toml`` and the launchpad can override each; every op
 builds a :class:`StepRuntime` from them, so step code never sees Dagster.
 """
 
@@ -30,9 +29,8 @@ MAX_PROBLEMS_SHOWN = 5  # of a step's fields in the run config that do not valid
 
 
 class ArtifactStoreResource(dg.ConfigurableResource):
-    """The versioned artifact store and the object store: a folder (``root``), or an S3
-    bucket (``backend: s3``; ``root`` is then the local download cache), plus read-only
-    bundle folders (version 1)."""
+    """The versioned artifact store and the object store: a folder (``root``), or an S3 bucket
+    (``backend: s3``; ``root`` is then the local download cache), plus read-only bundle folders."""
 
     root: str
     bundle_dirs: list[str] = []
@@ -59,9 +57,8 @@ class ArtifactStoreResource(dg.ConfigurableResource):
 
 
 class JudgeResource(dg.ConfigurableResource):
-    """The LLM judge (the Anthropic Messages API or a compatible ``base_url``). The key is
-    read from the environment variable named by ``api_key_env`` when a judge runs, so no
-    secret sits in run config; unset = as ``.agentenv/config.toml`` says."""
+    """The LLM judge (the Anthropic Messages API or a compatible ``base_url``). Its key is read from
+    the variable ``api_key_env`` names (unset: as ``.agentenv/config.toml`` says): no secret in run config."""
 
     model: str
     base_url: str | None = None

@@ -1,9 +1,8 @@
 """Which rows a run carries, by partition key, and what the instance knows of them.
 
-A run targets the task itself (one row, key ``""``), one partition (a dataset row), or a
-range of partitions (rows run together, as a single-run backfill does). Every op runs its
-step for each of its rows as the row reaches it (``streams.py``), so a thousand-row dataset
-costs a handful of ops rather than a thousand runs.
+A run targets the task itself (one row, key ``""``), one partition (a dataset row), or several
+run together (as a single-run backfill does): a thousand-row dataset costs a handful of ops, not
+a thousand runs.
 """
 
 from __future__ import annotations
@@ -50,8 +49,7 @@ def plan_of(context: dg.OpExecutionContext) -> "TaskPlan | None":
 
 
 def op_graph(context: dg.OpExecutionContext) -> dg.GraphDefinition:
-    """The task graph the op is a node of, whichever job runs it (the task's own, or the
-    implicit asset job, where each task's graph is one node among others)."""
+    """The task graph the op is a node of, in the task's own job or the implicit asset job (one node of it)."""
     parent = context.op_handle.parent
     return context.job_def.graph.get_node(parent).definition if parent is not None else context.job_def.graph
 
@@ -116,8 +114,7 @@ def range_tags(plan, keys: list[str]) -> dict[str, str]:
 
 
 def task_graph_of(job: dg.JobDefinition) -> dg.GraphDefinition:
-    """The op graph of a task job: the graph backing its assets (its one node), or the job's
-    own graph (a job built from the graph alone)."""
+    """The op graph of a task job: the graph backing its assets (its one node), or the job's own."""
     nodes = job.graph.nodes
     if len(nodes) == 1 and isinstance(nodes[0].definition, dg.GraphDefinition):
         return nodes[0].definition
@@ -131,18 +128,16 @@ def node_step_key(job: dg.JobDefinition, node: str) -> str:
 
 
 def node_assets(tags: dict[str, str]) -> dict[str, Any]:
-    """A node's asset keys from its tag: ``produced`` [kind, name, path], ``loaded``, the
-    ``checks`` its verifications' step declares, and its task's ``regression`` gate (the
-    settings' JSON, or None)."""
+    """A node's asset keys from its tag: ``produced`` [kind, name, path], ``loaded``, the ``checks`` its
+    verifications' step declares, and its task's ``regression`` gate (the settings' JSON, or None)."""
     raw = tags.get(STEP_ASSETS_TAG)
     return {"produced": [], "loaded": {}, "checks": [], **(json.loads(raw) if raw else {}),
             "regression": tags.get(REGRESSION_TAG)}
 
 
 def rows_not_passed(instance: dg.DagsterInstance, graph: dg.GraphDefinition, keys: list[str]) -> list[str]:
-    """Of ``keys``, the rows to run again (``graph`` is the task's): a verification of theirs is
-    a failed partition (the row stopped), was never reached, or its latest materialization did
-    not pass."""
+    """Of ``keys``, the rows to run again (``graph`` is the task's): a verification of theirs was never
+    materialized (the row stopped before it, or never ran), or its latest materialization did not pass."""
     verifications = [dg.AssetKey(path) for node in graph.nodes
                      for kind, _, path in node_assets(node.tags)["produced"] if kind == VERIFICATION]
     again: set[str] = set()
@@ -212,7 +207,7 @@ def _value(metadata_value: Any) -> Any:
 
 
 def step_config(step: "TaskStep") -> dict[str, Any]:
-    """The fields a step sets, defaults left out (the op fills them again): what every job snapshot and run carries."""
+    """The fields a step sets, defaults left out (the op fills them again): what job snapshots and runs carry."""
     return {"id": step.id, "type": step.type,
             **step.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)}
 

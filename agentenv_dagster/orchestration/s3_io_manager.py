@@ -1,10 +1,6 @@
-"""S3ContextIOManager: the run's row streams as objects in a bucket.
-
-The same records as :class:`TaskContextIOManager`, each append an object
-``<prefix>/runs/<run_id>/context/<step_key>/<n>.jsonl`` named in write order, so ops on
-different machines — Celery workers, Kubernetes pods — read each other's rows as they land.
-``endpoint_url`` points at moto or MinIO; credentials come from boto3's usual chain (never
-from run config).
+"""S3ContextIOManager: the run's row streams as objects in a bucket, so ops on different machines
+(Celery workers, Kubernetes pods) read each other's rows as they land. Credentials come from
+boto3's usual chain, never from run config; ``endpoint_url`` points at moto or MinIO.
 """
 
 from __future__ import annotations

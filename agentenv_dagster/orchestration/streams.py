@@ -115,11 +115,9 @@ async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dic
 
 
 async def joined(io: ContextIOManagerBase, sources: list[StreamRef], after: list[StreamRef]) -> AsyncIterator[Row]:
-    """Each row once every upstream stream has delivered it: the ``sources``' contexts merged
-    (in their order), ``after`` only waited for. A row stopped on any upstream arrives stopped,
-    once the others have delivered it too (what runs beside the failure on another branch
-    finishes first, and the row's context has it all); a row some upstream never delivered
-    (it ended without it) arrives stopped too."""
+    """Each row once every upstream stream has delivered it: the ``sources``' contexts merged (in
+    their order), ``after`` only waited for. A row stopped on any upstream, or that an upstream ended
+    without, arrives stopped once the others are done with it (so its context has all they did)."""
     streams = [*sources, *after]
     queue: asyncio.Queue[tuple[int, dict[str, Any] | None]] = asyncio.Queue()
 
