@@ -324,14 +324,10 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
     thread = threading.Thread(target=run_loop, name=f"{threading.current_thread().name} rows", daemon=True)
     thread.start()
     try:
-        done = False
-        while not done:
-            items = outbox.take()
-            done = items[-1] is _MAIN_ENDED
-            if done:
-                items.pop()
-            if items:
-                yield from to_events(items)
+        while (items := outbox.take())[-1] is not _MAIN_ENDED:
+            yield from to_events(items)
+        if items[:-1]:
+            yield from to_events(items[:-1])
         if interrupted:
             handler(signal.SIGINT, interrupted[0])  # raises, unless the process defers interrupts
         if ended and ended[0] is not None:
