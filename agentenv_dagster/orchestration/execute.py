@@ -19,8 +19,7 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
 from ..plan import TaskPlan
-from .dagster_internals import LocationJob, run_here
-from .dagster_internals import location_job as dagster_location_job
+from .dagster_internals import LocationJob, run_here, location_job as dagster_location_job
 from .definitions import build_job
 from .task_job import run_config
 from .executors import job_executor

@@ -138,7 +138,7 @@ class TaskContextIOManager(ContextIOManagerBase):
 
     def stream_names(self, run_id: str) -> list[str]:
         files = sorted(self._folder(run_id).glob("*.jsonl"), key=lambda p: p.stat().st_mtime_ns)
-        return [p.name[: -len(".jsonl")] for p in files if not p.name.endswith(f"{FAILED_ATTEMPT}.jsonl")]
+        return [p.stem for p in files if not p.stem.endswith(FAILED_ATTEMPT)]
 
 
 def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:

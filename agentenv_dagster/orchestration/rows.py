@@ -12,12 +12,11 @@ from typing import TYPE_CHECKING, Any, Collection, Iterator
 
 import dagster as dg
 
-from ..steps.base import VERIFICATION
+from ..steps.base import VERIFICATION, TaskStep
 
 if TYPE_CHECKING:
     from ..plan import TaskPlan
     from ..spec.loader import TaskDocument
-    from ..steps.base import TaskStep
 
 UNPARTITIONED = ""
 ROWS = "rows"
@@ -206,7 +205,7 @@ def _value(metadata_value: Any) -> Any:
     return getattr(metadata_value, "value", metadata_value)
 
 
-def step_config(step: "TaskStep") -> dict[str, Any]:
+def step_config(step: TaskStep) -> dict[str, Any]:
     """The fields a step sets, defaults left out (the op fills them again): what job snapshots and runs carry."""
     return {"id": step.id, "type": step.type,
             **step.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)}
