@@ -151,10 +151,10 @@ def latest_metadata(
 ) -> dict[str, dict[str, Any]]:
     """Each row's latest materialization metadata of ``key``, the entries named in ``labels``
     (rows never materialized left out): two queries for the whole dataset, not one a row."""
-    latest = instance.event_log_storage.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
-    wanted = set(rows)
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
+        key, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    ids = sorted(latest[row] for row in set(rows) if row in latest)
     by_row: dict[str, dict[str, Any]] = {}
-    ids = sorted(storage_id for row, storage_id in latest.items() if row in wanted)
     for chunk in _chunks(ids):
         records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=chunk),
                                                   limit=len(chunk)).records
