@@ -169,7 +169,7 @@ _STEP_THREAD = threading.local()  # set in the threads of an executor that runs 
 _STOPS: set[str] = set()  # runs asked to stop (terminated), by run id
 
 
-def running_side_by_side() -> Any:
+def running_side_by_side() -> None:
     """The executor's mark for the step run in this thread (``executors.py``)."""
     _STEP_THREAD.side_by_side = True
 
@@ -193,6 +193,5 @@ def _as_dict(context: TaskStepContext | dict[str, Any]) -> dict[str, Any]:
 
 
 def final_rows(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each row's last record of a stream read whole (its context, with ``stopped`` where it
-    stopped), in the order the rows arrived."""
+    """Each row's last record of a stream read whole, in the order the rows arrived."""
     return {record["row"]: record for record in records_ if "row" in record}
