@@ -1,7 +1,5 @@
-"""Execute one task plan through Dagster in this process (the CLI's ``run``/``task run``).
-
-Runs land in the project's instance (``DAGSTER_HOME``, default ``.dagster_home`` beside
-``.agentenv``), so ``dagster dev`` shows them afterwards.
+"""Execute one task plan through Dagster in this process (the CLI's ``run``/``task run``), in the
+project's instance (``DAGSTER_HOME``, default ``.dagster_home`` beside ``.agentenv``): ``dagster dev`` shows the runs.
 """
 
 from __future__ import annotations
@@ -66,9 +64,8 @@ class RunResult:
 
 
 def dagster_yaml(home: Path) -> str:
-    """The settings of the project's instance at ``home``: offline (no telemetry, no newsletter prompt),
-    Dagster's own storage there (``deploy/dagster.yaml`` for PostgreSQL), and runs from the UI or the
-    daemon starting from a warm process (``run_launcher.py``)."""
+    """The settings of the project's instance at ``home``: offline, Dagster's own storage there
+    (``deploy/dagster.yaml`` for PostgreSQL), runs from the UI or daemon forked from a warm process."""
     return """telemetry:
   enabled: false
 nux:
