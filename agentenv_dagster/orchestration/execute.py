@@ -1,7 +1,5 @@
-"""Execute one task plan through Dagster in this process (the CLI's ``run``/``task run``).
-
-Runs land in the project's instance (``DAGSTER_HOME``, default ``.dagster_home`` beside
-``.agentenv``), so ``dagster dev`` shows them afterwards.
+"""Execute one task plan through Dagster in this process (the CLI's ``run``/``task run``), in the
+project's instance (``DAGSTER_HOME``, default ``.dagster_home`` beside ``.agentenv``): ``dagster dev`` shows the runs.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
 from ..plan import TaskPlan
-from .dagster_internals import LocationJob, run_here
-from .dagster_internals import location_job as dagster_location_job
+from .dagster_internals import LocationJob, run_here, location_job as dagster_location_job
 from .definitions import build_job
 from .task_job import run_config
 from .executors import job_executor
@@ -44,7 +41,6 @@ class RunResult:
     dagster_home: str
     context_path: Path
     context: TaskStepContext  # the run's one row (empty for a run of several)
-    errors: list[str] = field(default_factory=list)
     contexts: dict[str, TaskStepContext] = field(default_factory=dict)  # by partition key
     retried_runs: list[str] = field(default_factory=list)  # failed runs a retry_config re-executed
 
@@ -67,10 +63,10 @@ class RunResult:
         return "\n".join(lines)
 
 
-# Offline by default: no telemetry, no newsletter prompt in the UI; Dagster's own storage and
-# compute logs (SQLite in the folder; `deploy/dagster.yaml` for PostgreSQL); runs launched from
-# the UI or by the daemon start from a warm process (orchestration/run_launcher.py).
-DAGSTER_YAML = """telemetry:
+def dagster_yaml(home: Path) -> str:
+    """The settings of the project's instance at ``home``: offline, Dagster's own storage there
+    (``deploy/dagster.yaml`` for PostgreSQL), runs from the UI or daemon forked from a warm process."""
+    return """telemetry:
   enabled: false
 nux:
   enabled: false
@@ -78,11 +74,6 @@ run_launcher:
   module: agentenv_dagster.orchestration.run_launcher
   class: ForkingRunLauncher
 """
-
-
-def dagster_yaml(home: Path) -> str:
-    """The project instance's settings (``home`` is where it lives: Dagster's default storage)."""
-    return DAGSTER_YAML
 
 
 def project_dagster_home(config: AgentEnvConfig) -> Path:
@@ -112,19 +103,16 @@ def execute_plan(
     initial_context: dict[str, Any] | None = None,
     output_dir: Path | None = None,
     instance: dg.DagsterInstance | None = None,
-    partition_key: str | None = None,
     partition_keys: list[str] | None = None,
     rows_in_flight: int | None = None,
     max_sandboxes: int | None = None,
     tags: dict[str, str] | None = None,
 ) -> RunResult:
-    """Run the task, one of its partitions (``partition_key``), or several in one run
-    (``partition_keys``, as a single-run backfill does: each row goes through the steps as soon
-    as its own steps before are done, ``rows_in_flight`` at once in each step and at most
-    ``max_sandboxes`` rows holding their deployments), in this process, with the job's
-    executor (``executors.job_executor``). A task the project's code location has as it is
-    runs as a run of the location's job (``location_job``): the UI lists it under that job
-    and can re-execute it; any other (a file elsewhere, ``-D`` overrides) as a job of its own."""
+    """Run the task, or some of its partitions in one run (``partition_keys``, as a single-run
+    backfill does: ``rows_in_flight`` rows at once in each step, at most ``max_sandboxes`` holding
+    their deployments), in this process with the job's executor (``executors.job_executor``). A task
+    the project's code location has as it is runs as the location's job (the UI lists it there and
+    can re-execute it); any other (a file elsewhere, ``-D`` overrides) as a job of its own."""
     io_manager = context_io_manager(config)  # the state folder, or S3 ([stores] backend)
     job_name = TaskTranslator().get_job_name(plan)
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
@@ -138,22 +126,21 @@ def execute_plan(
     overrides = {k: v for k, v in (("initial_context_path", seed_path),
                                    ("rows_in_flight", rows_in_flight), ("max_sandboxes", max_sandboxes)) if v}
     resources = agentenv_resources(config, **overrides)
+    run_config, run_tags = _launch(plan, partition_keys)
     location = location_job(config, plan)
     if location is not None:  # its resources as the location binds them; this run's settings as run config
         job_def = location.job_def
+        run_config = {**run_config, "resources": {RESOURCE_KEY: {"config": {
+            "project_dir": str(config.root), **overrides}}}}  # run config replaces a resource's whole config
     else:
         job_def = build_job(plan, executor_def=job_executor(config, plan), config=config,
                             resources={**resources, IO_MANAGER_KEY: io_manager})  # a retry re-executes it here too
-    run_config, run_tags = _launch(plan, partition_key, partition_keys)
-    if location is not None:
-        run_config = {**run_config, "resources": {RESOURCE_KEY: {"config": {
-            "project_dir": str(config.root), **overrides}}}}  # run config replaces a resource's whole config
     run_config = {**console_config(job_def), **run_config}  # Dagster's event lines on the console, or not
     run_tags = {**(tags or {}), **run_tags}
     try:
-        with (dg.DagsterInstance.get() if instance is None else nullcontext(instance)) as active:
+        with opened_instance(config, instance) as active:
             reap_dead_runs(active, config)  # what runs killed earlier left behind
-            with watching(active, run_label(job_name, run_tags), rows=len(partition_keys or [partition_key])) as new_id:
+            with watching(active, run_label(job_name, run_tags), rows=len(partition_keys or [""])) as new_id:
                 run_id = run_here(job_def, active, run_config, run_tags, location, run_id=new_id)
                 run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
             success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
@@ -176,39 +163,30 @@ def execute_plan(
     )
 
 
-WORKSPACE_FILE = "workspace.yaml"
-
-
 def location_job(config: AgentEnvConfig, plan: TaskPlan) -> LocationJob | None:
     """The job the project's code location (its ``workspace.yaml``) has for this task, when
     it has it as ``plan`` is (same content); else None."""
-    workspace = config.root / WORKSPACE_FILE
-    if not workspace.is_file():
-        return None
-    found = dagster_location_job(str(workspace), TaskTranslator().get_job_name(plan))
-    if found is None or found.job_def.tags.get(TAG_CONTENT_HASH) != plan.document.content_hash:
-        return None
-    return found
+    workspace = config.root / "workspace.yaml"
+    found = dagster_location_job(str(workspace), TaskTranslator().get_job_name(plan)) if workspace.is_file() else None
+    same = found is not None and found.job_def.tags.get(TAG_CONTENT_HASH) == plan.document.content_hash
+    return found if same else None
 
 
-def _launch(plan: TaskPlan, partition_key: str | None,
-            partition_keys: list[str] | None) -> tuple[dict[str, Any], dict[str, str]]:
+def _launch(plan: TaskPlan, partition_keys: list[str] | None) -> tuple[dict[str, Any], dict[str, str]]:
     """The run config and tags of a run of the task, of one partition, or of several (in
     dataset order, tagged with their range as a single-run backfill is)."""
-    if partition_keys is not None and len(partition_keys) == 1:
-        partition_key = partition_keys[0]
-    translator = TaskTranslator()
-    if partition_key is not None:
-        if partition_key not in (plan.document.partitions or {}):
-            raise ValueError(f"task '{plan.task_id}' has no partition {partition_key!r}")
-        variant = plan.document.variant_of(partition_key)
-        return run_config(plan, translator, [partition_key]), {
-            PARTITION_TAG: partition_key, **({VARIANT_TAG: variant} if variant else {})}
     if not partition_keys:
         return {}, {}
     rows = plan.document.partitions or {}
     unknown = [k for k in partition_keys if k not in rows]
+    if len(partition_keys) == 1:
+        key = partition_keys[0]
+        if unknown:
+            raise ValueError(f"task '{plan.task_id}' has no partition {key!r}")
+        variant = plan.document.variant_of(key)
+        tags = {PARTITION_TAG: key, **({VARIANT_TAG: variant} if variant else {})}
+        return run_config(plan, TaskTranslator(), [key]), tags
     if unknown:
         raise ValueError(f"task '{plan.task_id}' has no partitions {unknown}")
     ordered = [k for k in rows if k in set(partition_keys)]
-    return run_config(plan, translator, ordered), range_tags(plan, ordered)
+    return run_config(plan, TaskTranslator(), ordered), range_tags(plan, ordered)

@@ -1,18 +1,12 @@
-"""The executor a job gets: the project's side-by-side executor by default, or what the
-project chooses (``[dagster] executor`` in ``.agentenv/config.toml``, or
-``AGENTENV_DAGSTER_EXECUTOR``).
-
-``agentenv_executor`` runs a run's ops in threads of the run's process, each as soon as its
-upstream streams exist, so a dataset's rows are pipelined (``streams.py``) and independent
-branches overlap; a task whose steps form a chain and that has no dataset gains nothing from
-that and runs on Dagster's in-process executor (one step after another, and a failure skips
-what follows, as Dagster shows it). The jobs do not change between executors: ops hand each
-other their rows through the IO manager, so with the S3 one (``[stores] backend = "s3"``) and
-a Postgres instance the same job runs with its steps on Celery workers (``celery``: one op
-after another) or in Kubernetes Jobs (``k8s``, ``dagster_k8s.k8s_job_executor``).
+"""The executor a job gets: the project's side-by-side ``agentenv`` executor, Dagster's in-process
+one for a chain of steps with no dataset (nothing to overlap), or what ``[dagster] executor`` (or
+``AGENTENV_DAGSTER_EXECUTOR``) chooses. The jobs are the same under each: with the S3 IO manager and
+a Postgres instance their steps run on Celery workers or in Kubernetes Jobs (docs/architecture.md).
 """
 
 from __future__ import annotations
+
+import os
 
 import dagster as dg
 
@@ -70,14 +64,8 @@ def celery_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:
             "[dagster] executor = \"celery\" needs dagster-celery: pip install 'agentenv-dagster[prod]'"
         ) from exc
     settings = config.dagster.celery
-    return celery.configured(
-        {
-            "broker": _string_source(settings.broker),
-            "backend": _string_source(settings.backend),
-            **({"include": settings.include} if settings.include else {}),
-        },
-        name="celery",
-    )
+    return celery.configured({"broker": _string_source(settings.broker), "backend": _string_source(settings.backend),
+                              **({"include": settings.include} if settings.include else {})}, name="celery")
 
 
 def k8s_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:
@@ -94,8 +82,6 @@ def _string_source(value: str) -> str | dict[str, str]:
     """An ``env:NAME`` whose variable is set stays a reference (``{"env": NAME}``, read where
     the run executes), so a broker password never sits in the job's definition."""
     if value.startswith("env:"):
-        import os
-
         name = value[4:].partition("?")[0]
         if os.environ.get(name):
             return {"env": name}

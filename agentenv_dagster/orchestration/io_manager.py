@@ -1,13 +1,12 @@
-"""The context IO managers: each op's row stream, persisted per run as redacted JSON.
+"""The context IO managers: each op's row stream (``streams.py``), persisted per run as redacted JSON.
 
-An op's output is a :class:`~.streams.StreamRef`; what it names is the op's row records,
-appended as its rows end (``streams.py``). Nothing travels in process memory, so the
-multiprocess executor works, and with the S3 flavour (``s3_io_manager.py``) any remote
-executor (Celery, Kubernetes); secrets are stripped before anything is written.
+Nothing travels in process memory, so the multiprocess executor works, and with the S3 flavour
+(``s3_io_manager.py``) any remote executor (Celery, Kubernetes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -17,14 +16,11 @@ import dagster as dg
 
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
+from ..runtime.s3 import s3_location
 from .streams import StreamRef, final_rows
 
 FINAL_STEP = "teardown_run"  # the op whose stream holds each row's final context
 FAILED_ATTEMPT = ".failed"  # ``<step key>.failed``: the row of an op's attempt that Dagster retries
-
-
-def context_folder(base_dir: str | Path, run_id: str) -> Path:
-    return Path(base_dir) / run_id / "context"
 
 
 class ContextIOManagerBase(dg.ConfigurableIOManager):
@@ -51,6 +47,17 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
         """The streams the run wrote, oldest first."""
         raise NotImplementedError
 
+    @staticmethod
+    def encoded(records: list[dict[str, Any]]) -> bytes:
+        """Records as JSON lines, secrets stripped: nothing unredacted is stored."""
+        return b"".join(redacted_json(record) + b"\n" for record in records)
+
+    @staticmethod
+    def decoded(data: bytes) -> tuple[list[dict[str, Any]], bool]:
+        """The row records of JSON lines, and whether they end with the stream's end."""
+        found = [json.loads(line) for line in data.splitlines() if line]
+        return [r for r in found if "row" in r], bool(found) and found[-1].get("end") is True
+
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         if not isinstance(obj, StreamRef):
             raise dg.Failure(f"the agentenv IO manager stores row streams, not {type(obj).__name__}")
@@ -64,37 +71,33 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
         """A stream's rows as written so far: each row's last record."""
         return final_rows(self.read_records(run_id, name)[0])
 
-    def stopped_rows(self, run_id: str, name: str | None = None) -> dict[str, dict[str, Any]]:
-        """The run's rows that stopped at a fatal failure (of step ``name``, when given; else
-        anywhere): each one's record, with the failure and what the row had then."""
-        names = [name] if name else self.stream_names(run_id)
+    def stopped_rows(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """The run's rows that stopped at a fatal failure: each one's record of the step it
+        stopped at, with the failure and what the row had then."""
         stopped: dict[str, dict[str, Any]] = {}
-        for stream in names:
+        for stream in self.stream_names(run_id):
             for key, record in self.rows(run_id, stream).items():
-                if "stopped" in record and (name or record["stopped"].get("step_key", stream) == stream):
+                if "stopped" in record and record["stopped"].get("step_key", stream) == stream:
                     stopped.setdefault(key, record)
         return stopped
 
     def step_stream(self, run_id: str, node: str) -> str | None:
-        """The name of the stream of step ``node`` of the run (its step key: the node's name,
-        under its graph's)."""
+        """The stream of step ``node`` of the run (its step key: the node's name, under its graph's)."""
         return next((name for name in self.stream_names(run_id)
                      if name == node or name.endswith(f".{node}")), None)
 
     def final_contexts(self, run_id: str) -> dict[str, TaskStepContext]:
-        """Each row's final context: the teardown op's record of it (every sink merged, or
-        what a stopped row had when it stopped); for a run that ended before its teardown op
-        did, each row's last record of every stream, merged."""
+        """Each row's final context: the teardown op's record of it; for a run that ended before
+        its teardown op did, each row's last record of every stream, merged."""
         final = self.step_stream(run_id, FINAL_STEP)
         records, _, ended = self.read_records(run_id, final) if final else ([], None, False)
-        rows = final_rows(records)
-        if not ended:
-            by_row: dict[str, list[dict[str, Any]]] = {}
-            for name in self.stream_names(run_id):
-                for key, record in self.rows(run_id, name).items():
-                    by_row.setdefault(key, []).append(record["context"])
-            return {key: TaskStepContext.merge_dicts(contexts) for key, contexts in by_row.items()}
-        return {key: TaskStepContext.from_dict(record["context"]) for key, record in rows.items()}
+        if ended:
+            return {key: TaskStepContext.from_dict(record["context"]) for key, record in final_rows(records).items()}
+        by_row: dict[str, list[dict[str, Any]]] = {}
+        for name in self.stream_names(run_id):
+            for key, record in self.rows(run_id, name).items():
+                by_row.setdefault(key, []).append(record["context"])
+        return {key: TaskStepContext.merge_dicts(contexts) for key, contexts in by_row.items()}
 
 
 class TaskContextIOManager(ContextIOManagerBase):
@@ -102,8 +105,11 @@ class TaskContextIOManager(ContextIOManagerBase):
 
     base_dir: str
 
+    def _folder(self, run_id: str) -> Path:
+        return Path(self.base_dir) / run_id / "context"
+
     def _path(self, run_id: str, name: str) -> Path:
-        return context_folder(self.base_dir, run_id) / f"{name}.jsonl"
+        return self._folder(run_id) / f"{name}.jsonl"
 
     def start_stream(self, run_id: str, name: str) -> None:
         path = self._path(run_id, name)
@@ -111,11 +117,10 @@ class TaskContextIOManager(ContextIOManagerBase):
         path.write_bytes(b"")
 
     def append_records(self, run_id: str, name: str, records: list[dict[str, Any]]) -> None:
-        data = b"".join(redacted_json(record) + b"\n" for record in records)
         # one writer a stream, and one write a batch: a reader sees whole lines or none of a batch
         fd = os.open(self._path(run_id, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, data)
+            os.write(fd, self.encoded(records))
         finally:
             os.close(fd)
 
@@ -128,34 +133,25 @@ class TaskContextIOManager(ContextIOManagerBase):
         except FileNotFoundError:
             return [], offset, False
         whole = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
-        found = [json.loads(line) for line in whole.splitlines() if line]
-        ended = bool(found) and found[-1].get("end") is True
-        return [r for r in found if "row" in r], offset + len(whole), ended
+        rows, ended = self.decoded(whole)
+        return rows, offset + len(whole), ended
 
     def stream_names(self, run_id: str) -> list[str]:
-        folder = context_folder(self.base_dir, run_id)
-        files = sorted(folder.glob("*.jsonl"), key=lambda p: p.stat().st_mtime_ns) if folder.is_dir() else []
-        return [p.name[: -len(".jsonl")] for p in files if not p.name.endswith(f"{FAILED_ATTEMPT}.jsonl")]
+        files = sorted(self._folder(run_id).glob("*.jsonl"), key=lambda p: p.stat().st_mtime_ns)
+        return [p.stem for p in files if not p.stem.endswith(FAILED_ATTEMPT)]
 
 
 def context_io_manager(config: AgentEnvConfig) -> ContextIOManagerBase:
-    """The project's IO manager: the state folder, or its bucket (``[stores] backend = "s3"``,
-    what a distributed executor needs)."""
+    """The project's IO manager: the state folder, or its bucket (``[stores] backend = "s3"``)."""
     if config.stores.backend == "s3":
-        from ..runtime.s3 import s3_location
-        from .s3_io_manager import S3ContextIOManager
+        from .s3_io_manager import S3ContextIOManager  # (it imports this module)
 
-        location = s3_location(config)
-        return S3ContextIOManager(
-            bucket=location.bucket, prefix=location.prefix, endpoint_url=location.endpoint_url,
-            region=location.region,
-        )
+        return S3ContextIOManager(**dataclasses.asdict(s3_location(config)))
     return TaskContextIOManager(base_dir=str(config.state_dir / "runs"))
 
 
 def final_contexts(base_dir: str | Path, run_id: str) -> dict[str, TaskStepContext]:
-    """A run's final contexts in the state folder ``base_dir`` (see
-    :meth:`ContextIOManagerBase.final_contexts`)."""
+    """A run's final contexts in the state folder ``base_dir`` (:meth:`ContextIOManagerBase.final_contexts`)."""
     return TaskContextIOManager(base_dir=str(base_dir)).final_contexts(run_id)
 
 

@@ -1,12 +1,8 @@
 """The op of a step: one definition per step type, copied per step with its description.
 
-An op streams: it yields its Output (its row stream, ``streams.py``) as it starts, then runs
-its step for each row as that row arrives from the ops above it (a root op: as the run admits
-it), ``rows_in_flight`` at a time, appending each row to its stream as its step ends and
-reporting what the step wrote as asset events (a row's under its partition). A row that
-stops at a fatal failure is passed on as stopped, so the ops below skip it; nothing an op
-does ends another row's deployments. The last op, ``teardown_run``, ends each row's
-deployments as the row leaves the run, which lets the next row in (``max_sandboxes``).
+An op runs its step for each row as the row arrives (``streams.py``), ``rows_in_flight`` at a time,
+and reports each row's asset events as its step ends; a row stopped at a fatal failure is passed on
+as stopped. The last op, ``teardown_run``, ends each row's deployments as it leaves the run.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ import signal
 import threading
 import time
 from datetime import datetime, timezone
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import dagster as dg
@@ -29,7 +25,6 @@ from ..runtime.loop import new_event_loop
 from ..steps.base import TaskStep
 from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
-from .provenance import Provenance
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import live_deployers, retries_carried, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
@@ -53,28 +48,33 @@ STREAM = dg.DagsterType(type_check_fn=lambda _, value: isinstance(value, StreamR
 STREAMS = dg.List[STREAM]
 
 
-def _ins() -> dict[str, dg.In]:
-    return {"upstream": dg.In(STREAMS, default_value=[], description="the streams whose rows' contexts it merges"),
-            AFTER: dg.In(STREAMS, default_value=[], description="streams whose rows it only waits for"),
-            ARTIFACTS_INPUT: dg.In(dg.Nothing, description="the stored artifacts the step loads")}
+def _stream_op(name: str, run: Callable[..., Iterator[Any]], **op_args: Any) -> dg.OpDefinition:
+    """An op whose output is its row stream, mapping the task asset it writes: ``run(context,
+    upstream, after)`` is its body."""
 
+    @dg.op(
+        name=name,
+        ins={"upstream": dg.In(STREAMS, default_value=[], description="the streams whose rows' contexts it merges"),
+             AFTER: dg.In(STREAMS, default_value=[], description="streams whose rows it only waits for"),
+             ARTIFACTS_INPUT: dg.In(dg.Nothing, description="the stored artifacts the step loads")},
+        out={"result": dg.Out(io_manager_key=IO_MANAGER_KEY, is_required=False,
+                              description="the step's row stream: each row as its step ends"),
+             ASSET_OUTPUT: dg.Out(dg.Nothing, is_required=False,
+                                  description="the task asset the step writes, a materialization a row")},
+        **op_args,
+    )
+    def _op(context, upstream, after):
+        yield from run(context, upstream, after)
 
-def _outs() -> dict[str, dg.Out]:
-    return {"result": dg.Out(io_manager_key=IO_MANAGER_KEY, is_required=False,
-                             description="the step's row stream: each row as its step ends"),
-            ASSET_OUTPUT: dg.Out(dg.Nothing, is_required=False,
-                                 description="the task asset the step writes, a materialization a row")}
+    return _op
 
 
 @lru_cache(maxsize=None)
 def step_op(step_type: str) -> dg.OpDefinition:
     """The op of one step type; ``config.step`` holds the step's fields (launchpad-editable),
     ``config.rows`` the dataset values of the rows a root op starts."""
-
-    @dg.op(
-        name=node_name(step_type),
-        ins=_ins(),
-        out=_outs(),
+    return _stream_op(
+        node_name(step_type), partial(run_step_op, step_type=step_type),
         config_schema={
             "step": dg.Field(dg.Permissive(), description="the step's fields"),
             ROWS: dg.Field(dg.Array(str), is_required=False,
@@ -84,14 +84,10 @@ def step_op(step_type: str) -> dg.OpDefinition:
         tags={TAG_STEP_TYPE: step_type},
         description=f"Runs an agent-env `{step_type}` step for each row of the run.",
     )
-    def _step(context, upstream, after):
-        yield from run_step_op(context, step_type, upstream, after)
-
-    return _step
 
 
 def run_step_op(
-    context: dg.OpExecutionContext, step_type: str, upstream: list[StreamRef], after: list[StreamRef],
+    context: dg.OpExecutionContext, upstream: list[StreamRef], after: list[StreamRef], step_type: str,
 ) -> Iterator[Any]:
     resource: AgentEnvResource = getattr(context.resources, RESOURCE_KEY)
     io: ContextIOManagerBase = getattr(context.resources, IO_MANAGER_KEY)
@@ -108,7 +104,7 @@ def run_step_op(
     try:
         yield from _driven(context.run_id, lambda outbox: rows.run(source, outbox), rows.events)
     except _RetryPending as pending:  # the stream stays open: the op's next attempt goes on with it
-        raise pending.failed from None
+        raise pending.args[0] from None
     except BaseException:
         out.end()  # the ops below see the rows it did not pass on as lost
         raise
@@ -116,11 +112,7 @@ def run_step_op(
 
 
 class _RetryPending(Exception):
-    """The op's step failed for its row with a self-retry left: Dagster runs the op again."""
-
-    def __init__(self, failed: StepFailed) -> None:
-        super().__init__(str(failed))
-        self.failed = failed
+    """A row's step failed (``args[0]``, the StepFailed) with a self-retry left: Dagster runs the op again."""
 
 
 class _RowsOfOp:
@@ -145,9 +137,8 @@ class _RowsOfOp:
         self.first_failure: StepFailed | None = None
 
     async def admitted(self) -> AsyncIterator[Row]:
-        """A root op's rows: the run's rows, fresh contexts, in order; where the run's ops go
-        side by side, a row only once fewer than ``max_sandboxes`` are in the run (the
-        teardown op's stream says which have left)."""
+        """A root op's rows, fresh contexts, in order; where the run's ops go side by side, a row only once
+        fewer than ``max_sandboxes`` are in the run (the teardown op's stream says which have left)."""
         context, resource = self.context, self.resource
         keys = run_keys(context, context.op_config.get(ROWS))
         defaults = _seed_defaults(context)
@@ -179,8 +170,7 @@ class _RowsOfOp:
                                               judge=getattr(self.context.resources, JUDGE_KEY),
                                               artifacts=getattr(self.context.resources, ARTIFACTS_KEY)) as rt:
             async with rt.lanes(self.resource.rows_in_flight) as lanes:
-                warming = asyncio.create_task(self._warm_up(rt))
-                running: set[asyncio.Task] = {warming}
+                running: set[asyncio.Task] = {asyncio.create_task(self._warm_up(rt))}
                 async for row in source:
                     if row.stopped is not None:
                         self.out.stopped(row.key, row.stopped, row.context)
@@ -188,8 +178,7 @@ class _RowsOfOp:
                     task = asyncio.create_task(self._one(row, lanes, outbox))
                     running.add(task)
                     task.add_done_callback(running.discard)
-                if running:
-                    await asyncio.gather(*running)
+                await asyncio.gather(*running)
 
     async def _warm_up(self, rt) -> None:
         try:
@@ -244,27 +233,24 @@ class _RowsOfOp:
         yield from check_evaluations(self.context.instance, self.assets, passed)
 
     def finish(self) -> None:
-        """End the stream; fail the op when every row that reached it stopped here. Under an
-        executor that runs one step at a time, Dagster then skips every step below a failed
-        one, the teardown op too: what the run deployed ends with the last step that still
-        runs (this one, unless a step independent of the failure is still to run)."""
+        """End the stream; fail the op when every row that reached it stopped here. Under a one-step-at-a-time
+        executor Dagster then skips every step below a failed one, the teardown op too: what the run deployed
+        ends with the last step that still runs (this one, unless a step independent of the failure is left)."""
         self.out.end()
         stopped = self.stopped_here
         self.context.log.info(f"step '{self.step.id}': {self.passed} row(s) passed"
                               + (f", {len(stopped)} stopped here" if stopped else ""))
         failing = bool(stopped and not self.passed)
         ended = self.resource.teardown(self.context.run_id) \
-            if not side_by_side() and _one_step_at_a_time(self.context) \
+            if not side_by_side() and self.context.job_def.executor_def.name in ONE_STEP_AT_A_TIME \
             and _last_to_run_after_a_failure(self.context, self.step.id, failing) else []
         if ended and not failing:
             self.context.log.info(f"the run's failed steps skip the rest of it: ended {len(ended)} deployment(s)")
         if failing:
             first = self.first_failure
-            raise dg.Failure(
-                description=str(first) if len(stopped) == 1 else f"{len(stopped)} rows failed; the first: {first}",
-                metadata={"error_type": first.record["error_type"], "torn_down": ended,
-                          **({"failed_rows": sorted(stopped)} if len(stopped) > 1 else {})},
-            )
+            several = {"failed_rows": sorted(stopped)} if len(stopped) > 1 else {}
+            raise dg.Failure(description=f"{len(stopped)} rows failed; the first: {first}" if several else str(first),
+                             metadata={"error_type": first.record["error_type"], "torn_down": ended, **several})
 
 
 class _Outbox(queue.SimpleQueue):
@@ -272,35 +258,27 @@ class _Outbox(queue.SimpleQueue):
     threads: the rows run on the op's event loop thread, the generator in the op's thread."""
 
     def take(self) -> list[Any]:
-        """At least one item (blocking until there is one), and whatever else is waiting."""
+        """At least one item (blocking until there is one), and whatever else is waiting (it has one reader)."""
         while True:  # a timeout now and then: the main thread's signal handlers run meanwhile
             try:
                 items = [self.get(timeout=STOP_POLL_SECONDS)]
-                break
             except queue.Empty:
                 continue
-        while True:
-            try:
+            while not self.empty():
                 items.append(self.get_nowait())
-            except queue.Empty:
-                return items
+            return items
 
 
 STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
-
-
 _MAIN_ENDED = object()  # what the loop thread puts in the outbox last
 
 
 def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
             to_events: Callable[[list[Any]], Iterator[Any]]) -> Iterator[Any]:
-    """Run ``main`` on an event loop in a thread of the op's own, handing what it puts in its
-    outbox to ``to_events`` in the op's thread (Dagster takes events from there only); returns
-    once ``main`` has ended, raising what it raised. Storing an event takes the op's thread,
-    never the loop: the op's rows go on meanwhile.
-
-    Asked to stop (the run terminated: SIGINT in the main thread, ``streams.request_stop`` from
-    the executor), ``main`` is cancelled and unwinds; then the interruption is raised."""
+    """Run ``main`` on an event loop in a thread of its own, handing what it puts in its outbox to
+    ``to_events`` in the op's thread (Dagster takes events from there only, and the rows go on while
+    it stores them); returns once ``main`` has ended, raising what it raised. Asked to stop (SIGINT,
+    ``streams.request_stop``), ``main`` is cancelled and unwinds, then the interruption is raised."""
     loop = new_event_loop()
     outbox = _Outbox()
     ended: list[BaseException | None] = []
@@ -311,12 +289,12 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
         task = asyncio.create_task(main(outbox))
         tasks.append(task)
         started.set()
-        watcher = asyncio.create_task(_until_stopped(run_id, task))
-        try:
+        await asyncio.sleep(0)  # ``main`` starts before the first look at whether the run must stop
+        while not task.done() and not stop_requested(run_id):
+            await asyncio.wait({task}, timeout=STOP_POLL_SECONDS)
+        if not task.done():  # the run was asked to stop
+            task.cancel()
             await asyncio.wait({task})
-        finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
         ended.append(task.exception() if not task.cancelled() else asyncio.CancelledError())
 
     beside = side_by_side()
@@ -346,14 +324,10 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
     thread = threading.Thread(target=run_loop, name=f"{threading.current_thread().name} rows", daemon=True)
     thread.start()
     try:
-        done = False
-        while not done:
-            items = outbox.take()
-            done = items[-1] is _MAIN_ENDED
-            if done:
-                items.pop()
-            if items:
-                yield from to_events(items)
+        while (items := outbox.take())[-1] is not _MAIN_ENDED:
+            yield from to_events(items)
+        if items[:-1]:
+            yield from to_events(items[:-1])
         if interrupted:
             handler(signal.SIGINT, interrupted[0])  # raises, unless the process defers interrupts
         if ended and ended[0] is not None:
@@ -366,38 +340,14 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
             thread.join()
 
 
-async def _until_stopped(run_id: str, task: asyncio.Task) -> None:
-    while not task.done():
-        if stop_requested(run_id):
-            task.cancel()
-            return
-        await asyncio.sleep(STOP_POLL_SECONDS)
-
-
 ONE_STEP_AT_A_TIME = ("in_process", "execute_in_process_executor")  # Dagster's in-process executors
-
-
-def _results_asset(context: dg.OpExecutionContext) -> tuple[dg.AssetKey, Provenance] | None:
-    """The teardown node's asset (each row's outcome), with the provenance of its materializations."""
-    if not context.has_assets_def:  # (a job of the op graph alone)
-        return None
-    key = context.asset_key_for_output(ASSET_OUTPUT)
-    return key, asset_provenance(context, key)
-
-
-def _one_step_at_a_time(context: dg.OpExecutionContext) -> bool:
-    """Whether the run's executor runs its steps one after another in this process."""
-    return context.job_def.executor_def.name in ONE_STEP_AT_A_TIME
-
-
 _STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
 
 
 def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, failing: bool) -> bool:
-    """Under a one-step-at-a-time executor: whether a step of the run has failed (this one,
-    when ``failing``) and no other step of it is still to run but those Dagster will skip
-    (descendants of a failed step, the teardown op among them). A step independent of the
-    failure still runs after it, against the run's deployments: they must not end before."""
+    """Under a one-step-at-a-time executor: whether a step of the run has failed (this one, when
+    ``failing``) and no step is still to run but those Dagster will skip (a failed step's descendants,
+    the teardown op among them); a step independent of the failure still uses the run's deployments."""
     plan = plan_of(context)
     if plan is None:  # (a job not built from a task plan: nothing to wait for is known)
         return failing
@@ -445,9 +395,8 @@ def _row(key: str) -> str:
 
 
 def refuse_ended_deployments(context, step: TaskStep) -> None:
-    """A re-execution of some steps reads its parent's contexts, but what the parent deployed
-    ended with it: a step that uses an env, agent or sandbox its own run does not deploy again
-    is refused at once, with the steps to select."""
+    """Refuse a step of a re-execution that uses an env, agent or sandbox its parent run deployed (which
+    ended with that run) and its own run does not deploy again, naming the steps to select."""
     selected = context.run.step_keys_to_execute
     plan = plan_of(context)
     if not context.run.parent_run_id or selected is None or plan is None or step.id not in plan.step_by_id:
@@ -470,25 +419,19 @@ def refuse_changed_task(context) -> None:
     before = parent.tags.get(TAG_CONTENT_HASH) if parent else None
     now = context.op.tags.get(TAG_CONTENT_HASH)
     if before and now and before != now:
-        raise dg.Failure(
-            description=f"re-execution refused: the task changed since run {parent_id} "
-            f"(content hash {before} -> {now}); launch a new run instead"
-        )
+        raise dg.Failure(description=f"re-execution refused: the task changed since run {parent_id} "
+                         f"(content hash {before} -> {now}); launch a new run instead")
 
 
 @lru_cache(maxsize=None)
 def teardown_op() -> dg.OpDefinition:
-    @dg.op(
-        name=TEARDOWN_OP, ins=_ins(), out=_outs(),
-        required_resource_keys={RESOURCE_KEY, IO_MANAGER_KEY},
+    """The last op of every task graph."""
+    return _stream_op(
+        TEARDOWN_OP, run_teardown, required_resource_keys={RESOURCE_KEY, IO_MANAGER_KEY},
         description="Ends each row's envs, agents and sandboxes as the row leaves the run (every "
         "last step done, or stopped at a failure), then whatever the run still holds; its stream "
         "holds each row's final context. Fails the run when a row stopped at a failing step.",
     )
-    def _teardown(context, upstream, after):
-        yield from run_teardown(context, upstream, after)
-
-    return _teardown
 
 
 def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], after: list[StreamRef]) -> Iterator[Any]:
@@ -497,18 +440,20 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
     out = StreamWriter(io, context.run_id, str(context.op_handle))
     if "result" in context.selected_output_names:
         yield dg.Output(out.ref, "result")
-    results = _results_asset(context)
+    # the teardown node's asset (each row's outcome); none in a job of the op graph alone
+    results_key = context.asset_key_for_output(ASSET_OUTPUT) if context.has_assets_def else None
+    provenance = asset_provenance(context, results_key) if results_key is not None else None
     stopped: list[str] = []
     ended: list[str] = []
 
     async def leave(outbox: _Outbox) -> None:
         async for row in joined(io, upstream, after):
             ctx = TaskStepContext.from_dict(row.context)
+            timing = ctx.metadata_map("step_timings")[TEARDOWN_OP] = {
+                "started_at_utc": datetime.now(timezone.utc).isoformat()}
             started = time.perf_counter()
-            timing = {"started_at_utc": datetime.now(timezone.utc).isoformat()}
             ended.extend(await asyncio.to_thread(resource.end_row, context.run_id, ctx))
-            ctx.metadata_map("step_timings")[TEARDOWN_OP] = {
-                **timing, "duration_seconds": round(time.perf_counter() - started, 3)}
+            timing["duration_seconds"] = round(time.perf_counter() - started, 3)
             row.context = ctx.to_dict()
             if row.stopped is not None:
                 stopped.append(row.key)
@@ -518,10 +463,8 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
             outbox.put((row.key, ctx, row.stopped))
 
     def materialized(left: list[tuple[str, TaskStepContext, dict | None]]) -> Iterator[Any]:
-        if results is not None:
-            key, provenance = results
-            for row, ctx, failure in left:
-                yield result_materialization(key, row or None, ctx, failure, provenance)
+        for row, ctx, failure in left if results_key is not None else []:
+            yield result_materialization(results_key, row or None, ctx, failure, provenance)
 
     yield from _driven(context.run_id, leave, materialized)
     ended += resource.teardown(context.run_id)

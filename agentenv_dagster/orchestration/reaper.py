@@ -1,13 +1,9 @@
 """Reap what killed runs left behind, and prune old run folders.
 
-A run's servers end with the run's owner process on their own (``runtime/processes.py``),
-but a run killed hard (``kill -9`` of the CLI, a lost run worker) never closes its ledger, so
-its containers may still run and its Dagster run stays ``STARTED``. :func:`reap_dead_runs`
-finds every run of this project whose ledger is open and whose owner has gone (on this
-machine: an owner elsewhere is left to the machine it ran on), ends what its ledger lists,
-closes it, and reports the Dagster run failed with the reason. Then it removes run folders
-older than ``[stores] keep_runs_days`` that nothing runs in. Meant to run when the CLI starts
-and when the code location loads.
+A run killed hard (``kill -9`` of the CLI, a lost run worker) never closes its ledger: its
+containers may still run and its Dagster run stays ``STARTED``. :func:`reap_dead_runs`, run when
+the CLI starts and when the code location loads, ends what such runs of this machine left, marks
+them failed, and removes run folders older than ``[stores] keep_runs_days``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,16 @@
 """The Dagster face of the runtime: resources that hold settings and build plain runtimes.
 
-``AgentEnvResource`` (runs, teardown), ``ArtifactStoreResource`` and ``JudgeResource``: their
-defaults come from ``.agentenv/config.toml`` and the launchpad can override each. Every op
+Their defaults come from ``.agentenv/config.toml`` and the launchpad can override each; every op
 builds a :class:`StepRuntime` from them, so step code never sees Dagster.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
-
+from typing import Any
 import dagster as dg
 from pydantic import Field, ValidationError
 
@@ -21,21 +20,17 @@ from ..context import TaskStepContext
 from ..runtime.artifacts import FilesystemArtifactStore, ObjectStore
 from ..runtime.base import RunInfo, StepRuntime, artifact_store
 from ..runtime.local import Ledger
+from ..runtime.s3 import S3ArtifactStore, S3Location, S3ObjectStore, s3_location
 from ..spec.loader import validation_problems
 from ..steps.base import TaskStep
-
-if TYPE_CHECKING:
-    from ..runtime.s3 import S3ArtifactStore, S3ObjectStore
-
 
 RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY = "agentenv", "agentenv_artifacts", "agentenv_judge"
 MAX_PROBLEMS_SHOWN = 5  # of a step's fields in the run config that do not validate
 
 
 class ArtifactStoreResource(dg.ConfigurableResource):
-    """The versioned artifact store and the object store: a folder (``root``), or an S3
-    bucket (``backend: s3``; ``root`` is then the local download cache), plus read-only
-    bundle folders (version 1)."""
+    """The versioned artifact store and the object store: a folder (``root``), or an S3 bucket
+    (``backend: s3``; ``root`` is then the local download cache), plus read-only bundle folders."""
 
     root: str
     bundle_dirs: list[str] = []
@@ -46,31 +41,24 @@ class ArtifactStoreResource(dg.ConfigurableResource):
     endpoint_url: str | None = None
     region: str | None = None
 
-    def _location(self):
-        from ..runtime.s3 import S3Location
-
+    def _location(self) -> S3Location:
         return S3Location(self.bucket, self.prefix, self.endpoint_url, self.region)
 
     def get_store(self) -> FilesystemArtifactStore | S3ArtifactStore:
         bundles = [Path(d) for d in self.bundle_dirs]
         if self.backend == "s3":
-            from ..runtime.s3 import S3ArtifactStore
-
             return S3ArtifactStore(self._location(), Path(self.root), bundles)
         return FilesystemArtifactStore(Path(self.root), bundles)
 
     def get_object_store(self) -> ObjectStore | S3ObjectStore:
         if self.backend == "s3":
-            from ..runtime.s3 import S3ObjectStore
-
             return S3ObjectStore(self._location())
         return ObjectStore(Path(self.objects_root or Path(self.root).parent / "objects"))
 
 
 class JudgeResource(dg.ConfigurableResource):
-    """The LLM judge (the Anthropic Messages API or a compatible ``base_url``). The key is
-    read from the environment variable named by ``api_key_env`` when a judge runs, so no
-    secret sits in run config; unset = as ``.agentenv/config.toml`` says."""
+    """The LLM judge (the Anthropic Messages API or a compatible ``base_url``). Its key is read from
+    the variable ``api_key_env`` names (unset: as ``.agentenv/config.toml`` says): no secret in run config."""
 
     model: str
     base_url: str | None = None
@@ -124,7 +112,7 @@ class AgentEnvResource(dg.ConfigurableResource):
         dataset row's carries its values as the seed every step is filled from."""
         try:
             data = json.loads(Path(self.initial_context_path).read_text()) if self.initial_context_path else {}
-        except (FileNotFoundError, ProcessLookupError):  # it lives as long as the process that ran ``--context`` (it may hold secrets)
+        except (FileNotFoundError, ProcessLookupError):  # it may hold secrets: it ends with ``--context``'s process
             raise dg.Failure("the initial context (agentenv-dagster run --context) ended with the run that "
                              "passed it; launch again without initial_context_path, or from the CLI") from None
         ctx = TaskStepContext.from_dict(data)
@@ -135,11 +123,9 @@ class AgentEnvResource(dg.ConfigurableResource):
             ctx.metadata["seed"] = {**(ctx.metadata.get("seed") or {}), **seed}
         return ctx
 
-    def live_rows_bound(self, task_bound: int | None = None) -> int:
-        """How many rows may hold their deployments at once: this resource's ``max_sandboxes``
-        (the CLI's flag, the launchpad), else the task's own (``task_bound``), else
-        twice ``rows_in_flight``: the rows whose agents work, and as many whose grading (which
-        may still use the sandbox) runs meanwhile, so that grading never idles an agent lane."""
+    def live_rows_bound(self, task_bound: int | None) -> int:
+        """How many rows may hold their deployments at once: ``max_sandboxes`` (the CLI's flag, the
+        launchpad), else the task's own, else twice ``rows_in_flight`` so grading never idles an agent lane."""
         return self.max_sandboxes or task_bound or 2 * self.rows_in_flight
 
     def step_runtime(
@@ -163,17 +149,13 @@ class AgentEnvResource(dg.ConfigurableResource):
         return Ledger.of_run(self.run_dir(run_id)).close()
 
 
-def agentenv_resources(
-    config: AgentEnvConfig, initial_context_path: str | None = None, rows_in_flight: int | None = None,
-    max_sandboxes: int | None = None,
-) -> dict[str, dg.ConfigurableResource]:
-    """The resources, with the project's settings as their (launchpad-visible) defaults.
-    (Settings go in at construction: Dagster runs a resource from the config it was built
-    with, so a ``model_copy`` of one is silently ignored.)"""
+def agentenv_resources(config: AgentEnvConfig, **settings: Any) -> dict[str, dg.ConfigurableResource]:
+    """The resources, with the project's settings and ``settings`` (fields of :class:`AgentEnvResource`)
+    as their (launchpad-visible) defaults: given at construction, since Dagster runs a resource from
+    the config it was built with (not a ``model_copy``)."""
     store = artifact_store(config)
-    bound = {k: v for k, v in (("rows_in_flight", rows_in_flight), ("max_sandboxes", max_sandboxes)) if v}
     return {
-        RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), initial_context_path=initial_context_path, **bound),
+        RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), **settings),
         ARTIFACTS_KEY: ArtifactStoreResource(
             root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs], **_store_settings(config),
         ),
@@ -184,8 +166,4 @@ def agentenv_resources(
 def _store_settings(config: AgentEnvConfig) -> dict[str, str | None]:
     if config.stores.backend != "s3":
         return {"objects_root": str(config.state_dir / "objects")}
-    from ..runtime.s3 import s3_location
-
-    location = s3_location(config)
-    return {"backend": "s3", "bucket": location.bucket, "prefix": location.prefix,
-            "endpoint_url": location.endpoint_url, "region": location.region}
+    return {"backend": "s3", **dataclasses.asdict(s3_location(config))}

@@ -1,24 +1,22 @@
 """Which rows a run carries, by partition key, and what the instance knows of them.
 
-A run targets the task itself (one row, key ``""``), one partition (a dataset row), or a
-range of partitions (rows run together, as a single-run backfill does). Every op runs its
-step for each of its rows as the row reaches it (``streams.py``), so a thousand-row dataset
-costs a handful of ops rather than a thousand runs.
+A run targets the task itself (one row, key ``""``), one partition (a dataset row), or several
+run together (as a single-run backfill does): a thousand-row dataset costs a handful of ops, not
+a thousand runs.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Collection
+from typing import TYPE_CHECKING, Any, Collection, Iterator
 
 import dagster as dg
 
-from ..steps.base import VERIFICATION
+from ..steps.base import VERIFICATION, TaskStep
 
 if TYPE_CHECKING:
     from ..plan import TaskPlan
     from ..spec.loader import TaskDocument
-    from ..steps.base import TaskStep
 
 UNPARTITIONED = ""
 ROWS = "rows"
@@ -34,11 +32,9 @@ VARIANT_TAG = "agentenv/variant"  # an experiment's variant the run's steps are 
 REPLICATE_TAG = "agentenv/replicate"  # which of a task's replicates (trials, repeats) the run is
 CONTENT_HASH_TAG = "agentenv/content_hash"  # a task job's and each node's: the plan its definitions were built from
 
-# The plan of each task graph this process built (``task_job.build_task``), by graph name and
-# content hash: what an op reads a dataset's rows and an experiment's variants from, in the
-# task's job or in any other job that runs the task's assets (Dagster's implicit asset job, which
-# an asset backfill, Materialize in the asset graph and ``dg launch --assets`` run). Like the
-# definitions themselves, it exists in every process that loads the code location.
+# The plan of each task graph this process built (``task_job.build_task``), by graph name and content
+# hash: what an op reads a dataset's rows and variants from, in the task's job or any other job that runs
+# its assets (the implicit asset job). Like the definitions, it exists in every process loading the location.
 _PLANS: dict[tuple[str, str], "TaskPlan"] = {}
 
 
@@ -52,8 +48,7 @@ def plan_of(context: dg.OpExecutionContext) -> "TaskPlan | None":
 
 
 def op_graph(context: dg.OpExecutionContext) -> dg.GraphDefinition:
-    """The task graph the op is a node of, whichever job runs it (the task's own, or the
-    implicit asset job, where each task's graph is one node among others)."""
+    """The task graph the op is a node of, in the task's own job or the implicit asset job (one node of it)."""
     parent = context.op_handle.parent
     return context.job_def.graph.get_node(parent).definition if parent is not None else context.job_def.graph
 
@@ -94,9 +89,7 @@ def run_keys(context: dg.OpExecutionContext, selected: list[str] | None) -> list
     if variant is not None and (other := [k for k in keys if document.variant_of(k) != variant]):
         raise dg.Failure(description=f"this run's steps are variant '{variant}'; it cannot run partitions {other[:5]}")
     if failed_only:
-        named = keys
-        failed = set(rows_not_passed(context.instance, op_graph(context), named))
-        keys = [k for k in named if k in failed]
+        named, keys = keys, rows_not_passed(context.instance, op_graph(context), keys)
         context.log.info(f"{ROWS_TAG}={FAILED_ROWS}: {len(keys)} of {len(named)} rows did not pass: {keys[:20]}")
     return keys
 
@@ -120,8 +113,7 @@ def range_tags(plan, keys: list[str]) -> dict[str, str]:
 
 
 def task_graph_of(job: dg.JobDefinition) -> dg.GraphDefinition:
-    """The op graph of a task job: the graph backing its assets (its one node), or the job's
-    own graph (a job built from the graph alone)."""
+    """The op graph of a task job: the graph backing its assets (its one node), or the job's own."""
     nodes = job.graph.nodes
     if len(nodes) == 1 and isinstance(nodes[0].definition, dg.GraphDefinition):
         return nodes[0].definition
@@ -135,18 +127,16 @@ def node_step_key(job: dg.JobDefinition, node: str) -> str:
 
 
 def node_assets(tags: dict[str, str]) -> dict[str, Any]:
-    """A node's asset keys from its tag: ``produced`` [kind, name, path], ``loaded``, the
-    ``checks`` its verifications' step declares, and its task's ``regression`` gate (the
-    settings' JSON, or None)."""
+    """A node's asset keys from its tag: ``produced`` [kind, name, path], ``loaded``, the ``checks`` its
+    verifications' step declares, and its task's ``regression`` gate (the settings' JSON, or None)."""
     raw = tags.get(STEP_ASSETS_TAG)
     return {"produced": [], "loaded": {}, "checks": [], **(json.loads(raw) if raw else {}),
             "regression": tags.get(REGRESSION_TAG)}
 
 
 def rows_not_passed(instance: dg.DagsterInstance, graph: dg.GraphDefinition, keys: list[str]) -> list[str]:
-    """Of ``keys``, the rows to run again (``graph`` is the task's): a verification of theirs is
-    a failed partition (the row stopped), was never reached, or its latest materialization did
-    not pass."""
+    """Of ``keys``, the rows to run again (``graph`` is the task's): a verification of theirs was never
+    materialized (the row stopped before it, or never ran), or its latest materialization did not pass."""
     verifications = [dg.AssetKey(path) for node in graph.nodes
                      for kind, _, path in node_assets(node.tags)["produced"] if kind == VERIFICATION]
     again: set[str] = set()
@@ -161,12 +151,11 @@ def latest_metadata(
 ) -> dict[str, dict[str, Any]]:
     """Each row's latest materialization metadata of ``key``, the entries named in ``labels``
     (rows never materialized left out): two queries for the whole dataset, not one a row."""
-    latest = instance.event_log_storage.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
-    wanted = set(rows)
+    latest = instance.event_log_storage.get_latest_storage_id_by_partition(
+        key, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    ids = sorted(latest[row] for row in set(rows) if row in latest)
     by_row: dict[str, dict[str, Any]] = {}
-    ids = sorted(storage_id for row, storage_id in latest.items() if row in wanted)
-    for start in range(0, len(ids), 500):  # SQLite caps a query's bound parameters
-        chunk = ids[start:start + 500]
+    for chunk in _chunks(ids):
         records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=chunk),
                                                   limit=len(chunk)).records
         for record in records:
@@ -179,10 +168,8 @@ def latest_replicates(
     instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], replicates: int, labels: Collection[str],
 ) -> dict[tuple[str, int], dict[str, Any]]:
     """Each (row, replicate)'s latest materialization metadata of ``key`` (the entries named in
-    ``labels``), for a task whose launches run every row ``replicates`` times (each
-    verification says which replicate it is). The newest records of all the rows first; a row
-    that ran but whose replicates are not all among them (other rows re-run since, more often)
-    is read on its own."""
+    ``labels``), for a task that runs every row ``replicates`` times: the newest records of all
+    the rows, then on its own each row whose replicates are not all among them (others re-ran since)."""
     if replicates == 1:
         return {(row, 0): metadata for row, metadata in latest_metadata(instance, key, rows, labels).items()}
     ran = set(instance.event_log_storage.get_latest_storage_id_by_partition(
@@ -197,13 +184,17 @@ def latest_replicates(
             replicate = int(_value(materialization.metadata.get("replicate")) or 0)
             found.setdefault((materialization.partition, replicate), _entries(materialization, labels))
 
-    for start in range(0, len(rows), 500):  # SQLite caps a query's bound parameters
-        chunk = rows[start:start + 500]
+    for chunk in _chunks(rows):
         keep(chunk, len(chunk) * replicates)
     for row in rows:
         if row in ran and any((row, r) not in found for r in range(replicates)):
             keep([row], 10 * replicates)
     return found
+
+
+def _chunks(items: list[Any], size: int = 500) -> Iterator[list[Any]]:
+    """``items`` in slices small enough for one query (SQLite caps a query's bound parameters)."""
+    return (items[start:start + size] for start in range(0, len(items), size))
 
 
 def _entries(materialization: dg.AssetMaterialization, labels: Collection[str]) -> dict[str, Any]:
@@ -214,26 +205,23 @@ def _value(metadata_value: Any) -> Any:
     return getattr(metadata_value, "value", metadata_value)
 
 
-def step_config(step: "TaskStep") -> dict[str, Any]:
-    """The fields a step sets (a default is filled again when the op parses them): what the
-    task document says, and what every job snapshot and run carries."""
+def step_config(step: TaskStep) -> dict[str, Any]:
+    """The fields a step sets, defaults left out (the op fills them again): what job snapshots and runs carry."""
     return {"id": step.id, "type": step.type,
             **step.model_dump(mode="json", exclude_none=True, exclude_defaults=True, by_alias=True)}
 
 
 def step_fields(context: dg.OpExecutionContext) -> dict[str, Any]:
-    """The op's step fields: its config, which the launchpad can edit. Under an experiment, a
-    run of another variant than the one the job's defaults describe runs that variant's
-    fields where the config is those defaults."""
+    """The op's step fields: its config (the launchpad can edit it); where that is the job's defaults,
+    an experiment run of another variant gets that variant's fields."""
     fields = context.op_config["step"]
     plan = plan_of(context)
     variant = run_variant(context, plan.document) if plan is not None else None
     if variant is None or not fields:
         return fields
-    defaults = {s.id: s for s in plan.steps}
     chosen = {s.id: s for s in plan.document.variant_steps[variant]}
     step_id = fields.get("id")
-    if step_id in chosen and step_id in defaults and fields == step_config(defaults[step_id]):
+    if step_id in chosen and step_id in plan.step_by_id and fields == step_config(plan.step_by_id[step_id]):
         return step_config(chosen[step_id])
     return fields
 
@@ -241,6 +229,4 @@ def step_fields(context: dg.OpExecutionContext) -> dict[str, Any]:
 def row_seed(context: dg.OpExecutionContext, key: str) -> dict[str, Any] | None:
     """A row's dataset values (the ``metadata.seed`` its steps are filled from)."""
     plan = plan_of(context)
-    if key == UNPARTITIONED or plan is None:
-        return None
-    return (plan.document.partitions or {}).get(key)
+    return (plan.document.partitions or {}).get(key) if key != UNPARTITIONED and plan is not None else None

@@ -1,20 +1,14 @@
-"""S3ContextIOManager: the run's row streams as objects in a bucket.
-
-The same records as :class:`TaskContextIOManager`, each append an object
-``<prefix>/runs/<run_id>/context/<step_key>/<n>.jsonl`` named in write order, so ops on
-different machines — Celery workers, Kubernetes pods — read each other's rows as they land.
-``endpoint_url`` points at moto or MinIO; credentials come from boto3's usual chain (never
-from run config).
+"""S3ContextIOManager: the run's row streams as objects in a bucket, so ops on different machines
+(Celery workers, Kubernetes pods) read each other's rows as they land. Credentials come from
+boto3's usual chain, never from run config; ``endpoint_url`` points at moto or MinIO.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import time
 from typing import Any
 
-from ..context import redacted_json
 from ..runtime.s3 import S3Location
 from .io_manager import FAILED_ATTEMPT, ContextIOManagerBase
 
@@ -46,19 +40,14 @@ class S3ContextIOManager(ContextIOManagerBase):
             location.client.delete_object(Bucket=location.bucket, Key=entry["Key"])
 
     def append_records(self, run_id: str, name: str, records: list[dict[str, Any]]) -> None:
-        body = b"".join(redacted_json(record) + b"\n" for record in records)  # secrets never reach the bucket
         key = f"{self._folder(run_id, name)}{time.time_ns():020d}-{next(_ORDER):08d}.jsonl"
-        self.location.put_bytes(key, body, ContentType="application/x-ndjson")
+        self.location.put_bytes(key, self.encoded(records), ContentType="application/x-ndjson")
 
     def read_records(self, run_id: str, name: str, position: Any = None) -> tuple[list[dict[str, Any]], Any, bool]:
         location = self.location
-        found: list[dict[str, Any]] = []
-        last = position
-        for entry in location.list_keys(self._folder(run_id, name), start_after=position):
-            last = entry["Key"]
-            found += [json.loads(line) for line in location.get_bytes(last).splitlines() if line]
-        ended = bool(found) and found[-1].get("end") is True
-        return [r for r in found if "row" in r], last, ended
+        keys = [entry["Key"] for entry in location.list_keys(self._folder(run_id, name), start_after=position)]
+        rows, ended = self.decoded(b"".join(location.get_bytes(key) for key in keys))  # each object ends a line
+        return rows, keys[-1] if keys else position, ended
 
     def stream_names(self, run_id: str) -> list[str]:
         folder = self._folder(run_id)

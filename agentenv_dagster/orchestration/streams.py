@@ -1,28 +1,18 @@
 """Row streams: how a run's rows flow from op to op without waiting for each other.
 
-Every op of a task job outputs a *stream* rather than a finished batch: it yields its Output
-(a :class:`StreamRef`) as it starts, then appends a record for each row as that row's step
-ends. The op below it reads the stream as it grows, so a row's grading starts when its own
-agent has answered, not when every row's has. Under an executor that runs a job's ops side by
-side (``executor.py``; Dagster's multiprocess and k8s executors with
-``step_dependency_config: {require_upstream_step_success: false}`` too) the rows are
-pipelined; under one that runs them one after another (``execute_in_process``, Celery) each
-op finds its upstream streams complete and the run goes step by step, with the same results.
+Every op outputs a stream (a :class:`StreamRef`) as it starts and appends each row's record as the
+row's step ends; the op below reads it as it grows (docs/architecture.md, "Datasets: how rows flow").
+The run's IO manager stores the streams, so they outlive the op's process; a writer wakes the
+readers in its process at once, others look every ``POLL_SECONDS``.
 
-A stream is stored by the run's IO manager (a JSONL file in the state folder, or objects in a
-bucket), so it outlives the op's process: a re-execution reads its parent run's streams, and
-ops on other machines read each other's. Within one process a writer wakes its readers at
-once; across processes they look again every ``POLL_SECONDS``.
-
-A record is one row's: ``{"row": key, "context": {...}}`` (the row's context after the step),
-or ``{"row": key, "stopped": {...}, "context": {...}}`` (the row stopped at a fatal failure,
-here or upstream: the failure record and what the row had), or the stream's end,
-``{"end": true}``.
+A record is ``{"row": key, "context": {...}}``, ``{"row": key, "stopped": {...}, "context": {...}}``
+(the row stopped at a fatal failure, here or upstream), or the stream's end, ``{"end": true}``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
@@ -33,7 +23,6 @@ if TYPE_CHECKING:
     from .io_manager import ContextIOManagerBase
 
 POLL_SECONDS = 0.5  # how often a reader looks for rows a writer in another process appended
-END = {"end": True}
 
 
 @dataclass(frozen=True)
@@ -59,29 +48,27 @@ class _Wakeups:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waiting: dict[tuple[str, str], set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._waiting: dict[StreamRef, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 
-    def wait(self, stream: tuple[str, str]) -> asyncio.Event:
+    def wait(self, stream: StreamRef) -> asyncio.Event:
         event = asyncio.Event()
         with self._lock:
             self._waiting.setdefault(stream, set()).add((asyncio.get_running_loop(), event))
         return event
 
-    def forget(self, stream: tuple[str, str], event: asyncio.Event) -> None:
+    def forget(self, stream: StreamRef, event: asyncio.Event) -> None:
         with self._lock:
             waiting = self._waiting.get(stream, set())
             waiting.difference_update({w for w in waiting if w[1] is event})
             if not waiting:
                 self._waiting.pop(stream, None)
 
-    def wake(self, stream: tuple[str, str]) -> None:
+    def wake(self, stream: StreamRef) -> None:
         with self._lock:
             waiting = list(self._waiting.get(stream, ()))
         for loop, event in waiting:
-            try:
+            with contextlib.suppress(RuntimeError):  # its loop has closed: its reader is gone
                 loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # its loop has closed: its reader is gone
-                pass
 
 
 WAKEUPS = _Wakeups()
@@ -101,19 +88,18 @@ class StreamWriter:
         self._append([{"row": key, "stopped": failure, "context": _as_dict(context)}])
 
     def end(self) -> None:
-        self._append([END])
+        self._append([{"end": True}])
 
     def _append(self, records: list[dict[str, Any]]) -> None:
         self.io.append_records(self.ref.run_id, self.ref.name, records)
-        WAKEUPS.wake((self.ref.run_id, self.ref.name))
+        WAKEUPS.wake(self.ref)
 
 
 async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dict[str, Any]]:
     """The stream's row records as they are appended, until its end."""
-    stream = (ref.run_id, ref.name)
     position: Any = None
     while True:
-        woken = WAKEUPS.wait(stream)  # before reading: an append after the read wakes it
+        woken = WAKEUPS.wait(ref)  # before reading: an append after the read wakes it
         try:
             found, position, ended = await asyncio.to_thread(io.read_records, ref.run_id, ref.name, position) \
                 if io.reads_remotely else io.read_records(ref.run_id, ref.name, position)
@@ -122,20 +108,16 @@ async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dic
             if ended:
                 return
             if not found:
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(woken.wait(), POLL_SECONDS)
-                except asyncio.TimeoutError:
-                    pass
         finally:
-            WAKEUPS.forget(stream, woken)
+            WAKEUPS.forget(ref, woken)
 
 
 async def joined(io: ContextIOManagerBase, sources: list[StreamRef], after: list[StreamRef]) -> AsyncIterator[Row]:
-    """Each row once every upstream stream has delivered it: the ``sources``' contexts merged
-    (in their order), ``after`` only waited for. A row stopped on any upstream arrives stopped,
-    once the others have delivered it too (what runs beside the failure on another branch
-    finishes first, and the row's context has it all); a row some upstream never delivered
-    (it ended without it) arrives stopped too."""
+    """Each row once every upstream stream has delivered it: the ``sources``' contexts merged (in
+    their order), ``after`` only waited for. A row stopped on any upstream, or that an upstream ended
+    without, arrives stopped once the others are done with it (so its context has all they did)."""
     streams = [*sources, *after]
     queue: asyncio.Queue[tuple[int, dict[str, Any] | None]] = asyncio.Queue()
 
@@ -187,8 +169,8 @@ _STEP_THREAD = threading.local()  # set in the threads of an executor that runs 
 _STOPS: set[str] = set()  # runs asked to stop (terminated), by run id
 
 
-def running_side_by_side() -> Any:
-    """The executor's mark for the step run in this thread (``executor.py``)."""
+def running_side_by_side() -> None:
+    """The executor's mark for the step run in this thread (``executors.py``)."""
     _STEP_THREAD.side_by_side = True
 
 
@@ -211,10 +193,5 @@ def _as_dict(context: TaskStepContext | dict[str, Any]) -> dict[str, Any]:
 
 
 def final_rows(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each row's last record of a stream read whole (its context, with ``stopped`` where it
-    stopped), in the order the rows arrived."""
-    rows: dict[str, dict[str, Any]] = {}
-    for record in records_:
-        if "row" in record:
-            rows[record["row"]] = record
-    return rows
+    """Each row's last record of a stream read whole, in the order the rows arrived."""
+    return {record["row"]: record for record in records_ if "row" in record}
