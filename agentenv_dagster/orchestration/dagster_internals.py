@@ -255,21 +255,45 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
                    rows: list[str | None], partitions: dg.PartitionsDefinition | None) -> None:
     """Report, from ``context``'s op, ``rows`` (of ``partitions``; None: the whole asset) of
     each of ``assets`` as planned materializations, and each asset's checks as planned
-    evaluations of those rows, as Dagster's run planning reports them."""
-    subset = partitions.subset_with_partition_keys(rows) if partitions is not None and rows else None
+    evaluations of those rows, as Dagster's run planning reports them. Check evaluations the
+    run's planning already reported are left out: the storage holds one planned evaluation of a
+    partition a run (an implicit asset job's run plans its checks by partition)."""
     step_key = str(context.op_handle)
+    planned = _planned_checks(context)
     events = []
     for asset_key, checks in assets:
         events += [DagsterEvent.build_asset_materialization_planned_event(
             context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
-        events += [DagsterEvent(
-            event_type_value=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
-            message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
-            event_specific_data=AssetCheckEvaluationPlanned(asset_key=asset_key, check_name=check,
-                                                            partitions_subset=subset),
-            step_key=step_key) for check in checks if rows]
+        for check in checks:
+            already = planned.get((asset_key, check), set())
+            left = [] if already is None else [row for row in rows if row not in already]
+            if not left:
+                continue
+            subset = partitions.subset_with_partition_keys(left) if partitions is not None else None
+            events.append(DagsterEvent(
+                event_type_value=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
+                message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
+                event_specific_data=AssetCheckEvaluationPlanned(asset_key=asset_key, check_name=check,
+                                                                partitions_subset=subset),
+                step_key=step_key))
     for event in events:
         context.instance.report_dagster_event(event, run_id=context.run_id, log_level=logging.DEBUG)
+
+
+def _planned_checks(context: dg.OpExecutionContext) -> dict[tuple[dg.AssetKey, str], set[str | None] | None]:
+    """The check evaluations the run has planned so far: the partitions of each check, None
+    when it was planned for the whole asset."""
+    planned: dict[tuple[dg.AssetKey, str], set[str | None] | None] = {}
+    records = context.instance.get_records_for_run(
+        context.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED).records
+    for record in records:
+        data = record.event_log_entry.dagster_event.event_specific_data
+        key = (data.asset_key, data.check_name)
+        if data.partitions_subset is None:
+            planned[key] = None
+        elif planned.get(key, set()) is not None:
+            planned.setdefault(key, set()).update(data.partitions_subset.get_partition_keys())
+    return planned
 
 
 # A retry_config retry is a re-execution of the failed run's span, created by the run-failure

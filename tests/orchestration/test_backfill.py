@@ -105,6 +105,33 @@ def test_a_run_of_the_implicit_asset_job_takes_each_row_from_the_task(project):
                   for r in records) == [(key, 1.0) for key in KEYS[:6]]
 
 
+def test_rows_that_stop_in_the_implicit_asset_job_s_run_are_failed_partitions(project):
+    """An asset backfill's run (the implicit asset job over a range) whose rows stop before their
+    verification: Dagster planned each row's check evaluations when it created the run, so the
+    stopped rows are reported failed without planning those again (its storage refuses a second
+    planned evaluation of a partition in one run); the step fails with the rows' own error."""
+    (project / "tasks" / "tickets.yaml").write_text(
+        TASK.replace("success_criteria:", 'pre_run:\n  - {command: "exit 3"}\nsuccess_criteria:'))
+    keys = {dg.AssetKey(VERIFICATION), dg.AssetKey(RESULTS)}
+    repository = build_definitions(project / "tasks").get_repository_def()
+    job = repository.get_implicit_job_def_for_assets(list(keys)).get_subset(asset_selection=keys)
+    rows, partitions = KEYS[:3], dg.StaticPartitionsDefinition(KEYS)
+    with dg.instance_for_test() as instance:
+        result = job.execute_in_process(instance=instance, raise_on_error=False,
+                                        tags={RANGE_START_TAG: rows[0], RANGE_END_TAG: rows[-1]})
+        (failure,) = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+        assert failure.step_key == "tickets_steps.pre_run"
+        assert failure.step_failure_data.error.message.startswith(
+            "dagster._core.definitions.events.Failure: 3 rows failed; the first: step 'pre_run' (run_commands) "
+            "failed: pre_run command 'exit 3' failed: exit code 3")
+        status = instance.get_status_by_partition(dg.AssetKey(VERIFICATION), rows, partitions)
+        assert {k: v.value for k, v in status.items()} == dict.fromkeys(rows, "FAILED")
+        check = dg.AssetCheckKey(dg.AssetKey(VERIFICATION), "passed")
+        state = instance.event_log_storage.get_asset_check_state([(check, partitions)])[check]
+        assert {row: s.value for s, subset in state.subsets.items()
+                for row in subset.subset_value.get_partition_keys()} == dict.fromkeys(rows, "EXECUTION_FAILED")
+
+
 @pytest.mark.slow
 def test_dg_launch_of_the_assets_runs_every_row_in_one_bounded_run(project):
     env = {**os.environ, "DAGSTER_HOME": str(project / ".dagster_home")}
