@@ -259,7 +259,7 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
     run's planning already reported are left out: the storage holds one planned evaluation of a
     partition a run (an implicit asset job's run plans its checks by partition)."""
     step_key = str(context.op_handle)
-    planned = _planned_checks(context)
+    planned = _planned_checks(context) if any(checks for _, checks in assets) else {}
     events = []
     for asset_key, checks in assets:
         events += [DagsterEvent.build_asset_materialization_planned_event(
