@@ -1,11 +1,10 @@
 """Local server processes: spawn one, wait until it is ready, end it.
 
-Deployed envs and agents outlive the op that deployed them (each op may be its own process),
-so each runs in its own session, found again by its :class:`ProcessIdentity` (pid and start
-time: a reused pid is never signalled); but not the run: each ends once the run's owner
-(:func:`run_owner`) has gone. A server gets its secrets (the run's token, a model key) once on
-its standard input, never in its arguments (a process list shows them) or its environment
-(its children inherit it), which is an allowlist (:data:`SERVER_ENV_KEYS`).
+Deployed envs and agents outlive the op that deployed them, so each runs in its own session,
+found again by its :class:`ProcessIdentity` (a reused pid is never signalled); but not the run:
+each ends once the run's owner (:func:`run_owner`) has gone. A server gets its secrets once on
+its standard input, never in its arguments (a process list shows them) or its environment (its
+children inherit it), which is an allowlist (:data:`SERVER_ENV_KEYS`).
 """
 
 from __future__ import annotations
@@ -50,8 +49,7 @@ class ServerStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class ProcessIdentity:
-    """One process, told apart from a later one given the same pid by its start time (clock
-    ticks since boot, Linux), its boot and its machine."""
+    """One process, told apart from a later one given the same pid by its start time, boot and machine."""
 
     pid: int
     started: int | None = None
@@ -77,9 +75,8 @@ class ProcessIdentity:
 
 
 def run_owner() -> ProcessIdentity:
-    """The process a run's servers must not outlive: ``AGENTENV_RUN_OWNER_PID`` when set, else
-    the process this one is a ``multiprocessing`` child of (a step under Dagster's multiprocess
-    executor ends with its step, the run worker does not), else this process itself."""
+    """The process a run's servers must not outlive: ``AGENTENV_RUN_OWNER_PID`` when set, else this
+    process's ``multiprocessing`` parent (a step process of Dagster's executor ends with its step), else itself."""
     named = os.environ.get(RUN_OWNER_VARIABLE)
     if named and named.isdigit():
         return ProcessIdentity.of(int(named))
@@ -131,10 +128,9 @@ def spawn_server(
     """Start ``python -m module args`` and return once it has written its URL to ``--ready-file``.
 
     The server requires ``token`` (a new one when None) on every request, ends with ``owner``
-    (default :func:`run_owner`) or its TTL, and gets ``secrets_for_server`` with the token on its
-    standard input; its environment is :data:`SERVER_ENV_KEYS` plus ``env``. ``on_started`` is
-    told the process as soon as it exists, so a ledger has it even if this process dies while
-    waiting. Its output goes to ``<workdir>/server.log``, so a failed start can say why.
+    (default :func:`run_owner`) or its TTL, and reads ``secrets_for_server`` and the token on its
+    stdin; its environment is :data:`SERVER_ENV_KEYS` plus ``env``. ``on_started`` is told the
+    process as soon as it exists (a ledger has it even if this process dies while waiting).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     ready_file = workdir / READY_FILE
@@ -169,8 +165,7 @@ def spawn_server(
 
 
 def _wait_until_ready(ready_file: Path, module: str, proc: subprocess.Popen) -> str:
-    """The URL in the ready file once written, polling until the server exits (saying why it
-    never will be) or :data:`READY_TIMEOUT_SECONDS` pass."""
+    """The URL in the ready file once written; :class:`ServerStartError` if the server exits or times out."""
     deadline = time.monotonic() + READY_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         try:
@@ -189,7 +184,8 @@ def _wait_until_ready(ready_file: Path, module: str, proc: subprocess.Popen) -> 
 
 def is_running(pid: int) -> bool:
     """True while the process exists and is not a zombie."""
-    _reap(pid)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped if it is our child
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -221,8 +217,7 @@ def terminate(pid: int, grace_seconds: float = 5.0, *, started: int | None = Non
 
 
 def _ended_within(pid: int, seconds: float) -> bool:
-    """Whether the process ends within ``seconds``: woken by a pidfd where Linux has one, else
-    looking every 20 ms (a run's teardown waits on its servers' ends)."""
+    """Whether the process ends within ``seconds``: woken by a pidfd where Linux has one, else polling."""
     deadline = time.monotonic() + seconds
     try:
         ends = os.pidfd_open(pid)
@@ -249,11 +244,6 @@ def _signal_group(pid: int, sig: int) -> None:
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def _tail(path: Path, limit: int = 2000) -> str:
