@@ -18,15 +18,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from .containers import (
-    ContainerSandboxError,
-    ExecResult,
-    _client,
-    _name_part,
-    create_started,
-    image_config,
-    published_urls,
-)
+from .containers import ContainerSandboxError, ExecResult, _client, _name_part, create_started, image_config
 
 # PID 1 of a container kept alive for execs; trapping TERM lets `docker stop` end it at once.
 KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
@@ -36,7 +28,6 @@ LOCAL_NETWORKS = ("bridge", "none", "host")
 @dataclass(frozen=True)
 class StartedContainer:
     container_id: str
-    name: str
     working_dir: str
     port_urls: dict[str, str]  # container port -> URL on 127.0.0.1
 
@@ -79,15 +70,13 @@ def run_container(
         raise ValueError(f"network must be one of {', '.join(LOCAL_NETWORKS)} locally, not {network!r}")
     with closing(_client()) as client:
         image_config(client, image)
-        published = {f"{port}/tcp": ("127.0.0.1", None) for port in ports or []} if network != "host" else {}
-        container = create_started(
-            client, image, command=command, entrypoint=entrypoint, name=_name_part(name), detach=True,
-            environment=environment or {}, volumes=binds or {}, ports=published,
+        container, port_urls = create_started(
+            client, image, (ports or []) if network != "host" else [], command=command, entrypoint=entrypoint,
+            name=_name_part(name), detach=True, environment=environment or {}, volumes=binds or {},
             network_mode=network or "bridge", labels=labels or {}, privileged=privileged,
             cap_add=cap_add or None, devices=devices or None, shm_size=shm_size,
         )
-        return StartedContainer(container.id, container.name, container.attrs["Config"].get("WorkingDir") or "/",
-                                published_urls(container.attrs, ports or []))
+        return StartedContainer(container.id, container.attrs["Config"].get("WorkingDir") or "/", port_urls)
 
 
 def wait_container(container_id: str, timeout: float) -> ExecResult:
