@@ -1,10 +1,8 @@
-"""The embedded local providers: envs as server processes on 127.0.0.1, agents in one agent
-host process per run.
+"""The embedded local providers: envs as server processes on 127.0.0.1, agents in one agent host process per run.
 
-Each run keeps a ledger of what it deployed (a file per instance, written before a server
-starts), so any process of the run, or a later one, can tear it all down; once closed, a
-deployment that finishes late ends itself and fails. The ledger also keeps the run's bearer
-token, which all its servers require, and its owner process, which none outlives.
+Each run keeps a ledger of what it deployed (a file per instance, written before a server starts), so any
+process of the run, or a later one, can tear it all down; once closed, a deployment that finishes late ends
+itself and fails. The ledger also keeps the run's bearer token and its owner process, which no server outlives.
 """
 
 from __future__ import annotations
@@ -154,8 +152,7 @@ class Ledger:
         return found
 
     def entry(self, instance_id: str) -> dict[str, Any] | None:
-        """One deployment: an agent this process wrote, else its own file, else among those
-        recorded together."""
+        """One deployment: an agent this process wrote, else its own file, else among those recorded together."""
         hosted = _HOSTED_HERE.get(self.folder, {}).get(instance_id)
         if hosted is not None:
             return hosted
@@ -170,8 +167,7 @@ class Ledger:
         return bool(entry) and _end(entry, self.token(create=False))
 
     def close(self) -> list[str]:
-        """Refuse further deployments, then end every one recorded; returns what was running.
-        An agent in a host ends with its host."""
+        """Refuse further deployments, then end every one recorded (an agent with its host); what was running."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / ".closed").touch()
         entries = self.entries()
@@ -220,10 +216,8 @@ class LocalProvider:
         workspace: Path | None = None, container: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
-        """Deploy agent ``agent_id`` (its registry entry, with ``overrides`` on top) into the run's agent
-        host, started on first use (``builtin/agents/host.py``). With a ``workspace`` folder the agent
-        works there, with Bash/Write/Read/Skill tools (its Bash inside the sandbox's ``container`` when
-        it has one) whose environment is an allowlist plus ``tools_env``."""
+        """Deploy agent ``agent_id`` (its registry entry, ``overrides`` on top) into the run's agent host. With
+        a ``workspace`` it works there with Bash/Write/Read/Skill tools (Bash in the sandbox's ``container``)."""
         request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides,
                                        tools_env)
         try:
@@ -239,8 +233,7 @@ class LocalProvider:
         workspace: Path | None = None, container: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
-        """:meth:`deploy_agent` from an event loop: the agents asked for in the same turn of the loop
-        (a batch of dataset rows) go to their host in one request."""
+        """:meth:`deploy_agent` from an event loop: the agents asked for in one turn of the loop go in one request."""
         args = (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides, tools_env)
         request = self._hosted_request(*args, start_host=False)
         if request is None:
@@ -278,15 +271,15 @@ class LocalProvider:
         if not start_host and host_id not in self._hosts:
             return None
         host_id, host_url = self._agent_host(process_env, model_api, ttl_seconds)
-        return HostedRequest(agent_id, agent_name, host_id, host_url, str(sandbox),
+        return HostedRequest(agent_id, agent_name, host_id, host_url,
                              {"id": instance_id, "sandbox": str(sandbox), "config": settings})
 
     async def warm_agent_host(
         self, agent_id: str, *, ttl_seconds: int, env_vars: dict[str, str] | None = None,
         overrides: dict[str, Any] | None = None,
     ) -> None:
-        """Find or start the agent host that deploying ``agent_id`` will use, ahead of the first deploy;
-        not for a coding CLI's agent (its checks belong to its deploy). Raises what the deploy would."""
+        """Find or start the agent host deploying ``agent_id`` will use (not a coding CLI's: its checks belong
+        to its deploy); raises what the deploy would."""
         entry = self._agent_entry(agent_id, overrides)
         if entry.kind in CODING_CLI_KINDS:
             return
@@ -306,8 +299,8 @@ class LocalProvider:
         return entry
 
     def _model_api(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, Any]:
-        """The model API (base URL and key) the agent's kind needs, for its host's bootstrap:
-        never in the host's environment, which the agents' tools would inherit."""
+        """The model API (base URL and key) the agent's kind needs, for its host's bootstrap (never in the
+        host's environment, which the agents' tools would inherit)."""
         if entry.kind in CODING_CLI_KINDS:
             return self._coding_cli_ready(agent_id, entry, container)
         if entry.kind != "anthropic":
@@ -338,7 +331,7 @@ class LocalProvider:
             raise DeploymentError(f"run is tearing down; agent '{instance_id}' was not kept")
         return DeployedAgent(
             agent_name=request.agent_name, api_url=url, a2a_url=url, sandbox_id=instance_id,
-            sandbox_type="local", instance_id=instance_id, sandbox_root=request.sandbox,
+            sandbox_type="local", instance_id=instance_id, sandbox_root=request.body["sandbox"],
             a2a_agent_id=request.agent_id, a2a_card=answer.get("card"),
         )
 
@@ -366,10 +359,9 @@ class LocalProvider:
         image: str | None = None, ports: list[int] | None = None, cpu: float | None = None,
         memory_mb: int | None = None, env_vars: dict[str, str] | None = None,
     ) -> DeployedSandbox:
-        """``container`` mode: a container of ``image`` running the image's own command with ``env_vars``
-        and the cpu/memory limits, its ``ports`` published on 127.0.0.1 (``tunnel_urls``), no host folder.
-        ``vm`` mode: a fresh folder of the run; with ``container`` settings (``image``, ``working_dir``,
-        limits, ``network``) also a container with the folder mounted. Containers end with the run."""
+        """``container`` mode: a container running ``image``'s own command, its ``ports`` published on 127.0.0.1
+        (``tunnel_urls``), no host folder. ``vm`` mode: a fresh folder of the run, with ``container`` settings
+        also a container with the folder mounted. Containers end with the run."""
         if self.ledger.closed:
             raise DeploymentError(f"run is tearing down; sandbox '{sandbox_name}' was not created")
         instance_id = f"sandbox-{secrets.token_hex(4)}"
@@ -452,9 +444,8 @@ class LocalProvider:
         return self.ledger.close()
 
     def _coding_cli_ready(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, Any]:
-        """The model API a claude-code or codex agent's host proxies for it (none for a codex with its
-        own ``codex login``); fails the deploy, saying how to fix it, when its CLI, package or key is
-        missing or the sandbox is a container (the CLI runs on this machine, in the sandbox folder)."""
+        """The model API a claude-code or codex agent's host proxies for it (none for a logged-in codex); fails
+        the deploy, saying how to fix it, when its CLI, package or key is missing or the sandbox is a container."""
         where = f"A2A agent '{agent_id}' (kind {entry.kind})"
         if container:
             raise DeploymentError(f"{where} runs its CLI on this machine in the sandbox folder, not inside the "
@@ -516,18 +507,16 @@ class LocalProvider:
         """Start a server of the run bound to its token and owner, in the ledger before it exists, the
         moment it does and once it serves; refused, or ended at once, once the run tears down."""
         workdir = self.run_dir / f"{kind}s" / instance_id
-        self.ledger.record(instance_id, kind, workdir=str(workdir))
+        record = functools.partial(self.ledger.record, instance_id, kind, workdir=str(workdir))
+        record()
         if self.ledger.closed:
             raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not started")
-
-        def started(process: ProcessIdentity) -> None:
-            self.ledger.record(instance_id, kind, pid=process.pid, started=process.started, workdir=str(workdir))
-
         server = spawn_server(
             module, args, workdir=workdir, ttl_seconds=ttl_seconds, env=env, token=self.ledger.token(),
-            owner=self.owner, secrets_for_server=secrets_for_server, on_started=started,
+            owner=self.owner, secrets_for_server=secrets_for_server,
+            on_started=lambda process: record(pid=process.pid, started=process.started),
         )
-        self.ledger.record(instance_id, kind, pid=server.pid, started=server.started, url=server.url, workdir=str(workdir))
+        record(pid=server.pid, started=server.started, url=server.url)
         if self.ledger.closed:
             terminate(server.pid, started=server.started)
             raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not kept")
@@ -552,8 +541,7 @@ class HostedRequest:
     agent_name: str
     host_id: str
     host_url: str
-    sandbox: str
-    body: dict[str, Any]
+    body: dict[str, Any]  # {"id", "sandbox", "config"}
 
     def host_failed(self, exc: Exception) -> DeploymentError:
         return DeploymentError(f"A2A agent '{self.agent_id}': the run's agent host at {self.host_url} failed: {exc!r}")
