@@ -192,12 +192,10 @@ class ContainerSandbox:
         """Kill every process carrying ``marker`` until the exec is no longer running."""
         api = self._client.api
         for _ in range(10):
-            try:
+            with contextlib.suppress(docker.errors.APIError):  # no pid left for the killer yet (pids limit): again
                 killer = await asyncio.to_thread(
                     api.exec_create, self.container_id, ["/bin/sh", "-c", _KILL_MARKED, "sh", marker], user="0")
                 await asyncio.to_thread(api.exec_start, killer["Id"])
-            except docker.errors.APIError:
-                pass  # no pid left for the killer yet (pids limit): try again shortly
             if not (await asyncio.to_thread(api.exec_inspect, exec_id))["Running"]:
                 return
             await asyncio.sleep(0.2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import tarfile
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,10 +91,8 @@ def wait_container(container_id: str, timeout: float) -> ExecResult:
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
             # the SDK surfaces its read timeout as a transport error
             timed_out, exit_code = True, None
-            try:
+            with suppress(docker.errors.APIError):  # it exited meanwhile
                 client.api.kill(container_id)
-            except docker.errors.APIError:
-                pass  # it exited meanwhile
         stdout = client.api.logs(container_id, stdout=True, stderr=False)
         stderr = client.api.logs(container_id, stdout=False, stderr=True)
         return ExecResult(exit_code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"), timed_out)

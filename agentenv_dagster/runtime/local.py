@@ -8,6 +8,7 @@ itself and fails. The ledger also keeps the run's bearer token and its owner pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -114,9 +115,8 @@ class Ledger:
         with os.fdopen(fd, "w") as out:
             out.write(make())
         try:
-            os.link(staged, self.folder / name)
-        except FileExistsError:
-            pass  # another process of the run was first
+            with contextlib.suppress(FileExistsError):  # another process of the run was first
+                os.link(staged, self.folder / name)
         finally:
             staged.unlink()
         return self._read(name) or ""
@@ -369,7 +369,7 @@ class LocalProvider:
         started = None
         if sandbox_mode == "container":
             started = self._start_container(
-                step_id, sandbox_name, instance_id, ("sandbox_mode", "image"), image, None, None,
+                step_id, sandbox_name, instance_id, "sandbox_mode", "image", image, None, None,
                 memory_mb=memory_mb, cpus=cpu, env=env_vars, ports=ports, run_image_command=True,
             )
             extra["tunnel_urls"] = started.port_urls
@@ -380,7 +380,7 @@ class LocalProvider:
             if container:
                 image = container["image"]
                 started = self._start_container(
-                    step_id, sandbox_name, instance_id, ("container", "container.image"), image, root,
+                    step_id, sandbox_name, instance_id, "container", "container.image", image, root,
                     container.get("working_dir") or "/work", memory_mb=container.get("memory_mb"),
                     cpus=container.get("cpus"), pids=container.get("pids"), network=container.get("network") or "bridge",
                 )
@@ -393,13 +393,12 @@ class LocalProvider:
             **_lifetime(ttl_seconds), **extra,
         )
 
-    def _start_container(self, step_id: str, sandbox_name: str, instance_id: str, fields: tuple[str, str],
+    def _start_container(self, step_id: str, sandbox_name: str, instance_id: str, asked_by: str, image_field: str,
                          image: str, workspace: Path | None, working_dir: str | None, **settings: Any):
-        """Start a sandbox's container and record it in the ledger, or say which step and field could
-        not be served: ``fields`` = (what asks for a container, the image field)."""
+        """Start a sandbox's container and record it in the ledger, or say which step and field (what asks
+        for a container, the image field) could not be served."""
         from .containers import ContainerSandbox, ContainerSandboxError, MissingImageError, NoEngineError, container_name
 
-        asked_by, image_field = fields
         name = container_name(instance_id)
         self.ledger.record(instance_id, "container", container_id=name)  # before it exists: a kill can't orphan it
         try:
@@ -422,7 +421,7 @@ class LocalProvider:
     def sandbox_of(self, agent: DeployedAgent) -> LocalSandbox:
         """The sandbox folder a record names: one of a run of this project (a saved context
         may come from an earlier run), never anywhere else."""
-        root = getattr(agent, "sandbox_root", None) or (agent.model_extra or {}).get("sandbox_root")
+        root = getattr(agent, "sandbox_root", None)  # an extra field of the record
         if not root:
             raise DeploymentError(f"agent '{agent.agent_name}' has no local sandbox")
         try:

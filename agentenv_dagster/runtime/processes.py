@@ -149,16 +149,11 @@ def spawn_server(
     try:
         if on_started is not None:
             on_started(started)
-        proc.stdin.write(json.dumps({"token": token, **(secrets_for_server or {})}).encode())
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass  # it has exited already: waiting for it says why
-    except BaseException:
-        terminate(proc.pid)
-        raise
-    try:
+        with contextlib.suppress(BrokenPipeError):  # it has exited already: waiting for it says why
+            proc.stdin.write(json.dumps({"token": token, **(secrets_for_server or {})}).encode())
+            proc.stdin.close()
         url = _wait_until_ready(ready_file, module, proc)
-    except ServerStartError:
+    except BaseException:
         terminate(proc.pid)
         raise
     return ServerProcess(pid=proc.pid, url=url, token=token, started=started.started)
