@@ -1,7 +1,5 @@
-"""StepRuntime: what a step may use while it runs, built once per step execution.
-
-It knows nothing of Dagster: the same object serves the plain asyncio walker and the ops.
-"""
+"""StepRuntime: what a step may use while it runs, built once per step execution; the same object (which knows
+nothing of Dagster) serves the plain asyncio walker and the ops."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Container sandboxes: one Docker container per sandbox, its workspace (if any) bind-mounted.
+"""Container sandboxes: one Docker container per sandbox, its workspace (if any) bind-mounted as working dir.
 
-Backs Coder Eval's ``sandbox.driver: docker`` (the task's limits, the workspace as working dir)
-and agent-env's container-mode ``deploy_sandbox`` (the image's own command, its ports published
-on 127.0.0.1). The engine is the one ``DOCKER_HOST`` names; images are never pulled.
+Backs Coder Eval's ``sandbox.driver: docker`` and agent-env's container-mode ``deploy_sandbox`` (the image's own
+command, its ports published on 127.0.0.1). The engine is the one ``DOCKER_HOST`` names; images are never pulled.
 """
 
 from __future__ import annotations

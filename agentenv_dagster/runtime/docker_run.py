@@ -1,9 +1,7 @@
-"""Task containers: images built from a task's Docker context and containers run from them.
+"""Task containers for ``run_docker_container``: images built from a task's Docker context, containers run from them.
 
-Backs ``run_docker_container``: upstream drives the ``docker`` CLI on a VM sandbox; locally the
-VM is a folder of the run and the engine the one ``DOCKER_HOST`` names, through the ``docker``
-SDK. Nothing is pulled: a Dockerfile's ``FROM`` and a plain ``image`` must be local images.
-Every call blocks: steps run them in a thread.
+Upstream drives the ``docker`` CLI on a VM sandbox; here the VM is a folder of the run and the engine the one
+``DOCKER_HOST`` names. Nothing is pulled (``FROM`` and ``image`` must be local). Every call blocks.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The embedded local providers: envs as server processes on 127.0.0.1, agents in one agent host process per run.
 
-Each run keeps a ledger of what it deployed (a file per instance, written before a server starts), so any
-process of the run, or a later one, can tear it all down; once closed, a deployment that finishes late ends
-itself and fails. The ledger also keeps the run's bearer token and its owner process, which no server outlives.
+Each run's ledger (a file per deployment, written before a server starts, beside the run's token and owner) lets
+any process of the run, or a later one, tear it all down; once closed, a late deployment ends itself and fails.
 """
 
 from __future__ import annotations
@@ -96,11 +95,11 @@ class Ledger:
     def owner(self) -> ProcessIdentity | None:
         """The process the run's servers end with, once a process of the run has claimed it."""
         recorded = self._read(OWNER_FILE)
-        return ProcessIdentity.from_dict(json.loads(recorded)) if recorded else None
+        return ProcessIdentity(**json.loads(recorded)) if recorded else None
 
     def claim_owner(self, identity: ProcessIdentity) -> ProcessIdentity:
         """Record ``identity`` as the run's owner unless one is recorded; the recorded one."""
-        return ProcessIdentity.from_dict(json.loads(self._once(OWNER_FILE, lambda: json.dumps(asdict(identity)))))
+        return ProcessIdentity(**json.loads(self._once(OWNER_FILE, lambda: json.dumps(asdict(identity)))))
 
     def _once(self, name: str, make: Callable[[], str]) -> str:
         """The content of ``name``, written whole and owner-only by whichever process comes first
@@ -547,9 +546,8 @@ class HostedRequest:
 
 
 class HostBatch:
-    """Deployments into one agent host, sent together: what is asked for in one turn of the event
-    loop goes in one ``POST /agents``, all over one client and its kept connection. ``record`` is
-    given each batch's ``(body, answer)`` pairs before anyone waiting sees an answer."""
+    """Deployments into one agent host: what is asked for in one turn of the event loop goes in one ``POST /agents``
+    over one kept connection; ``record`` gets each batch's ``(body, answer)`` pairs before anyone sees an answer."""
 
     def __init__(self, host_url: str,
                  record: Callable[[list[tuple[dict[str, Any], dict[str, Any]]]], None] = lambda answered: None,

@@ -51,9 +51,8 @@ if uvloop is not None:
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on the fastest loop available, interruptible as the process expects: uvloop
-    runs a SIGINT handler (Dagster's raises) in a loop callback and only logs what it raises, so here
-    SIGINT cancels the coroutine and the process's handler then runs outside the loop."""
+    """``asyncio.run`` on the fastest loop, interruptible: uvloop runs a SIGINT handler (Dagster's raises) in a loop
+    callback and only logs what it raises, so SIGINT cancels the coroutine and the handler then runs outside."""
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         handler = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is not threading.main_thread() or not callable(handler):

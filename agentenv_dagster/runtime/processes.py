@@ -1,10 +1,8 @@
 """Local server processes: spawn one, wait until it is ready, end it.
 
-Deployed envs and agents outlive the op that deployed them, so each runs in its own session,
-found again by its :class:`ProcessIdentity` (a reused pid is never signalled); but not the run:
-each ends once the run's owner (:func:`run_owner`) has gone. A server gets its secrets once on
-its standard input, never in its arguments (a process list shows them) or its environment (its
-children inherit it), which is an allowlist (:data:`SERVER_ENV_KEYS`).
+Servers outlive the op that deployed them (each in its own session, found again by its :class:`ProcessIdentity`)
+but not the run's owner (:func:`run_owner`). A server gets its secrets on its stdin, never in its arguments (a
+process list shows them) or its environment (its children inherit it), an allowlist (:data:`SERVER_ENV_KEYS`).
 """
 
 from __future__ import annotations
@@ -59,10 +57,6 @@ class ProcessIdentity:
     @classmethod
     def of(cls, pid: int) -> "ProcessIdentity":
         return cls(pid, _start_ticks(pid), _boot_id(), socket.gethostname())
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProcessIdentity":
-        return cls(int(data["pid"]), data.get("started"), data.get("boot"), data.get("host") or "")
 
     @property
     def here(self) -> bool:
@@ -125,13 +119,10 @@ def spawn_server(
     token: str | None = None, owner: ProcessIdentity | None = None, secrets_for_server: dict[str, Any] | None = None,
     on_started: Callable[[ProcessIdentity], None] | None = None,
 ) -> ServerProcess:
-    """Start ``python -m module args`` and return once it has written its URL to ``--ready-file``.
-
-    The server requires ``token`` (a new one when None) on every request, ends with ``owner``
-    (default :func:`run_owner`) or its TTL, and reads ``secrets_for_server`` and the token on its
-    stdin; its environment is :data:`SERVER_ENV_KEYS` plus ``env``. ``on_started`` is told the
-    process as soon as it exists (a ledger has it even if this process dies while waiting).
-    """
+    """Start ``python -m module args`` and return once it has written its URL to ``--ready-file``. It requires
+    ``token`` (default: a new one) on every request, ends with ``owner`` (default :func:`run_owner`) or its TTL,
+    reads ``secrets_for_server`` and the token on its stdin, and has :data:`SERVER_ENV_KEYS` plus ``env``.
+    ``on_started`` is told the process as soon as it exists (so a ledger has it if this process dies waiting)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ready_file = workdir / READY_FILE
     ready_file.unlink(missing_ok=True)

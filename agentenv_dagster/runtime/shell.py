@@ -1,8 +1,6 @@
-"""Where a sandbox's shell commands run: on the host in its folder, or inside its container.
-
-One "run a command line with a deadline, kill all it started past it", shared by pre/post_run
-commands, the agent's Bash tool and shell criteria. Such a command sees an allowlist of this
-process's environment (:func:`sandbox_env`): it is the agent's or the task's; our keys are not.
+"""Where a sandbox's shell commands run (pre/post_run commands, the agent's Bash tool, shell criteria): on the
+host in its folder, or inside its container; with a deadline, past which all it started is killed. Such a command
+sees an allowlist of this process's environment (:func:`sandbox_env`): it is the agent's or the task's, not ours.
 """
 
 from __future__ import annotations
@@ -33,9 +31,8 @@ def host_env(**extra: str) -> dict[str, str]:
 
 
 def sandbox_env(passthrough: Iterable[str] = (), own: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a command an agent or a task runs on this machine: :data:`SANDBOX_ENV_KEYS`
-    and the task's ``passthrough`` names (Coder Eval's ``env_passthrough``) as this process has them,
-    plus the sandbox's own variables ``own``."""
+    """The environment of a command an agent or a task runs on this machine: :data:`SANDBOX_ENV_KEYS` and the task's
+    ``passthrough`` names (``env_passthrough``) as this process has them, plus the sandbox's own variables ``own``."""
     return {**passed_through([*SANDBOX_ENV_KEYS, *passthrough]), **(own or {})}
 
 
