@@ -43,9 +43,7 @@ while [ "$round" -lt 5 ]; do
   kill -KILL $found 2>/dev/null
 done
 """
-
-# How long a killed exec gets to close its output stream before its result is given up.
-_KILL_GRACE_SECONDS = 10.0
+_KILL_GRACE_SECONDS = 10.0  # how long a killed exec gets to close its output before its result is given up
 
 
 class ContainerSandboxError(RuntimeError):
@@ -100,8 +98,7 @@ def image_config(client: docker.DockerClient, image: str) -> dict:
 
 
 class ContainerSandbox:
-    """A running container; commands run in ``working_dir`` (where a host workspace, if the
-    sandbox has one, is mounted). ``port_urls`` are the published ports of ``start``."""
+    """A running container; commands run in ``working_dir`` (where a host workspace is mounted, if any)."""
 
     def __init__(self, client: docker.DockerClient, container_id: str, working_dir: str,
                  port_urls: dict[str, str] | None = None):
@@ -113,8 +110,7 @@ class ContainerSandbox:
 
     @classmethod
     def attach(cls, container_id: str, working_dir: str | None = None) -> ContainerSandbox:
-        """A handle on a container another process started (ops and agents are processes), in
-        ``working_dir`` or else the image's WORKDIR."""
+        """A handle on a container another process started, in ``working_dir`` or else the image's WORKDIR."""
         client = _client()
         if working_dir is None:
             try:

@@ -18,8 +18,7 @@ import requests.exceptions
 
 from .containers import ContainerSandboxError, ExecResult, _client, _name_part, create_started, image_config
 
-# PID 1 of a container kept alive for execs; trapping TERM lets `docker stop` end it at once.
-KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"  # PID 1 for execs; TERM ends it
 LOCAL_NETWORKS = ("bridge", "none", "host")
 
 
@@ -62,8 +61,8 @@ def run_container(
     privileged: bool = False, cap_add: list[str] | None = None, devices: list[str] | None = None,
     shm_size: str | None = None,
 ) -> StartedContainer:
-    """Create and start a detached container (``docker run -d``). Container ports are
-    published on 127.0.0.1 at ports the engine picks, so runs never clash over a host port."""
+    """Create and start a detached container (``docker run -d``), its ports published on 127.0.0.1 at ports the
+    engine picks (runs never clash over a host port)."""
     if network is not None and network not in LOCAL_NETWORKS:
         raise ValueError(f"network must be one of {', '.join(LOCAL_NETWORKS)} locally, not {network!r}")
     with closing(_client()) as client:
@@ -87,8 +86,7 @@ def wait_container(container_id: str, timeout: float) -> ExecResult:
         except docker.errors.NotFound:
             raise ContainerSandboxError(f"container {container_id[:12]} is gone") from None
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            # the SDK surfaces its read timeout as a transport error
-            timed_out, exit_code = True, None
+            timed_out, exit_code = True, None  # (the SDK surfaces its read timeout as a transport error)
             with suppress(docker.errors.APIError):  # it exited meanwhile
                 client.api.kill(container_id)
         stdout = client.api.logs(container_id, stdout=True, stderr=False)

@@ -102,8 +102,7 @@ class Ledger:
         return ProcessIdentity(**json.loads(self._once(OWNER_FILE, lambda: json.dumps(asdict(identity)))))
 
     def _once(self, name: str, make: Callable[[], str]) -> str:
-        """The content of ``name``, written whole and owner-only by whichever process comes first
-        (made aside, then linked in place, which fails if it exists)."""
+        """The content of ``name``, written whole and owner-only by whichever process of the run comes first."""
         found = self._read(name)
         if found:
             return found
@@ -203,8 +202,7 @@ class LocalProvider:
         if entry.mcp_url:  # a live endpoint: nothing to start, nothing to tear down
             return DeployedEnv(**record, env_provider_type="live", mcp_url=entry.mcp_url)
         instance_id = f"{env_id}-{secrets.token_hex(4)}"
-        # its data plane reads file:// Parts only under the run's artifact folders
-        roots = [self.config.state_dir / "artifacts", self.config.state_dir / "cache",
+        roots = [self.config.state_dir / "artifacts", self.config.state_dir / "cache",  # its data plane's file:// roots
                  *(self.config.path(d) for d in self.config.stores.artifact_dirs)]
         args = [entry.kind or env_id, *(a for root in roots for a in ("--file-root", str(root)))]
         server = self._spawn(ENV_SERVER_MODULE, args, instance_id, "env", ttl_seconds)
@@ -256,8 +254,7 @@ class LocalProvider:
         workspace: Path | None, container: dict[str, Any] | None, overrides: dict[str, Any] | None,
         tools_env: dict[str, str] | None = None, *, start_host: bool = True,
     ) -> "HostedRequest | None":
-        """What to ask the run's agent host for, finding or starting the host (None without
-        ``start_host`` when this process does not know the host yet)."""
+        """What to ask the run's agent host for, finding or starting it (None without ``start_host`` if unknown)."""
         entry = self._agent_entry(agent_id, overrides)
         process_env = dict(env_vars or {})
         model_api = self._model_api(agent_id, entry, container)
@@ -394,8 +391,7 @@ class LocalProvider:
 
     def _start_container(self, step_id: str, sandbox_name: str, instance_id: str, asked_by: str, image_field: str,
                          image: str, workspace: Path | None, working_dir: str | None, **settings: Any):
-        """Start a sandbox's container and record it in the ledger, or say which step and field (what asks
-        for a container, the image field) could not be served."""
+        """Start a sandbox's container and record it, or say which step and field (asked_by, image_field) fails."""
         from .containers import ContainerSandbox, ContainerSandboxError, MissingImageError, NoEngineError, container_name
 
         name = container_name(instance_id)
@@ -418,8 +414,7 @@ class LocalProvider:
         return started
 
     def sandbox_of(self, agent: DeployedAgent) -> LocalSandbox:
-        """The sandbox folder a record names: one of a run of this project (a saved context
-        may come from an earlier run), never anywhere else."""
+        """The sandbox folder a record names: one of this project's runs (a saved context may be older) only."""
         root = getattr(agent, "sandbox_root", None)  # an extra field of the record
         if not root:
             raise DeploymentError(f"agent '{agent.agent_name}' has no local sandbox")
@@ -628,8 +623,7 @@ def _server_identity(entry: dict[str, Any]) -> ProcessIdentity | None:
 
 @functools.cache
 def _http() -> httpx.Client:
-    """One client for the agent hosts of this process: they listen on 127.0.0.1 over plain HTTP,
-    so it loads no CA bundle (the most expensive part of a new client)."""
+    """One client for the agent hosts of this process: plain HTTP on 127.0.0.1, so it loads no CA bundle."""
     return httpx.Client(timeout=30, verify=False)
 
 

@@ -120,5 +120,4 @@ class ContainerFiles:
         self.container.close()
 
 
-# A sandbox's files and shell by in-sandbox path: what verify_sandbox probes.
-SandboxFiles = FolderFiles | ContainerFiles
+SandboxFiles = FolderFiles | ContainerFiles  # a sandbox's files and shell by in-sandbox path (verify_sandbox)

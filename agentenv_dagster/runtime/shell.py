@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Protocol
 
-# What a host interpreter running task data gets of this process's environment: what Python
-# needs, never a secret (an LLM key, cloud credentials).
+# What a host interpreter running task data gets of this process's environment: what Python needs, never a secret;
 HOST_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
-# What a sandbox's shell gets besides: the terminal and user a shell expects.
+# what a sandbox's shell gets besides: the terminal and user a shell expects.
 SANDBOX_ENV_KEYS = (*HOST_ENV_KEYS, "LC_CTYPE", "TERM", "USER", "LOGNAME", "SHELL", "TZ")
 
 
@@ -74,8 +73,7 @@ async def run_argv(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: 
 
 @dataclass(frozen=True)
 class HostShell:
-    """``bash -c`` in ``cwd`` on this machine (see :func:`run_argv`), with the sandbox's
-    environment (:func:`sandbox_env` of ``passthrough`` names and the sandbox's ``env``)."""
+    """``bash -c`` in ``cwd`` on this machine (:func:`run_argv`), in :func:`sandbox_env` of ``passthrough``, ``env``."""
 
     cwd: Path
     passthrough: tuple[str, ...] = ()
@@ -93,8 +91,7 @@ def _kill_group(pid: int) -> None:
 
 @dataclass(frozen=True)
 class ContainerShell:
-    """``sh -c`` in the container's working dir (the sandbox folder is mounted there), with
-    the container's own environment plus the sandbox's ``env`` (nothing of this process's)."""
+    """``sh -c`` in the container's working dir, with its own environment plus ``env`` (nothing of this process's)."""
 
     container_id: str
     working_dir: str
