@@ -109,8 +109,7 @@ class Ledger:
         self.folder.mkdir(parents=True, exist_ok=True)
         os.chmod(self.folder, 0o700)
         staged = self.folder / f"{name}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
+        with os.fdopen(os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
             out.write(make())
         try:
             with contextlib.suppress(FileExistsError):  # another process of the run was first
@@ -151,12 +150,10 @@ class Ledger:
 
     def entry(self, instance_id: str) -> dict[str, Any] | None:
         """One deployment: an agent this process wrote, else its own file, else among those recorded together."""
-        hosted = _HOSTED_HERE.get(self.folder, {}).get(instance_id)
-        if hosted is not None:
+        if (hosted := _HOSTED_HERE.get(self.folder, {}).get(instance_id)) is not None:
             return hosted
-        own = self.folder / f"{instance_id}.json"
-        if own.is_file():
-            return json.loads(own.read_text())
+        with contextlib.suppress(FileNotFoundError):
+            return json.loads((self.folder / f"{instance_id}.json").read_text())
         batches = [n for n in os.listdir(self.folder) if n.endswith(f"{SEVERAL}.json")] if self.folder.is_dir() else []
         return next((b[instance_id] for n in batches if instance_id in (b := _written_once(str(self.folder / n)))), None)
 
@@ -465,9 +462,8 @@ class LocalProvider:
         return {"anthropic": {"base_url": self.config.model.resolved_base_url(), "api_key": api_key}}
 
     def _agent_config(self, entry) -> dict[str, Any]:
-        episodes = entry.episodes
-        if entry.script:
-            episodes = json.loads(self.config.path(entry.script).read_text())["episodes"]
+        episodes = (json.loads(self.config.path(entry.script).read_text())["episodes"] if entry.script
+                    else entry.episodes)
         settings = {
             "kind": entry.kind, "episodes": episodes or [], "delay_seconds": entry.delay_seconds,
             "model": entry.model or self.config.model.for_role("agent"), "max_turns": entry.max_turns,

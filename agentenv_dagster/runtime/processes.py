@@ -94,9 +94,6 @@ def _boot_id() -> str | None:
         return None
 
 
-os.register_at_fork(after_in_child=_boot_id.cache_clear)
-
-
 @dataclass(frozen=True)
 class ServerProcess:
     pid: int
