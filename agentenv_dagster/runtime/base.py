@@ -87,8 +87,7 @@ class StepRuntime:
 
 
 class RedactingLogger(logging.LoggerAdapter):
-    """A step's logger: each message formatted here, every known secret in it replaced by ``***``
-    (``redaction.py``), before the logger it wraps records it."""
+    """A step's logger: every known secret in a message replaced by ``***`` (``redaction.py``) before it is recorded."""
 
     def log(self, level: int, msg: object, *args: object, **kwargs) -> None:
         if self.isEnabledFor(level):

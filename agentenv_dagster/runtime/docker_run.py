@@ -61,8 +61,7 @@ def run_container(
     privileged: bool = False, cap_add: list[str] | None = None, devices: list[str] | None = None,
     shm_size: str | None = None,
 ) -> StartedContainer:
-    """Create and start a detached container (``docker run -d``), its ports published on 127.0.0.1 at ports the
-    engine picks (runs never clash over a host port)."""
+    """``docker run -d``, its ports published on 127.0.0.1 at ports the engine picks (runs never clash over one)."""
     if network is not None and network not in LOCAL_NETWORKS:
         raise ValueError(f"network must be one of {', '.join(LOCAL_NETWORKS)} locally, not {network!r}")
     with closing(_client()) as client:

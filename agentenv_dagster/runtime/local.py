@@ -271,8 +271,7 @@ class LocalProvider:
         self, agent_id: str, *, ttl_seconds: int, env_vars: dict[str, str] | None = None,
         overrides: dict[str, Any] | None = None,
     ) -> None:
-        """Find or start the agent host deploying ``agent_id`` will use (not a coding CLI's: its checks belong
-        to its deploy); raises what the deploy would."""
+        """Find or start the host deploying ``agent_id`` will use (not a coding CLI's); raises what the deploy would."""
         entry = self._agent_entry(agent_id, overrides)
         if entry.kind in CODING_CLI_KINDS:
             return
@@ -292,8 +291,7 @@ class LocalProvider:
         return entry
 
     def _model_api(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, Any]:
-        """The model API (base URL and key) the agent's kind needs, for its host's bootstrap (never in the
-        host's environment, which the agents' tools would inherit)."""
+        """The model API the agent's kind needs, for its host's bootstrap (not its environment: its tools see that)."""
         if entry.kind in CODING_CLI_KINDS:
             return self._coding_cli_ready(agent_id, entry, container)
         if entry.kind != "anthropic":
@@ -482,8 +480,7 @@ class LocalProvider:
         return settings
 
     def _providers(self) -> dict[str, dict[str, Any]]:
-        """Every provider as the agent host sees it: URLs resolved here, each key read from
-        the host's environment (``model_key_env``), never written into its config."""
+        """Every provider as the agent host sees it: URLs resolved, keys read from its environment (model_key_env)."""
         providers = {}
         for name in sorted({*BUILTIN_PROVIDERS, *self.config.model.providers}):
             settings = self.config.model.provider(name)

@@ -29,8 +29,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 async def _spawning_alone(start: Callable[[], Awaitable[T]]) -> T:
-    """``start()`` (a process start) while no other loop starts one; the lock is polled, not waited
-    for, as another task of the same loop may hold it."""
+    """``start()`` while no other loop starts a process (the lock is polled: a task of the same loop may hold it)."""
     while not SPAWNING.acquire(blocking=False):
         await asyncio.sleep(0.002)
     try:

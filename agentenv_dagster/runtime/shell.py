@@ -51,8 +51,7 @@ class SandboxShell(Protocol):
 
 
 async def run_argv(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> ShellResult:
-    """Run ``argv`` in its own process group, which ends with it (at the deadline, on
-    cancellation, or when it exits): nothing it started in the background outlives it."""
+    """Run ``argv`` in its own process group, which ends with it: nothing it started in the background outlives it."""
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
