@@ -141,7 +141,7 @@ class Ledger:
 
     def entries(self) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
-        for path in self.folder.glob("*.json") if self.folder.is_dir() else ():
+        for path in self.folder.glob("*.json"):
             if path.stem.endswith(SEVERAL):
                 found.update(_written_once(str(path)))
             else:
@@ -154,8 +154,8 @@ class Ledger:
             return hosted
         with contextlib.suppress(FileNotFoundError):
             return json.loads((self.folder / f"{instance_id}.json").read_text())
-        batches = [n for n in os.listdir(self.folder) if n.endswith(f"{SEVERAL}.json")] if self.folder.is_dir() else []
-        return next((b[instance_id] for n in batches if instance_id in (b := _written_once(str(self.folder / n)))), None)
+        batches = (_written_once(str(path)) for path in self.folder.glob(f"*{SEVERAL}.json"))
+        return next((batch[instance_id] for batch in batches if instance_id in batch), None)
 
     def terminate(self, instance_id: str) -> bool:
         entry = self.entry(instance_id)
