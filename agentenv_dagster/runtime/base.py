@@ -1,7 +1,5 @@
-"""StepRuntime: what a step may use while it runs, built once per step execution.
-
-It knows nothing of Dagster: the same object serves the plain asyncio walker and the ops.
-"""
+"""StepRuntime: what a step may use while it runs, built once per step execution; the same object (which knows
+nothing of Dagster) serves the plain asyncio walker and the ops."""
 
 from __future__ import annotations
 
@@ -57,8 +55,7 @@ class StepRuntime:
 
     async def __aexit__(self, *exc_info) -> None:
         await self.provider.aclose()
-        await self.a2a.aclose()
-        await self.http.aclose()
+        await self._disconnect()
 
     def _connect(self, http: httpx.AsyncClient) -> None:
         http.auth = self.provider.server_auth  # the run's token, to the run's own servers only
@@ -66,34 +63,31 @@ class StepRuntime:
         self.a2a = A2AClient(http)
         self.dataplane = DataPlaneClient(http)
 
+    async def _disconnect(self) -> None:
+        await self.a2a.aclose()
+        await self.http.aclose()
+
     @contextlib.asynccontextmanager
     async def lanes(self, count: int) -> AsyncIterator[asyncio.Queue["StepRuntime"]]:
-        """``count`` views of this runtime for rows run at once, each with its own small connection
-        pool: httpx scans every pooled connection for every queued request, so one pool shared by
-        many rows costs CPU that grows with the rows in flight."""
+        """``count`` views of this runtime for rows run at once, each with its own small connection pool
+        (httpx scans every pooled connection for every queued request: one shared pool costs CPU per row)."""
         views: asyncio.Queue[StepRuntime] = asyncio.Queue()
         for _ in range(count):
             view = copy.copy(self)
-            view._connect(http_client(max_connections=LANE_CONNECTIONS))
+            view._connect(http_client(max_connections=4))  # one row at a time uses a lane
             views.put_nowait(view)
         try:
             yield views
         finally:
             while not views.empty():
-                view = views.get_nowait()
-                await view.a2a.aclose()
-                await view.http.aclose()
+                await views.get_nowait()._disconnect()
 
     def judge(self, model: str | None = None, base_url: str | None = None, api_key: str | None = None) -> LLMJudge:
         return llm_judge(self.config, model, base_url, api_key)
 
 
-LANE_CONNECTIONS = 4  # a lane's pool (one row at a time uses it)
-
-
 class RedactingLogger(logging.LoggerAdapter):
-    """A step's logger: each message is formatted here and every known secret in it replaced by
-    ``***`` (``redaction.py``) before the logger it wraps (Dagster's, under an op) records it."""
+    """A step's logger: every known secret in a message replaced by ``***`` (``redaction.py``) before it is recorded."""
 
     def log(self, level: int, msg: object, *args: object, **kwargs) -> None:
         if self.isEnabledFor(level):

@@ -1,10 +1,7 @@
-"""Container sandboxes: one Docker container per sandbox, its workspace (if any) bind-mounted.
+"""Container sandboxes: one Docker container per sandbox, its workspace (if any) bind-mounted as working dir.
 
-Backs Coder Eval's ``sandbox.driver: docker`` (the task's limits become the container's; the
-host workspace folder is its working dir, shared both ways) and agent-env's container-mode
-``deploy_sandbox`` (the image's own filesystem and command, its ports published on 127.0.0.1).
-Commands run through ``sh -c``. The engine is the one ``DOCKER_HOST`` names; no registry is
-reachable, so images are never pulled (``scripts/docker_engine.sh image`` builds them).
+Backs Coder Eval's ``sandbox.driver: docker`` and agent-env's container-mode ``deploy_sandbox`` (the image's own
+command, its ports published on 127.0.0.1). The engine is the one ``DOCKER_HOST`` names; images are never pulled.
 """
 
 from __future__ import annotations
@@ -46,9 +43,7 @@ while [ "$round" -lt 5 ]; do
   kill -KILL $found 2>/dev/null
 done
 """
-
-# How long a killed exec gets to close its output stream before its result is given up.
-_KILL_GRACE_SECONDS = 10.0
+_KILL_GRACE_SECONDS = 10.0  # how long a killed exec gets to close its output before its result is given up
 
 
 class ContainerSandboxError(RuntimeError):
@@ -102,28 +97,20 @@ def image_config(client: docker.DockerClient, image: str) -> dict:
                                 "build it (scripts/docker_engine.sh image)") from None
 
 
-def published_urls(attrs: dict, ports: list[int]) -> dict[str, str]:
-    """``{container port: http://127.0.0.1:<host port>}`` of a started container's ``attrs``."""
-    bound = (attrs.get("NetworkSettings") or {}).get("Ports") or {}
-    return {str(port): f"http://127.0.0.1:{bindings[0]['HostPort']}"
-            for port in ports if (bindings := bound.get(f"{port}/tcp"))}
-
-
 class ContainerSandbox:
-    """A running container; commands run in ``working_dir`` (where a host workspace, if the
-    sandbox has one, is mounted). ``port_urls`` are the published ports of ``start``."""
+    """A running container; commands run in ``working_dir`` (where a host workspace is mounted, if any)."""
 
-    def __init__(self, client: docker.DockerClient, container_id: str, working_dir: str):
+    def __init__(self, client: docker.DockerClient, container_id: str, working_dir: str,
+                 port_urls: dict[str, str] | None = None):
         self._client = client
         self.container_id = container_id
         self.working_dir = working_dir
-        self.port_urls: dict[str, str] = {}
+        self.port_urls = port_urls or {}
         self._stopped = False
 
     @classmethod
     def attach(cls, container_id: str, working_dir: str | None = None) -> ContainerSandbox:
-        """A handle on a container another process started (ops and agents are processes), in
-        ``working_dir`` or else the image's WORKDIR."""
+        """A handle on a container another process started, in ``working_dir`` or else the image's WORKDIR."""
         client = _client()
         if working_dir is None:
             try:
@@ -140,13 +127,9 @@ class ContainerSandbox:
         ports: list[int] | None = None, run_image_command: bool = False, run_id: str | None = None,
         instance_id: str | None = None, name: str | None = None,
     ) -> ContainerSandbox:
-        """Create and start the container; it idles until ``exec`` calls or ``stop``.
-
-        ``workspace`` (a host folder) is mounted at ``working_dir`` (None: the image's WORKDIR when
-        there is no workspace). ``ports`` are published on 127.0.0.1 at ports the engine picks;
-        ``run_image_command`` also starts the image's ENTRYPOINT+CMD. Labels ``agentenv.run_id`` /
-        ``agentenv.instance_id`` let a run's leftovers be found; ``name`` is one the caller wrote down.
-        """
+        """Create and start the container, idle until ``exec`` or ``stop``: ``workspace`` mounted at ``working_dir``
+        (None without a workspace: the image's WORKDIR), ``ports`` published on 127.0.0.1 at ports the engine picks,
+        with ``run_image_command`` the image's ENTRYPOINT+CMD started too, labelled with the run and instance."""
         if network not in NETWORKS:
             raise ValueError(f"network must be one of {', '.join(NETWORKS)}, not {network!r}")
         if working_dir is not None and not working_dir.startswith("/"):
@@ -160,30 +143,21 @@ class ContainerSandbox:
             volumes[str(workspace)] = {"bind": working_dir, "mode": "rw"}
         labels = {key: value for key, value in {"agentenv.run_id": run_id, "agentenv.instance_id": instance_id}.items()
                   if value is not None}
-        limits: dict = {}
-        if memory_mb is not None:
-            # Swap equal to memory: the limit is the memory a task can use, not twice that.
-            limits["mem_limit"] = limits["memswap_limit"] = f"{memory_mb}m"
-        if cpus is not None:
-            limits["nano_cpus"] = int(cpus * 1e9)
-        if pids is not None:
-            limits["pids_limit"] = pids
+        memory = None if memory_mb is None else f"{memory_mb}m"  # swap = memory: a task can use that, not twice
         client = _client()
         try:
             config = image_config(client, image)
             own = list(config.get("Entrypoint") or []) + list(config.get("Cmd") or []) if run_image_command else []
-            container = create_started(
-                client, image, entrypoint=["/bin/sh", "-c", _KEEP_ALIVE, "sh", *own], command=[],
+            container, port_urls = create_started(
+                client, image, ports or [], entrypoint=["/bin/sh", "-c", _KEEP_ALIVE, "sh", *own], command=[],
                 name=name or container_name(instance_id), working_dir=working_dir, volumes=volumes,
-                ports={f"{port}/tcp": ("127.0.0.1", None) for port in ports or []}, network_mode=network,
-                environment=env or {}, labels=labels, **limits,
+                network_mode=network, environment=env or {}, labels=labels, mem_limit=memory, memswap_limit=memory,
+                nano_cpus=None if cpus is None else int(cpus * 1e9), pids_limit=pids,
             )
         except ContainerSandboxError:
             client.close()
             raise
-        sandbox = cls(client, container.id, working_dir or config.get("WorkingDir") or "/")
-        sandbox.port_urls = published_urls(container.attrs, ports or [])
-        return sandbox
+        return cls(client, container.id, working_dir or config.get("WorkingDir") or "/", port_urls)
 
     async def exec(
         self, command: str, timeout: float, env: dict[str, str] | None = None, user: str | None = None,
@@ -213,12 +187,10 @@ class ContainerSandbox:
         """Kill every process carrying ``marker`` until the exec is no longer running."""
         api = self._client.api
         for _ in range(10):
-            try:
+            with contextlib.suppress(docker.errors.APIError):  # no pid left for the killer yet (pids limit): again
                 killer = await asyncio.to_thread(
                     api.exec_create, self.container_id, ["/bin/sh", "-c", _KILL_MARKED, "sh", marker], user="0")
                 await asyncio.to_thread(api.exec_start, killer["Id"])
-            except docker.errors.APIError:
-                pass  # no pid left for the killer yet (pids limit): try again shortly
             if not (await asyncio.to_thread(api.exec_inspect, exec_id))["Running"]:
                 return
             await asyncio.sleep(0.2)
@@ -244,10 +216,12 @@ class ContainerSandbox:
         self.stop()
 
 
-def create_started(client: docker.DockerClient, image: str, **settings):
-    """A container of ``image`` created with ``settings`` and started; one that does not start is removed."""
+def create_started(client: docker.DockerClient, image: str, ports: list[int], **settings):
+    """A container of ``image`` created with ``settings`` and started (one that does not start is removed), and
+    ``{container port: http://127.0.0.1:<host port>}`` of its ``ports``, published at ports the engine picks."""
     try:
-        container = client.containers.create(image, **settings)
+        container = client.containers.create(image, ports={f"{port}/tcp": ("127.0.0.1", None) for port in ports},
+                                             **settings)
     except docker.errors.APIError as exc:
         raise ContainerSandboxError(f"could not create a container from '{image}': {exc}") from exc
     try:
@@ -256,7 +230,9 @@ def create_started(client: docker.DockerClient, image: str, **settings):
     except docker.errors.APIError as exc:
         remove(client, container.id)
         raise ContainerSandboxError(f"container from '{image}' did not start: {exc}") from exc
-    return container
+    bound = (container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
+    return container, {str(port): f"http://127.0.0.1:{bindings[0]['HostPort']}"
+                       for port in ports if (bindings := bound.get(f"{port}/tcp"))}
 
 
 def remove(client: docker.DockerClient, container_id: str) -> None:

@@ -1,16 +1,14 @@
-"""Task containers: images built from a task's Docker context and containers run from them.
+"""Task containers for ``run_docker_container``: images built from a task's Docker context, containers run from them.
 
-Backs ``run_docker_container``: upstream drives the ``docker`` CLI on a VM sandbox; locally the
-VM is a folder of the run and the engine the one ``DOCKER_HOST`` names, through the ``docker``
-SDK. Nothing is pulled: a Dockerfile's ``FROM`` and a plain ``image`` must be local images.
-Every call blocks: steps run them in a thread.
+Upstream drives the ``docker`` CLI on a VM sandbox; here the VM is a folder of the run and the engine the one
+``DOCKER_HOST`` names. Nothing is pulled (``FROM`` and ``image`` must be local). Every call blocks.
 """
 
 from __future__ import annotations
 
 import io
 import tarfile
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,25 +16,15 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from .containers import (
-    ContainerSandboxError,
-    ExecResult,
-    _client,
-    _name_part,
-    create_started,
-    image_config,
-    published_urls,
-)
+from .containers import ContainerSandboxError, ExecResult, _client, _name_part, create_started, image_config
 
-# PID 1 of a container kept alive for execs; trapping TERM lets `docker stop` end it at once.
-KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"
+KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"  # PID 1 for execs; TERM ends it
 LOCAL_NETWORKS = ("bridge", "none", "host")
 
 
 @dataclass(frozen=True)
 class StartedContainer:
     container_id: str
-    name: str
     working_dir: str
     port_urls: dict[str, str]  # container port -> URL on 127.0.0.1
 
@@ -73,21 +61,18 @@ def run_container(
     privileged: bool = False, cap_add: list[str] | None = None, devices: list[str] | None = None,
     shm_size: str | None = None,
 ) -> StartedContainer:
-    """Create and start a detached container (``docker run -d``). Container ports are
-    published on 127.0.0.1 at ports the engine picks, so runs never clash over a host port."""
+    """``docker run -d``, its ports published on 127.0.0.1 at ports the engine picks (runs never clash over one)."""
     if network is not None and network not in LOCAL_NETWORKS:
         raise ValueError(f"network must be one of {', '.join(LOCAL_NETWORKS)} locally, not {network!r}")
     with closing(_client()) as client:
         image_config(client, image)
-        published = {f"{port}/tcp": ("127.0.0.1", None) for port in ports or []} if network != "host" else {}
-        container = create_started(
-            client, image, command=command, entrypoint=entrypoint, name=_name_part(name), detach=True,
-            environment=environment or {}, volumes=binds or {}, ports=published,
+        container, port_urls = create_started(
+            client, image, (ports or []) if network != "host" else [], command=command, entrypoint=entrypoint,
+            name=_name_part(name), detach=True, environment=environment or {}, volumes=binds or {},
             network_mode=network or "bridge", labels=labels or {}, privileged=privileged,
             cap_add=cap_add or None, devices=devices or None, shm_size=shm_size,
         )
-        return StartedContainer(container.id, container.name, container.attrs["Config"].get("WorkingDir") or "/",
-                                published_urls(container.attrs, ports or []))
+        return StartedContainer(container.id, container.attrs["Config"].get("WorkingDir") or "/", port_urls)
 
 
 def wait_container(container_id: str, timeout: float) -> ExecResult:
@@ -100,12 +85,9 @@ def wait_container(container_id: str, timeout: float) -> ExecResult:
         except docker.errors.NotFound:
             raise ContainerSandboxError(f"container {container_id[:12]} is gone") from None
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            # the SDK surfaces its read timeout as a transport error
-            timed_out, exit_code = True, None
-            try:
+            timed_out, exit_code = True, None  # (the SDK surfaces its read timeout as a transport error)
+            with suppress(docker.errors.APIError):  # it exited meanwhile
                 client.api.kill(container_id)
-            except docker.errors.APIError:
-                pass  # it exited meanwhile
         stdout = client.api.logs(container_id, stdout=True, stderr=False)
         stderr = client.api.logs(container_id, stdout=False, stderr=True)
         return ExecResult(exit_code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"), timed_out)

@@ -1,15 +1,13 @@
-"""The embedded local providers: envs as server processes on 127.0.0.1, agents in one agent
-host process per run.
+"""The embedded local providers: envs as server processes on 127.0.0.1, agents in one agent host process per run.
 
-Each run keeps a ledger of what it deployed (a file per instance, written before a server
-starts), so any process of the run, or a later one, can tear it all down; once closed, a
-deployment that finishes late ends itself and fails. The ledger also keeps the run's bearer
-token, which all its servers require, and its owner process, which none outlives.
+Each run's ledger (a file per deployment, written before a server starts, beside the run's token and owner) lets
+any process of the run, or a later one, tear it all down; once closed, a late deployment ends itself and fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -97,28 +95,25 @@ class Ledger:
     def owner(self) -> ProcessIdentity | None:
         """The process the run's servers end with, once a process of the run has claimed it."""
         recorded = self._read(OWNER_FILE)
-        return ProcessIdentity.from_dict(json.loads(recorded)) if recorded else None
+        return ProcessIdentity(**json.loads(recorded)) if recorded else None
 
     def claim_owner(self, identity: ProcessIdentity) -> ProcessIdentity:
         """Record ``identity`` as the run's owner unless one is recorded; the recorded one."""
-        return ProcessIdentity.from_dict(json.loads(self._once(OWNER_FILE, lambda: json.dumps(asdict(identity)))))
+        return ProcessIdentity(**json.loads(self._once(OWNER_FILE, lambda: json.dumps(asdict(identity)))))
 
     def _once(self, name: str, make: Callable[[], str]) -> str:
-        """The content of ``name``, written whole and owner-only by whichever process comes first
-        (made aside, then linked in place, which fails if it exists)."""
+        """The content of ``name``, written whole and owner-only by whichever process of the run comes first."""
         found = self._read(name)
         if found:
             return found
         self.folder.mkdir(parents=True, exist_ok=True)
         os.chmod(self.folder, 0o700)
         staged = self.folder / f"{name}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
+        with os.fdopen(os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
             out.write(make())
         try:
-            os.link(staged, self.folder / name)
-        except FileExistsError:
-            pass  # another process of the run was first
+            with contextlib.suppress(FileExistsError):  # another process of the run was first
+                os.link(staged, self.folder / name)
         finally:
             staged.unlink()
         return self._read(name) or ""
@@ -146,7 +141,7 @@ class Ledger:
 
     def entries(self) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
-        for path in self.folder.glob("*.json") if self.folder.is_dir() else ():
+        for path in self.folder.glob("*.json"):
             if path.stem.endswith(SEVERAL):
                 found.update(_written_once(str(path)))
             else:
@@ -154,24 +149,20 @@ class Ledger:
         return found
 
     def entry(self, instance_id: str) -> dict[str, Any] | None:
-        """One deployment: an agent this process wrote, else its own file, else among those
-        recorded together."""
-        hosted = _HOSTED_HERE.get(self.folder, {}).get(instance_id)
-        if hosted is not None:
+        """One deployment: an agent this process wrote, else its own file, else among those recorded together."""
+        if (hosted := _HOSTED_HERE.get(self.folder, {}).get(instance_id)) is not None:
             return hosted
-        own = self.folder / f"{instance_id}.json"
-        if own.is_file():
-            return json.loads(own.read_text())
-        batches = [n for n in os.listdir(self.folder) if n.endswith(f"{SEVERAL}.json")] if self.folder.is_dir() else []
-        return next((b[instance_id] for n in batches if instance_id in (b := _written_once(str(self.folder / n)))), None)
+        with contextlib.suppress(FileNotFoundError):
+            return json.loads((self.folder / f"{instance_id}.json").read_text())
+        batches = (_written_once(str(path)) for path in self.folder.glob(f"*{SEVERAL}.json"))
+        return next((batch[instance_id] for batch in batches if instance_id in batch), None)
 
     def terminate(self, instance_id: str) -> bool:
         entry = self.entry(instance_id)
         return bool(entry) and _end(entry, self.token(create=False))
 
     def close(self) -> list[str]:
-        """Refuse further deployments, then end every one recorded; returns what was running.
-        An agent in a host ends with its host."""
+        """Refuse further deployments, then end every one recorded (an agent with its host); what was running."""
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / ".closed").touch()
         entries = self.entries()
@@ -208,8 +199,7 @@ class LocalProvider:
         if entry.mcp_url:  # a live endpoint: nothing to start, nothing to tear down
             return DeployedEnv(**record, env_provider_type="live", mcp_url=entry.mcp_url)
         instance_id = f"{env_id}-{secrets.token_hex(4)}"
-        # its data plane reads file:// Parts only under the run's artifact folders
-        roots = [self.config.state_dir / "artifacts", self.config.state_dir / "cache",
+        roots = [self.config.state_dir / "artifacts", self.config.state_dir / "cache",  # its data plane's file:// roots
                  *(self.config.path(d) for d in self.config.stores.artifact_dirs)]
         args = [entry.kind or env_id, *(a for root in roots for a in ("--file-root", str(root)))]
         server = self._spawn(ENV_SERVER_MODULE, args, instance_id, "env", ttl_seconds)
@@ -220,10 +210,8 @@ class LocalProvider:
         workspace: Path | None = None, container: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
-        """Deploy agent ``agent_id`` (its registry entry, with ``overrides`` on top) into the run's agent
-        host, started on first use (``builtin/agents/host.py``). With a ``workspace`` folder the agent
-        works there, with Bash/Write/Read/Skill tools (its Bash inside the sandbox's ``container`` when
-        it has one) whose environment is an allowlist plus ``tools_env``."""
+        """Deploy agent ``agent_id`` (its registry entry, ``overrides`` on top) into the run's agent host. With
+        a ``workspace`` it works there with Bash/Write/Read/Skill tools (Bash in the sandbox's ``container``)."""
         request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides,
                                        tools_env)
         try:
@@ -239,8 +227,7 @@ class LocalProvider:
         workspace: Path | None = None, container: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
-        """:meth:`deploy_agent` from an event loop: the agents asked for in the same turn of the loop
-        (a batch of dataset rows) go to their host in one request."""
+        """:meth:`deploy_agent` from an event loop: the agents asked for in one turn of the loop go in one request."""
         args = (agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides, tools_env)
         request = self._hosted_request(*args, start_host=False)
         if request is None:
@@ -264,8 +251,7 @@ class LocalProvider:
         workspace: Path | None, container: dict[str, Any] | None, overrides: dict[str, Any] | None,
         tools_env: dict[str, str] | None = None, *, start_host: bool = True,
     ) -> "HostedRequest | None":
-        """What to ask the run's agent host for, finding or starting the host (None without
-        ``start_host`` when this process does not know the host yet)."""
+        """What to ask the run's agent host for, finding or starting it (None without ``start_host`` if unknown)."""
         entry = self._agent_entry(agent_id, overrides)
         process_env = dict(env_vars or {})
         model_api = self._model_api(agent_id, entry, container)
@@ -278,15 +264,14 @@ class LocalProvider:
         if not start_host and host_id not in self._hosts:
             return None
         host_id, host_url = self._agent_host(process_env, model_api, ttl_seconds)
-        return HostedRequest(agent_id, agent_name, host_id, host_url, str(sandbox),
+        return HostedRequest(agent_id, agent_name, host_id, host_url,
                              {"id": instance_id, "sandbox": str(sandbox), "config": settings})
 
     async def warm_agent_host(
         self, agent_id: str, *, ttl_seconds: int, env_vars: dict[str, str] | None = None,
         overrides: dict[str, Any] | None = None,
     ) -> None:
-        """Find or start the agent host that deploying ``agent_id`` will use, ahead of the first deploy;
-        not for a coding CLI's agent (its checks belong to its deploy). Raises what the deploy would."""
+        """Find or start the host deploying ``agent_id`` will use (not a coding CLI's); raises what the deploy would."""
         entry = self._agent_entry(agent_id, overrides)
         if entry.kind in CODING_CLI_KINDS:
             return
@@ -306,8 +291,7 @@ class LocalProvider:
         return entry
 
     def _model_api(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, Any]:
-        """The model API (base URL and key) the agent's kind needs, for its host's bootstrap:
-        never in the host's environment, which the agents' tools would inherit."""
+        """The model API the agent's kind needs, for its host's bootstrap (not its environment: its tools see that)."""
         if entry.kind in CODING_CLI_KINDS:
             return self._coding_cli_ready(agent_id, entry, container)
         if entry.kind != "anthropic":
@@ -338,7 +322,7 @@ class LocalProvider:
             raise DeploymentError(f"run is tearing down; agent '{instance_id}' was not kept")
         return DeployedAgent(
             agent_name=request.agent_name, api_url=url, a2a_url=url, sandbox_id=instance_id,
-            sandbox_type="local", instance_id=instance_id, sandbox_root=request.sandbox,
+            sandbox_type="local", instance_id=instance_id, sandbox_root=request.body["sandbox"],
             a2a_agent_id=request.agent_id, a2a_card=answer.get("card"),
         )
 
@@ -366,10 +350,9 @@ class LocalProvider:
         image: str | None = None, ports: list[int] | None = None, cpu: float | None = None,
         memory_mb: int | None = None, env_vars: dict[str, str] | None = None,
     ) -> DeployedSandbox:
-        """``container`` mode: a container of ``image`` running the image's own command with ``env_vars``
-        and the cpu/memory limits, its ``ports`` published on 127.0.0.1 (``tunnel_urls``), no host folder.
-        ``vm`` mode: a fresh folder of the run; with ``container`` settings (``image``, ``working_dir``,
-        limits, ``network``) also a container with the folder mounted. Containers end with the run."""
+        """``container`` mode: a container running ``image``'s own command, its ``ports`` published on 127.0.0.1
+        (``tunnel_urls``), no host folder. ``vm`` mode: a fresh folder of the run, with ``container`` settings
+        also a container with the folder mounted. Containers end with the run."""
         if self.ledger.closed:
             raise DeploymentError(f"run is tearing down; sandbox '{sandbox_name}' was not created")
         instance_id = f"sandbox-{secrets.token_hex(4)}"
@@ -377,7 +360,7 @@ class LocalProvider:
         started = None
         if sandbox_mode == "container":
             started = self._start_container(
-                step_id, sandbox_name, instance_id, ("sandbox_mode", "image"), image, None, None,
+                step_id, sandbox_name, instance_id, "sandbox_mode", "image", image, None, None,
                 memory_mb=memory_mb, cpus=cpu, env=env_vars, ports=ports, run_image_command=True,
             )
             extra["tunnel_urls"] = started.port_urls
@@ -388,7 +371,7 @@ class LocalProvider:
             if container:
                 image = container["image"]
                 started = self._start_container(
-                    step_id, sandbox_name, instance_id, ("container", "container.image"), image, root,
+                    step_id, sandbox_name, instance_id, "container", "container.image", image, root,
                     container.get("working_dir") or "/work", memory_mb=container.get("memory_mb"),
                     cpus=container.get("cpus"), pids=container.get("pids"), network=container.get("network") or "bridge",
                 )
@@ -401,13 +384,11 @@ class LocalProvider:
             **_lifetime(ttl_seconds), **extra,
         )
 
-    def _start_container(self, step_id: str, sandbox_name: str, instance_id: str, fields: tuple[str, str],
+    def _start_container(self, step_id: str, sandbox_name: str, instance_id: str, asked_by: str, image_field: str,
                          image: str, workspace: Path | None, working_dir: str | None, **settings: Any):
-        """Start a sandbox's container and record it in the ledger, or say which step and field could
-        not be served: ``fields`` = (what asks for a container, the image field)."""
+        """Start a sandbox's container and record it, or say which step and field (asked_by, image_field) fails."""
         from .containers import ContainerSandbox, ContainerSandboxError, MissingImageError, NoEngineError, container_name
 
-        asked_by, image_field = fields
         name = container_name(instance_id)
         self.ledger.record(instance_id, "container", container_id=name)  # before it exists: a kill can't orphan it
         try:
@@ -428,9 +409,8 @@ class LocalProvider:
         return started
 
     def sandbox_of(self, agent: DeployedAgent) -> LocalSandbox:
-        """The sandbox folder a record names: one of a run of this project (a saved context
-        may come from an earlier run), never anywhere else."""
-        root = getattr(agent, "sandbox_root", None) or (agent.model_extra or {}).get("sandbox_root")
+        """The sandbox folder a record names: one of this project's runs (a saved context may be older) only."""
+        root = getattr(agent, "sandbox_root", None)  # an extra field of the record
         if not root:
             raise DeploymentError(f"agent '{agent.agent_name}' has no local sandbox")
         try:
@@ -452,9 +432,8 @@ class LocalProvider:
         return self.ledger.close()
 
     def _coding_cli_ready(self, agent_id: str, entry: AgentEntry, container: dict[str, Any] | None) -> dict[str, Any]:
-        """The model API a claude-code or codex agent's host proxies for it (none for a codex with its
-        own ``codex login``); fails the deploy, saying how to fix it, when its CLI, package or key is
-        missing or the sandbox is a container (the CLI runs on this machine, in the sandbox folder)."""
+        """The model API a claude-code or codex agent's host proxies for it (none for a logged-in codex); fails
+        the deploy, saying how to fix it, when its CLI, package or key is missing or the sandbox is a container."""
         where = f"A2A agent '{agent_id}' (kind {entry.kind})"
         if container:
             raise DeploymentError(f"{where} runs its CLI on this machine in the sandbox folder, not inside the "
@@ -481,9 +460,8 @@ class LocalProvider:
         return {"anthropic": {"base_url": self.config.model.resolved_base_url(), "api_key": api_key}}
 
     def _agent_config(self, entry) -> dict[str, Any]:
-        episodes = entry.episodes
-        if entry.script:
-            episodes = json.loads(self.config.path(entry.script).read_text())["episodes"]
+        episodes = (json.loads(self.config.path(entry.script).read_text())["episodes"] if entry.script
+                    else entry.episodes)
         settings = {
             "kind": entry.kind, "episodes": episodes or [], "delay_seconds": entry.delay_seconds,
             "model": entry.model or self.config.model.for_role("agent"), "max_turns": entry.max_turns,
@@ -502,8 +480,7 @@ class LocalProvider:
         return settings
 
     def _providers(self) -> dict[str, dict[str, Any]]:
-        """Every provider as the agent host sees it: URLs resolved here, each key read from
-        the host's environment (``model_key_env``), never written into its config."""
+        """Every provider as the agent host sees it: URLs resolved, keys read from its environment (model_key_env)."""
         providers = {}
         for name in sorted({*BUILTIN_PROVIDERS, *self.config.model.providers}):
             settings = self.config.model.provider(name)
@@ -516,18 +493,16 @@ class LocalProvider:
         """Start a server of the run bound to its token and owner, in the ledger before it exists, the
         moment it does and once it serves; refused, or ended at once, once the run tears down."""
         workdir = self.run_dir / f"{kind}s" / instance_id
-        self.ledger.record(instance_id, kind, workdir=str(workdir))
+        record = functools.partial(self.ledger.record, instance_id, kind, workdir=str(workdir))
+        record()
         if self.ledger.closed:
             raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not started")
-
-        def started(process: ProcessIdentity) -> None:
-            self.ledger.record(instance_id, kind, pid=process.pid, started=process.started, workdir=str(workdir))
-
         server = spawn_server(
             module, args, workdir=workdir, ttl_seconds=ttl_seconds, env=env, token=self.ledger.token(),
-            owner=self.owner, secrets_for_server=secrets_for_server, on_started=started,
+            owner=self.owner, secrets_for_server=secrets_for_server,
+            on_started=lambda process: record(pid=process.pid, started=process.started),
         )
-        self.ledger.record(instance_id, kind, pid=server.pid, started=server.started, url=server.url, workdir=str(workdir))
+        record(pid=server.pid, started=server.started, url=server.url)
         if self.ledger.closed:
             terminate(server.pid, started=server.started)
             raise DeploymentError(f"run is tearing down; {kind} '{instance_id}' was not kept")
@@ -552,17 +527,15 @@ class HostedRequest:
     agent_name: str
     host_id: str
     host_url: str
-    sandbox: str
-    body: dict[str, Any]
+    body: dict[str, Any]  # {"id", "sandbox", "config"}
 
     def host_failed(self, exc: Exception) -> DeploymentError:
         return DeploymentError(f"A2A agent '{self.agent_id}': the run's agent host at {self.host_url} failed: {exc!r}")
 
 
 class HostBatch:
-    """Deployments into one agent host, sent together: what is asked for in one turn of the event
-    loop goes in one ``POST /agents``, all over one client and its kept connection. ``record`` is
-    given each batch's ``(body, answer)`` pairs before anyone waiting sees an answer."""
+    """Deployments into one agent host: what is asked for in one turn of the event loop goes in one ``POST /agents``
+    over one kept connection; ``record`` gets each batch's ``(body, answer)`` pairs before anyone sees an answer."""
 
     def __init__(self, host_url: str,
                  record: Callable[[list[tuple[dict[str, Any], dict[str, Any]]]], None] = lambda answered: None,
@@ -643,8 +616,7 @@ def _server_identity(entry: dict[str, Any]) -> ProcessIdentity | None:
 
 @functools.cache
 def _http() -> httpx.Client:
-    """One client for the agent hosts of this process: they listen on 127.0.0.1 over plain HTTP,
-    so it loads no CA bundle (the most expensive part of a new client)."""
+    """One client for the agent hosts of this process: plain HTTP on 127.0.0.1, so it loads no CA bundle."""
     return httpx.Client(timeout=30, verify=False)
 
 

@@ -1,9 +1,7 @@
-"""The event loop every op and embedded server runs on: uvloop (less CPU per HTTP round trip,
-docs/performance.md) where it is installed, else the standard loop.
+"""The event loop every op and embedded server runs on: uvloop where it is installed, else the standard loop.
 
-uvloop refuses to start a process while a loop in another thread is starting one
-(MagicStack/uvloop#508), and a run's ops each run a loop in a thread, so the loops made here
-start processes one at a time (:data:`SPAWNING`); only the start is serialized, not the lives.
+uvloop refuses to start a process while a loop in another thread is starting one (MagicStack/uvloop#508),
+and a run's ops each run a loop in a thread, so the loops made here start processes one at a time.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ except ImportError:  # pragma: no cover - uvloop is a dependency wherever it bui
     uvloop = None
 
 SPAWNING = threading.Lock()  # held by the loop (of any thread) that is starting a process
-SPAWN_POLL_SECONDS = 0.002  # how often a loop waiting to start a process looks again
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -32,10 +29,9 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 async def _spawning_alone(start: Callable[[], Awaitable[T]]) -> T:
-    """``start()`` (a process start) while no other loop of this process starts one. The
-    lock is taken without blocking the thread: another task of the same loop may hold it."""
+    """``start()`` while no other loop starts a process (the lock is polled: a task of the same loop may hold it)."""
     while not SPAWNING.acquire(blocking=False):
-        await asyncio.sleep(SPAWN_POLL_SECONDS)
+        await asyncio.sleep(0.002)
     try:
         return await start()
     finally:
@@ -54,12 +50,8 @@ if uvloop is not None:
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on the fastest loop available, interruptible as the process expects.
-
-    uvloop runs a SIGINT handler (Dagster's raises) in a loop callback and only logs what it
-    raises, so a cancelled step would sleep on. Instead SIGINT cancels the coroutine, which
-    unwinds, and then the process's handler runs outside the loop and raises as it means to.
-    """
+    """``asyncio.run`` on the fastest loop, interruptible: uvloop runs a SIGINT handler (Dagster's raises) in a loop
+    callback and only logs what it raises, so SIGINT cancels the coroutine and the handler then runs outside."""
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         handler = signal.getsignal(signal.SIGINT)
         if threading.current_thread() is not threading.main_thread() or not callable(handler):
@@ -73,14 +65,10 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
 
         signal.signal(signal.SIGINT, cancel_main)
         try:
-            return runner.run(_result_of(main))
+            return runner.run(asyncio.wait_for(main, None))  # a coroutine awaiting the task
         except asyncio.CancelledError:
             if interrupted:
                 handler(signal.SIGINT, interrupted[0])  # raises, unless the process defers interrupts
             raise
         finally:
             signal.signal(signal.SIGINT, handler)
-
-
-async def _result_of(task: asyncio.Task[T]) -> T:
-    return await task

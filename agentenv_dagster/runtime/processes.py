@@ -1,11 +1,8 @@
 """Local server processes: spawn one, wait until it is ready, end it.
 
-Deployed envs and agents outlive the op that deployed them (each op may be its own process),
-so each runs in its own session, found again by its :class:`ProcessIdentity` (pid and start
-time: a reused pid is never signalled); but not the run: each ends once the run's owner
-(:func:`run_owner`) has gone. A server gets its secrets (the run's token, a model key) once on
-its standard input, never in its arguments (a process list shows them) or its environment
-(its children inherit it), which is an allowlist (:data:`SERVER_ENV_KEYS`).
+Servers outlive the op that deployed them (each in its own session, found again by its :class:`ProcessIdentity`)
+but not the run's owner (:func:`run_owner`). A server gets its secrets on its stdin, never in its arguments (a
+process list shows them) or its environment (its children inherit it), an allowlist (:data:`SERVER_ENV_KEYS`).
 """
 
 from __future__ import annotations
@@ -50,8 +47,7 @@ class ServerStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class ProcessIdentity:
-    """One process, told apart from a later one given the same pid by its start time (clock
-    ticks since boot, Linux), its boot and its machine."""
+    """One process, told apart from a later one given the same pid by its start time, boot and machine."""
 
     pid: int
     started: int | None = None
@@ -61,10 +57,6 @@ class ProcessIdentity:
     @classmethod
     def of(cls, pid: int) -> "ProcessIdentity":
         return cls(pid, _start_ticks(pid), _boot_id(), socket.gethostname())
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProcessIdentity":
-        return cls(int(data["pid"]), data.get("started"), data.get("boot"), data.get("host") or "")
 
     @property
     def here(self) -> bool:
@@ -77,9 +69,8 @@ class ProcessIdentity:
 
 
 def run_owner() -> ProcessIdentity:
-    """The process a run's servers must not outlive: ``AGENTENV_RUN_OWNER_PID`` when set, else
-    the process this one is a ``multiprocessing`` child of (a step under Dagster's multiprocess
-    executor ends with its step, the run worker does not), else this process itself."""
+    """The process a run's servers must not outlive: ``AGENTENV_RUN_OWNER_PID`` when set, else this
+    process's ``multiprocessing`` parent (a step process of Dagster's executor ends with its step), else itself."""
     named = os.environ.get(RUN_OWNER_VARIABLE)
     if named and named.isdigit():
         return ProcessIdentity.of(int(named))
@@ -101,9 +92,6 @@ def _boot_id() -> str | None:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return None
-
-
-os.register_at_fork(after_in_child=_boot_id.cache_clear)
 
 
 @dataclass(frozen=True)
@@ -128,14 +116,10 @@ def spawn_server(
     token: str | None = None, owner: ProcessIdentity | None = None, secrets_for_server: dict[str, Any] | None = None,
     on_started: Callable[[ProcessIdentity], None] | None = None,
 ) -> ServerProcess:
-    """Start ``python -m module args`` and return once it has written its URL to ``--ready-file``.
-
-    The server requires ``token`` (a new one when None) on every request, ends with ``owner``
-    (default :func:`run_owner`) or its TTL, and gets ``secrets_for_server`` with the token on its
-    standard input; its environment is :data:`SERVER_ENV_KEYS` plus ``env``. ``on_started`` is
-    told the process as soon as it exists, so a ledger has it even if this process dies while
-    waiting. Its output goes to ``<workdir>/server.log``, so a failed start can say why.
-    """
+    """Start ``python -m module args`` and return once it has written its URL to ``--ready-file``. It requires
+    ``token`` (default: a new one) on every request, ends with ``owner`` (default :func:`run_owner`) or its TTL,
+    reads ``secrets_for_server`` and the token on its stdin, and has :data:`SERVER_ENV_KEYS` plus ``env``.
+    ``on_started`` is told the process as soon as it exists (so a ledger has it if this process dies waiting)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ready_file = workdir / READY_FILE
     ready_file.unlink(missing_ok=True)
@@ -153,24 +137,18 @@ def spawn_server(
     try:
         if on_started is not None:
             on_started(started)
-        proc.stdin.write(json.dumps({"token": token, **(secrets_for_server or {})}).encode())
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass  # it has exited already: waiting for it says why
-    except BaseException:
-        terminate(proc.pid)
-        raise
-    try:
+        with contextlib.suppress(BrokenPipeError):  # it has exited already: waiting for it says why
+            proc.stdin.write(json.dumps({"token": token, **(secrets_for_server or {})}).encode())
+            proc.stdin.close()
         url = _wait_until_ready(ready_file, module, proc)
-    except ServerStartError:
+    except BaseException:
         terminate(proc.pid)
         raise
     return ServerProcess(pid=proc.pid, url=url, token=token, started=started.started)
 
 
 def _wait_until_ready(ready_file: Path, module: str, proc: subprocess.Popen) -> str:
-    """The URL in the ready file once written, polling until the server exits (saying why it
-    never will be) or :data:`READY_TIMEOUT_SECONDS` pass."""
+    """The URL in the ready file once written; :class:`ServerStartError` if the server exits or times out."""
     deadline = time.monotonic() + READY_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
         try:
@@ -189,7 +167,8 @@ def _wait_until_ready(ready_file: Path, module: str, proc: subprocess.Popen) -> 
 
 def is_running(pid: int) -> bool:
     """True while the process exists and is not a zombie."""
-    _reap(pid)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped if it is our child
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -221,8 +200,7 @@ def terminate(pid: int, grace_seconds: float = 5.0, *, started: int | None = Non
 
 
 def _ended_within(pid: int, seconds: float) -> bool:
-    """Whether the process ends within ``seconds``: woken by a pidfd where Linux has one, else
-    looking every 20 ms (a run's teardown waits on its servers' ends)."""
+    """Whether the process ends within ``seconds``: woken by a pidfd where Linux has one, else polling."""
     deadline = time.monotonic() + seconds
     try:
         ends = os.pidfd_open(pid)
@@ -249,11 +227,6 @@ def _signal_group(pid: int, sig: int) -> None:
     except (ProcessLookupError, PermissionError):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
 
 
 def _tail(path: Path, limit: int = 2000) -> str:

@@ -1,8 +1,7 @@
 """A local sandbox: a folder that stands in for an agent's container filesystem.
 
-Steps and agents name files by their in-container path (``/app/artifact/q3.png``); the
-local sandbox maps that path under its root and refuses any path that would escape it.
-A sandbox backed by a container is probed inside it instead (:class:`ContainerFiles`).
+Steps and agents name files by their in-container path (``/app/artifact/q3.png``), mapped under the root (a
+path that would escape it is refused); a sandbox backed by a container is probed inside it (:class:`ContainerFiles`).
 """
 
 from __future__ import annotations
@@ -70,9 +69,8 @@ class FolderFiles:
 
 
 class ContainerFiles:
-    """The sandbox's container, through execs. ``mount`` is where the sandbox's host folder is
-    mounted when it has one (in-sandbox ``/app/x`` is then ``<mount>/app/x``, and ``..`` may
-    not leave it); without one, in-sandbox paths are the container's own."""
+    """The sandbox's container, through execs: in-sandbox ``/app/x`` is ``<mount>/app/x`` (``..`` may not leave the
+    mounted host folder), or without a ``mount`` the container's own path."""
 
     def __init__(self, container: ContainerSandbox, mount: str | None, timeout: float):
         self.container = container
@@ -122,5 +120,4 @@ class ContainerFiles:
         self.container.close()
 
 
-# A sandbox's files and shell by in-sandbox path: what verify_sandbox probes.
-SandboxFiles = FolderFiles | ContainerFiles
+SandboxFiles = FolderFiles | ContainerFiles  # a sandbox's files and shell by in-sandbox path (verify_sandbox)

@@ -1,8 +1,6 @@
-"""Where a sandbox's shell commands run: on the host in its folder, or inside its container.
-
-One "run a command line with a deadline, kill all it started past it", shared by pre/post_run
-commands, the agent's Bash tool and shell criteria. Such a command sees an allowlist of this
-process's environment (:func:`sandbox_env`): it is the agent's or the task's; our keys are not.
+"""Where a sandbox's shell commands run (pre/post_run commands, the agent's Bash tool, shell criteria): on the
+host in its folder, or inside its container; with a deadline, past which all it started is killed. Such a command
+sees an allowlist of this process's environment (:func:`sandbox_env`): it is the agent's or the task's, not ours.
 """
 
 from __future__ import annotations
@@ -15,10 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Protocol
 
-# What a host interpreter running task data gets of this process's environment: what Python
-# needs, never a secret (an LLM key, cloud credentials).
+# What a host interpreter running task data gets of this process's environment: what Python needs, never a secret;
 HOST_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
-# What a sandbox's shell gets besides: the terminal and user a shell expects.
+# what a sandbox's shell gets besides: the terminal and user a shell expects.
 SANDBOX_ENV_KEYS = (*HOST_ENV_KEYS, "LC_CTYPE", "TERM", "USER", "LOGNAME", "SHELL", "TZ")
 
 
@@ -33,9 +30,8 @@ def host_env(**extra: str) -> dict[str, str]:
 
 
 def sandbox_env(passthrough: Iterable[str] = (), own: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a command an agent or a task runs on this machine: :data:`SANDBOX_ENV_KEYS`
-    and the task's ``passthrough`` names (Coder Eval's ``env_passthrough``) as this process has them,
-    plus the sandbox's own variables ``own``."""
+    """The environment of a command an agent or a task runs on this machine: :data:`SANDBOX_ENV_KEYS` and the task's
+    ``passthrough`` names (``env_passthrough``) as this process has them, plus the sandbox's own variables ``own``."""
     return {**passed_through([*SANDBOX_ENV_KEYS, *passthrough]), **(own or {})}
 
 
@@ -55,8 +51,7 @@ class SandboxShell(Protocol):
 
 
 async def run_argv(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> ShellResult:
-    """Run ``argv`` in its own process group, which ends with it (at the deadline, on
-    cancellation, or when it exits): nothing it started in the background outlives it."""
+    """Run ``argv`` in its own process group, which ends with it: nothing it started in the background outlives it."""
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
@@ -77,8 +72,7 @@ async def run_argv(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: 
 
 @dataclass(frozen=True)
 class HostShell:
-    """``bash -c`` in ``cwd`` on this machine (see :func:`run_argv`), with the sandbox's
-    environment (:func:`sandbox_env` of ``passthrough`` names and the sandbox's ``env``)."""
+    """``bash -c`` in ``cwd`` on this machine (:func:`run_argv`), in :func:`sandbox_env` of ``passthrough``, ``env``."""
 
     cwd: Path
     passthrough: tuple[str, ...] = ()
@@ -96,8 +90,7 @@ def _kill_group(pid: int) -> None:
 
 @dataclass(frozen=True)
 class ContainerShell:
-    """``sh -c`` in the container's working dir (the sandbox folder is mounted there), with
-    the container's own environment plus the sandbox's ``env`` (nothing of this process's)."""
+    """``sh -c`` in the container's working dir, with its own environment plus ``env`` (nothing of this process's)."""
 
     container_id: str
     working_dir: str
