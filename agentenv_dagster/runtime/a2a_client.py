@@ -1,12 +1,11 @@
 """Talk to a deployed A2A agent: read its card, call its extensions, send a prompt and wait.
 
-Prompts go through a2a-sdk's ``ClientFactory``, which negotiates the transport (JSON-RPC,
-HTTP+JSON or gRPC) and the protocol version (1.0, or 0.3) from the card, so any published agent
-can be prompted. It rides on the step runtime's ``httpx.AsyncClient``, so the run's bearer token
-reaches our own agents too. A prompt is one blocking ``SendMessage``; past the deadline the
-context's unfinished tasks are cancelled, and an unfinished reply (``input-required``) is polled.
+Prompts go through a2a-sdk's ``ClientFactory``, which picks the transport (JSON-RPC, HTTP+JSON or gRPC)
+and protocol version (1.0 or 0.3) from the card, over the step runtime's ``httpx.AsyncClient`` (so the
+run's bearer token reaches our own agents). A prompt is one blocking ``SendMessage``; past the deadline
+the context's unfinished tasks are cancelled; an unfinished reply (``input-required``) is polled.
 Extension payloads ride in ``message.metadata[uri]``; those asked of the reply (``A2A-Extensions``
-header) come back in the reply's ``metadata[uri]``. The agentenv extension URIs are defined here.
+header) come back in the reply's. The agentenv extension URIs are defined here.
 """
 
 from __future__ import annotations
@@ -32,13 +31,9 @@ SKILL_CONFIG_URI = "urn:agentenv:skill-config/v1"
 TRAJECTORY_URI = "urn:agentenv:trajectory/v1"
 TRIGGERS_URI = "urn:agentenv:triggers/v1"
 
-DEFAULT_ENDPOINTS = {
-    MCP_CONFIG_URI: "/ext/mcp-config",
-    AGENT_CONFIG_URI: "/ext/agent-config",
-    SKILL_CONFIG_URI: "/ext/skill-config",
-    TRAJECTORY_URI: "/ext/trajectory",
-    TRIGGERS_URI: "/ext/triggers",
-}
+# the endpoint an extension answers at when the card names none: urn:agentenv:<name>/v1 -> /ext/<name>
+DEFAULT_ENDPOINTS = {uri: "/ext/" + uri.split(":")[-1].removesuffix("/v1")
+                     for uri in (MCP_CONFIG_URI, AGENT_CONFIG_URI, SKILL_CONFIG_URI, TRAJECTORY_URI, TRIGGERS_URI)}
 TRIGGERS_DECIDE_ENDPOINT = "/ext/triggers/decide"  # the triggers extension's second endpoint
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
@@ -115,12 +110,9 @@ class A2AClient:
         self, url: str, text: str, timeout_seconds: float, poll_interval: float = 0.2, context_id: str | None = None,
         extensions: dict[str, Any] | None = None, requested_extensions: tuple[str, ...] = (), card: dict | None = None,
     ) -> A2AReply:
-        """Send one text prompt to the agent at base ``url`` and wait until its task ends.
-
-        ``card`` (when the caller has it) saves reading it; ``extensions`` are payloads the
-        message carries by URI, ``requested_extensions`` are asked of the reply. On the deadline
-        the task is cancelled (best effort) and TimeoutError is raised.
-        """
+        """Send one text prompt to the agent at base ``url`` and wait until its task ends: on the deadline
+        the task is cancelled (best effort) and TimeoutError is raised. ``extensions`` are payloads the
+        message carries by URI, ``requested_extensions`` are asked of the reply; ``card`` saves reading it."""
         from a2a.client import A2AClientTimeoutError, ClientCallContext
         from a2a.client.service_parameters import ServiceParametersFactory, with_a2a_extensions
         from a2a.types import GetTaskRequest, Message, Part, Role, SendMessageRequest
@@ -137,14 +129,12 @@ class A2AClient:
             message.metadata.update(extensions)
         parameters = ServiceParametersFactory.create([with_a2a_extensions(list(requested_extensions))]) or None
 
-        def call(exact: bool = False) -> ClientCallContext:
-            """``exact``: time out at the deadline itself (a blocking send), else allow a second."""
-            remaining = deadline - time.monotonic()
-            return ClientCallContext(timeout=max(remaining, 0.001 if exact else 1.0), service_parameters=parameters)
+        def call(least: float) -> ClientCallContext:  # a blocking send ends at the deadline, a poll may take a second
+            return ClientCallContext(timeout=max(deadline - time.monotonic(), least), service_parameters=parameters)
 
         try:
             response = None
-            async for response in client.send_message(SendMessageRequest(message=message), context=call(exact=True)):
+            async for response in client.send_message(SendMessageRequest(message=message), context=call(0.001)):
                 pass  # not streaming: one response, the task as it stands or the agent's message
         except A2AClientTimeoutError:
             task_ids = await self._cancel(client, context_id) or ["(unknown)"]
@@ -167,7 +157,7 @@ class A2AClient:
                 raise TimeoutError(f"A2A task {task_id} did not complete within {timeout_seconds:g}s")
             await asyncio.sleep(poll_interval)
             try:
-                task = MessageToDict(await client.get_task(GetTaskRequest(id=task_id), context=call()))
+                task = MessageToDict(await client.get_task(GetTaskRequest(id=task_id), context=call(1.0)))
                 failures = 0
             except SDKError as exc:
                 dropped = _transport_error(exc)
