@@ -164,9 +164,8 @@ class S3ArtifactStore(VersionedStore):
     """The versioned artifact store in a bucket; ``root`` is the local download cache."""
 
     def __init__(self, location: S3Location, cache_dir: Path, bundle_dirs: list[Path] | None = None):
+        super().__init__(cache_dir, bundle_dirs)
         self.location = location
-        self.root = cache_dir
-        self.bundle_dirs = list(bundle_dirs or [])
 
     def _base(self, artifact_id: str, version: int | None = None) -> str:
         check_id(artifact_id, "artifact id")
