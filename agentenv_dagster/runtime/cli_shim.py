@@ -1,9 +1,8 @@
 """Recording CLI mocks (Coder Eval ``sandbox.record_cli``): a shim per tool in ``cli_mocks/``.
 
-Each call appends ``{"argv", "tool", "exit", "ts", "rule"}`` to ``cli_mocks/calls.jsonl`` (what
-``cli_called`` grades) and answers from the first ``responses`` rule whose ``when`` argv
-pattern matches — the same matcher ``cli_called`` uses — else from the entry's own fields.
-The shim runs with this interpreter, so it works on the host (tempdir driver).
+Each call appends ``{"argv", "tool", "exit", "ts", "rule"}`` to ``cli_mocks/calls.jsonl`` (what ``cli_called``
+grades) and answers from the first ``responses`` rule whose ``when`` argv pattern matches — the same matcher
+``cli_called`` uses — else from the entry's own fields. The shim runs with this interpreter, so it works on the host.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Client of an env's data plane: JSON-RPC ``data/reset``, ``data/add``, ``data/get``.
 
-Used by ``deploy_env`` / ``load_artifact`` to seed a deployed env and by snapshots to read it
-back. Errors keep upstream's wording: ``"<method> failed: <message> (<data or code>)"``.
+Used by ``deploy_env`` / ``load_artifact`` to seed a deployed env and by snapshots to read it back. Errors keep
+upstream's wording: ``"<method> failed: <message> (<data or code>)"``.
 """
 
 from __future__ import annotations
@@ -75,6 +75,5 @@ def file_part_from_bytes(name: str, data: bytes, mime: str = "application/json")
 
 
 def env_base_url(mcp_url: str) -> str:
-    """The env's base URL from its MCP URL (``http://h:p/x/mcp`` -> ``http://h:p/x``); a URL that
-    does not end in ``/mcp`` is taken as the base already."""
+    """The env's base URL from its MCP URL (``http://h:p/x/mcp`` -> ``http://h:p/x``); one without ``/mcp`` is it."""
     return mcp_url.rstrip("/").removesuffix(MCP_PATH)

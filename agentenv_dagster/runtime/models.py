@@ -1,12 +1,11 @@
 """Model clients: one Messages-API-shaped request and reply for every provider, through its own SDK.
 
-Callers (judges, the judge agent, the tool-use agent) send a system prompt, messages of text or
-``text``/``tool_use``/``tool_result`` blocks, tools with an ``input_schema`` and ``tool_choice``.
-``protocol = "anthropic"`` sends them as they are through ``anthropic``; ``protocol = "openai"``
-translates them to Chat Completions through ``openai`` (OpenAI, LiteLLM, vLLM, Ollama). A forced
-tool is a forced call, or with ``verdict = "json_schema"`` a response in the tool's schema read as
-the call's input; nothing else in a reply ever stands for a tool call. A reply the SDK cannot read
-is :class:`UnreadableReply`, which callers grade as a missing verdict, never a failed step.
+Callers (judges, the judge agent, the tool-use agent) send a system prompt, messages of text or ``text``/
+``tool_use``/``tool_result`` blocks, tools with an ``input_schema`` and ``tool_choice``. ``protocol = "anthropic"``
+sends them as they are through ``anthropic``; ``protocol = "openai"`` translates them to Chat Completions through
+``openai`` (OpenAI, LiteLLM, vLLM, Ollama). A forced tool is a forced call, or with ``verdict = "json_schema"`` a
+response in the tool's schema read as the call's input; nothing else in a reply ever stands for a tool call. A
+reply the SDK cannot read is :class:`UnreadableReply`, which callers grade as a missing verdict, never a failed step.
 """
 
 from __future__ import annotations
@@ -238,8 +237,7 @@ def chat_usage(usage: Any) -> Usage:
     if usage is None:
         return Usage()
     cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", 0) or 0
-    prompt = usage.prompt_tokens or 0
-    return Usage(input_tokens=max(prompt - cached, 0), output_tokens=usage.completion_tokens or 0,
+    return Usage(input_tokens=max((usage.prompt_tokens or 0) - cached, 0), output_tokens=usage.completion_tokens or 0,
                  cache_read_input_tokens=cached)
 
 
@@ -250,8 +248,7 @@ def _result_text(content: Any) -> str:
 
 
 def _json_or_text(text: str | None) -> Any:
-    """A tool call's arguments: the JSON they are, else the text as given (which no schema
-    accepts, so the caller reports it)."""
+    """A tool call's arguments: their JSON, else the text as given (no schema accepts it, so the caller reports it)."""
     try:
         return json.loads(text or "")
     except (ValueError, RecursionError):

@@ -106,8 +106,7 @@ ReviewDecisions = RunReviews  # the name the review step knows them by
 
 
 def find_run_dir(runs_dir: Path, run_id: str) -> Path:
-    """The folder of run ``run_id``, or of the one run whose id starts with it (the Dagster
-    UI shows the first 8 characters)."""
+    """The folder of run ``run_id``, or of the one run whose id starts with it (the Dagster UI shows 8 characters)."""
     exact = runs_dir / run_id
     if run_id and exact.is_dir():
         return exact
