@@ -11,6 +11,7 @@ reply the SDK cannot read is :class:`UnreadableReply`, which callers grade as a 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -89,22 +90,24 @@ class ModelClient(contextlib.AbstractAsyncContextManager):
     """One provider's SDK client for ``model``; ``create`` takes a Messages-shaped request.
     Close it after use (``close`` or ``async with``)."""
 
+    sdk = ("", "")  # the SDK's module and client class, imported when a model is used: most runs never load one
+
     def __init__(self, model: ResolvedModel, *, api_key: str | None = None, base_url: str | None = None,
                  max_retries: int = 2) -> None:
         if missing := model.missing_setting(api_key, base_url):
             raise MissingKey(missing)
         self.model = model
         self.base_url = base_url or model.base_url()
-        self._client = self._sdk_client(api_key or model.api_key() or "unused", max_retries)
+        module, client_class = self.sdk
+        self._sdk = importlib.import_module(module)
+        self._client = getattr(self._sdk, client_class)(api_key=api_key or model.api_key() or "unused",
+                                                         base_url=self.base_url, max_retries=max_retries)
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
 
     async def close(self) -> None:
         await self._client.close()
-
-    def _sdk_client(self, key: str, max_retries: int) -> Any:
-        raise NotImplementedError
 
     async def create(self, *, messages: list[dict[str, Any]], max_tokens: int, system: str | None = None,
                      tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
@@ -115,24 +118,19 @@ class ModelClient(contextlib.AbstractAsyncContextManager):
 class AnthropicModel(ModelClient):
     """The Messages API, through ``anthropic``."""
 
-    def _sdk_client(self, key: str, max_retries: int) -> Any:
-        import anthropic  # imported when a model is used: most runs never load it
-
-        return anthropic.AsyncAnthropic(api_key=key, base_url=self.base_url, max_retries=max_retries)
+    sdk = ("anthropic", "AsyncAnthropic")
 
     async def create(self, *, messages, max_tokens, system=None, tools=None, tool_choice=None, **params) -> ModelReply:
-        import anthropic
-
         request: dict[str, Any] = {"model": self.model.name, "messages": messages, "max_tokens": max_tokens, **params}
         request.update({k: v for k, v in (("system", system), ("tools", tools), ("tool_choice", tool_choice)) if v})
         try:
             message = await self._client.messages.create(**request)
-        except anthropic.APIStatusError as exc:
+        except self._sdk.APIStatusError as exc:
             body = exc.body if isinstance(exc.body, dict) else {}
             error = body.get("error") if isinstance(body.get("error"), dict) else {}
             raise _status_error("Messages API", exc.status_code, error.get("type") or type(exc).__name__,
                                 error.get("message") or str(exc)) from exc
-        except anthropic.APIConnectionError as exc:
+        except self._sdk.APIConnectionError as exc:
             raise ModelAPIError(f"Messages API unreachable at {self.base_url or 'api.anthropic.com'}: {exc}",
                                 retryable=True) from exc
         except (RecursionError, ValueError) as exc:
@@ -146,14 +144,9 @@ class AnthropicModel(ModelClient):
 class ChatCompletionsModel(ModelClient):
     """Chat Completions, through ``openai``: the request translated, the reply read back."""
 
-    def _sdk_client(self, key: str, max_retries: int) -> Any:
-        import openai
-
-        return openai.AsyncOpenAI(api_key=key, base_url=self.base_url, max_retries=max_retries)
+    sdk = ("openai", "AsyncOpenAI")
 
     async def create(self, *, messages, max_tokens, system=None, tools=None, tool_choice=None, **params) -> ModelReply:
-        import openai
-
         forced = (tool_choice or {}).get("type") == "tool"
         as_schema = forced and self.model.settings.verdict == "json_schema"
         request: dict[str, Any] = {"model": self.model.name, "messages": chat_messages(system, messages),
@@ -174,13 +167,13 @@ class ChatCompletionsModel(ModelClient):
                 request["tool_choice"] = {"any": "required"}.get(tool_choice.get("type"), "auto")
         try:
             completion = await self._client.chat.completions.create(**request)
-        except openai.APIStatusError as exc:
+        except self._sdk.APIStatusError as exc:
             body = exc.body if isinstance(exc.body, dict) else {}
             error = body.get("error") if isinstance(body.get("error"), dict) else body
             raise _status_error("Chat Completions API", exc.status_code,
                                 str(error.get("type") or error.get("code") or type(exc).__name__),
                                 str(error.get("message") or exc)) from exc
-        except openai.APIConnectionError as exc:
+        except self._sdk.APIConnectionError as exc:
             raise ModelAPIError(f"Chat Completions API unreachable at {self.base_url or 'api.openai.com'}: {exc}",
                                 retryable=True) from exc
         except (RecursionError, ValueError) as exc:
