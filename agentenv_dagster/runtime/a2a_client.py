@@ -99,8 +99,7 @@ class A2AClient:
         return await self._extension_request("GET", url, card, uri, None)
 
     async def get_trajectory(self, url: str, card: dict, task_id: str) -> Any:
-        """The agent-defined trajectory of one task; None when the card has no trajectory
-        extension (callers treat a missing trajectory as non-fatal)."""
+        """The agent-defined trajectory of one task; None (not fatal) when the card has no trajectory extension."""
         if self.extension_endpoint(card, TRAJECTORY_URI) is None:
             return None
         reply = await self.post_extension(url, card, TRAJECTORY_URI, {"task_id": task_id})
@@ -167,16 +166,30 @@ class A2AClient:
         return _reply(task)
 
     async def _client(self, url: str, card: dict | None) -> "Client":
-        """The SDK client for the agent at ``url``, made from its card on first use."""
+        """The SDK client for the agent at ``url``, made from its card (0.3 cards too) on first use. A card naming
+        no interface at all is taken for a JSON-RPC 1.0 agent at ``url``, where such agents have always answered."""
         from a2a.client import ClientConfig, ClientFactory
+        from a2a.client.card_resolver import parse_agent_card
+        from google.protobuf.json_format import ParseError
 
-        if url not in self._clients:
-            card = card if card is not None else await self.get_card(url)
-            factory = ClientFactory(ClientConfig(streaming=False, httpx_client=self._http,
-                                                 supported_protocol_bindings=list(TRANSPORTS),
-                                                 grpc_channel_factory=_grpc_channel))
-            factory.register("GRPC", _grpc_transport)
-            self._clients[url] = factory.create(_sdk_card(card, url))
+        if url in self._clients:
+            return self._clients[url]
+        card = card if card is not None else await self.get_card(url)
+        try:
+            parsed = parse_agent_card(copy.deepcopy(card))  # (it rewrites the legacy fields in place)
+        except ParseError as exc:
+            raise A2AError(f"the agent card at {url} is not valid: {exc}") from None
+        if not parsed.supported_interfaces:
+            parsed.supported_interfaces.add(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
+        if not any(i.protocol_binding in TRANSPORTS for i in parsed.supported_interfaces):
+            offered = sorted({i.protocol_binding for i in parsed.supported_interfaces})
+            raise A2AError(f"the agent at {url} offers only the transports {offered}; "
+                           f"this client speaks {list(TRANSPORTS)}")
+        factory = ClientFactory(ClientConfig(streaming=False, httpx_client=self._http,
+                                             supported_protocol_bindings=list(TRANSPORTS),
+                                             grpc_channel_factory=_grpc_channel))
+        factory.register("GRPC", _grpc_transport)
+        self._clients[url] = factory.create(parsed)
         return self._clients[url]
 
     @staticmethod
@@ -212,24 +225,6 @@ class A2AClient:
         return response.json() if response.content else {}
 
 
-def _sdk_card(card: dict, url: str):
-    """The card as the SDK reads it (0.3 cards too). A card that names no interface at all is
-    taken for a JSON-RPC 1.0 agent at ``url``, where such agents have always answered."""
-    from a2a.client.card_resolver import parse_agent_card
-    from google.protobuf.json_format import ParseError
-
-    try:
-        parsed = parse_agent_card(copy.deepcopy(card))  # (it rewrites the legacy fields in place)
-    except ParseError as exc:
-        raise A2AError(f"the agent card at {url} is not valid: {exc}") from None
-    if not parsed.supported_interfaces:
-        parsed.supported_interfaces.add(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
-    if not any(i.protocol_binding in TRANSPORTS for i in parsed.supported_interfaces):
-        offered = sorted({i.protocol_binding for i in parsed.supported_interfaces})
-        raise A2AError(f"the agent at {url} offers only the transports {offered}; this client speaks {list(TRANSPORTS)}")
-    return parsed
-
-
 def _transport_error(exc: Exception) -> httpx.TransportError | None:
     """The connection failure under an SDK error, if that is what it is: a lost or refused
     connection stays httpx's ``TransportError``, as for every other request of a step."""
@@ -238,9 +233,8 @@ def _transport_error(exc: Exception) -> httpx.TransportError | None:
 
 
 def _grpc_transport(card, url: str, config):
-    """The gRPC transport for the interface at ``url``: 0.3's or 1.0's. (a2a-sdk 1.3's own
-    producer loses the 0.3 one when ``a2a.client`` is imported before ``a2a.compat``: a
-    circular import it swallows.)"""
+    """The gRPC transport for the interface at ``url``, 0.3's or 1.0's (a2a-sdk 1.3's own producer loses the 0.3 one
+    when ``a2a.client`` is imported before ``a2a.compat``: a circular import it swallows)."""
     from a2a.client.transports.grpc import GrpcTransport
     from a2a.compat.v0_3.grpc_transport import CompatGrpcTransport
     from a2a.compat.v0_3.versions import is_legacy_version
@@ -305,8 +299,7 @@ def _reply(task: dict) -> A2AReply:
 
 
 def whole_numbers(value: Any) -> Any:
-    """Data parts travel as protobuf Values, where every number is a double: 3 comes back
-    as 3.0. Give counts back their integer type."""
+    """Data parts travel as protobuf Values, where every number is a double (3 comes back as 3.0): counts get ints."""
     if isinstance(value, dict):
         return {k: whole_numbers(v) for k, v in value.items()}
     if isinstance(value, list):
