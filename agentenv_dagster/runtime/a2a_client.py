@@ -286,8 +286,7 @@ def _state(task: dict) -> str:
 
 
 def _reply(task: dict) -> A2AReply:
-    """Read a finished task: the last text part is the reply (else the artifacts' last, for agents
-    that answer there), data parts merge into ``data``."""
+    """Read a finished task: its last text part is the reply (else the artifacts' last); data parts merge."""
     message = task.get("status", {}).get("message") or {}
     parts = message.get("parts", [])
     texts = [p["text"] for p in parts if "text" in p] or [

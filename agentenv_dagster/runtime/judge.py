@@ -74,10 +74,9 @@ class LLMJudge:
         try:
             reply = await client.create(**request)
         except ModelAPIError as exc:
-            if exc.status is None:
-                raise JudgeAPIError(f"judge {exc}", retryable=exc.retryable) from exc
-            raise JudgeAPIError(f"judge API error {exc.status} ({exc.kind}) for model '{self.model}': {exc.detail}",
-                                retryable=exc.retryable) from exc
+            message = (f"judge {exc}" if exc.status is None else
+                       f"judge API error {exc.status} ({exc.kind}) for model '{self.model}': {exc.detail}")
+            raise JudgeAPIError(message, retryable=exc.retryable) from exc
         self.usage.add(reply.usage)
         return reply
 

@@ -24,8 +24,8 @@ STOP_REASONS = {"tool_calls": "tool_use", "function_call": "tool_use", "stop": "
 
 
 class ModelAPIError(RuntimeError):
-    """The API refused or failed the call after the SDK's own retries (``retryable`` when
-    another attempt may help); ``kind`` is the API's error type."""
+    """The API refused or failed the call past the SDK's retries: ``kind`` is its error type, ``retryable`` says if
+    another attempt may help."""
 
     def __init__(self, message: str, *, status: int | None = None, kind: str = "", detail: str = "",
                  retryable: bool = False):
@@ -87,8 +87,7 @@ class ModelReply:
 
 
 class ModelClient(contextlib.AbstractAsyncContextManager):
-    """One provider's SDK client for ``model``; ``create`` takes a Messages-shaped request.
-    Close it after use (``close`` or ``async with``)."""
+    """One provider's SDK client for ``model``; ``create`` takes a Messages-shaped request. Close it after use."""
 
     sdk = ("", "")  # the SDK's module and client class, imported when a model is used: most runs never load one
 

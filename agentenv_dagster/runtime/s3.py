@@ -122,8 +122,7 @@ def _safe_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class S3Artifact(Artifact):
-    """A stored version; its files are fetched into the local cache the first time they are
-    read (versions never change, so the cache never goes stale)."""
+    """A stored version; its files are fetched into the local cache when first read (versions never change)."""
 
     location: S3Location | None = field(default=None, compare=False)
     base_key: str = ""
@@ -209,11 +208,11 @@ class S3ArtifactStore(VersionedStore):
                                         base_key=self._base(artifact_id, version))
 
 
+@dataclass(frozen=True)
 class S3ObjectStore:
     """Plain objects by key (trajectories, judge transcripts), addressed by ``s3://`` URL."""
 
-    def __init__(self, location: S3Location):
-        self.location = location
+    location: S3Location
 
     def put(self, key: str, data: bytes) -> str:
         """Stored redacted, as the filesystem's ``ObjectStore`` does."""
