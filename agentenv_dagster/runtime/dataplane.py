@@ -7,7 +7,6 @@ upstream's wording: ``"<method> failed: <message> (<data or code>)"``.
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -21,11 +20,11 @@ class DataPlaneError(RuntimeError):
     """A data-plane call failed: a JSON-RPC error, or no usable answer at all."""
 
 
-@dataclass(frozen=True)
 class DataPlaneClient:
     """Talks to any env's data plane through one shared ``httpx.AsyncClient`` (its timeouts apply)."""
 
-    http: httpx.AsyncClient
+    def __init__(self, http: httpx.AsyncClient):
+        self.http = http
 
     async def card(self, base_url: str) -> dict[str, Any]:
         """The env card (name, tools, operations) the env serves."""

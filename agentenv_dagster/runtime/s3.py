@@ -208,11 +208,11 @@ class S3ArtifactStore(VersionedStore):
                                         base_key=self._base(artifact_id, version))
 
 
-@dataclass(frozen=True)
 class S3ObjectStore:
     """Plain objects by key (trajectories, judge transcripts), addressed by ``s3://`` URL."""
 
-    location: S3Location
+    def __init__(self, location: S3Location):
+        self.location = location
 
     def put(self, key: str, data: bytes) -> str:
         """Stored redacted, as the filesystem's ``ObjectStore`` does."""
