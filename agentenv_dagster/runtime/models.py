@@ -90,6 +90,8 @@ class ModelClient(contextlib.AbstractAsyncContextManager):
     """One provider's SDK client for ``model``; ``create`` takes a Messages-shaped request. Close it after use."""
 
     sdk = ("", "")  # the SDK's module and client class, imported when a model is used: most runs never load one
+    api, host, reply = "", "", ""  # how messages name the API, its default host and its reply
+    bare_errors = False  # whether an error body without an ``error`` object is the error itself
 
     def __init__(self, model: ResolvedModel, *, api_key: str | None = None, base_url: str | None = None,
                  max_retries: int = 2) -> None:
@@ -113,27 +115,35 @@ class ModelClient(contextlib.AbstractAsyncContextManager):
                      **params: Any) -> ModelReply:
         raise NotImplementedError
 
+    async def _send(self, create: Any, request: dict[str, Any]) -> Any:
+        """``create(**request)``: what the SDK raises past its own retries is a :class:`ModelAPIError`, a reply it
+        cannot read an :class:`UnreadableReply`."""
+        try:
+            return await create(**request)
+        except self._sdk.APIStatusError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            error = body["error"] if isinstance(body.get("error"), dict) else body if self.bare_errors else {}
+            kind = str(error.get("type") or error.get("code") or type(exc).__name__)
+            status, detail = exc.status_code, _excerpt(error.get("message") or exc, 2000)
+            raise ModelAPIError(f"{self.api} error {status} ({kind}): {detail}", status=status, kind=kind,
+                                detail=detail, retryable=status in RETRYABLE_STATUS or status >= 500) from exc
+        except self._sdk.APIConnectionError as exc:
+            unreachable = f"{self.api} unreachable at {self.base_url or self.host}: {exc}"
+            raise ModelAPIError(unreachable, retryable=True) from exc
+        except (RecursionError, ValueError) as exc:
+            raise UnreadableReply(f"the {self.reply} could not be read: {_excerpt(exc)}") from None
+
 
 class AnthropicModel(ModelClient):
     """The Messages API, through ``anthropic``."""
 
     sdk = ("anthropic", "AsyncAnthropic")
+    api, host, reply = "Messages API", "api.anthropic.com", "Messages API reply"
 
     async def create(self, *, messages, max_tokens, system=None, tools=None, tool_choice=None, **params) -> ModelReply:
         request: dict[str, Any] = {"model": self.model.name, "messages": messages, "max_tokens": max_tokens, **params}
         request.update({k: v for k, v in (("system", system), ("tools", tools), ("tool_choice", tool_choice)) if v})
-        try:
-            message = await self._client.messages.create(**request)
-        except self._sdk.APIStatusError as exc:
-            body = exc.body if isinstance(exc.body, dict) else {}
-            error = body.get("error") if isinstance(body.get("error"), dict) else {}
-            raise _status_error("Messages API", exc.status_code, error.get("type") or type(exc).__name__,
-                                error.get("message") or str(exc)) from exc
-        except self._sdk.APIConnectionError as exc:
-            raise ModelAPIError(f"Messages API unreachable at {self.base_url or 'api.anthropic.com'}: {exc}",
-                                retryable=True) from exc
-        except (RecursionError, ValueError) as exc:
-            raise UnreadableReply(f"the Messages API reply could not be read: {_excerpt(exc)}") from None
+        message = await self._send(self._client.messages.create, request)
         content = [ToolUseBlock(b.id, b.name, b.input) if b.type == "tool_use" else TextBlock(b.text)
                    for b in message.content if b.type in ("tool_use", "text")]
         usage = Usage(**{bucket.name: getattr(message.usage, bucket.name, 0) or 0 for bucket in fields(Usage)})
@@ -144,6 +154,8 @@ class ChatCompletionsModel(ModelClient):
     """Chat Completions, through ``openai``: the request translated, the reply read back."""
 
     sdk = ("openai", "AsyncOpenAI")
+    api, host, reply = "Chat Completions API", "api.openai.com", "Chat Completions reply"
+    bare_errors = True  # servers other than OpenAI's may answer {"message": …} alone
 
     async def create(self, *, messages, max_tokens, system=None, tools=None, tool_choice=None, **params) -> ModelReply:
         forced = (tool_choice or {}).get("type") == "tool"
@@ -164,21 +176,9 @@ class ChatCompletionsModel(ModelClient):
                 request["tool_choice"] = {"type": "function", "function": {"name": tool_choice["name"]}}
             elif tool_choice:
                 request["tool_choice"] = {"any": "required"}.get(tool_choice.get("type"), "auto")
-        try:
-            completion = await self._client.chat.completions.create(**request)
-        except self._sdk.APIStatusError as exc:
-            body = exc.body if isinstance(exc.body, dict) else {}
-            error = body.get("error") if isinstance(body.get("error"), dict) else body
-            raise _status_error("Chat Completions API", exc.status_code,
-                                str(error.get("type") or error.get("code") or type(exc).__name__),
-                                str(error.get("message") or exc)) from exc
-        except self._sdk.APIConnectionError as exc:
-            raise ModelAPIError(f"Chat Completions API unreachable at {self.base_url or 'api.openai.com'}: {exc}",
-                                retryable=True) from exc
-        except (RecursionError, ValueError) as exc:
-            raise UnreadableReply(f"the Chat Completions reply could not be read: {_excerpt(exc)}") from None
+        completion = await self._send(self._client.chat.completions.create, request)
         if not completion.choices:
-            raise UnreadableReply("the Chat Completions reply has no choices")
+            raise UnreadableReply(f"the {self.reply} has no choices")
         choice = completion.choices[0]
         text = choice.message.content or ""
         content: list[TextBlock | ToolUseBlock]
@@ -245,12 +245,6 @@ def _json_or_text(text: str | None) -> Any:
         return json.loads(text or "")
     except (ValueError, RecursionError):
         return text
-
-
-def _status_error(api: str, status: int, kind: str, detail: str) -> ModelAPIError:
-    detail = _excerpt(detail, 2000)
-    return ModelAPIError(f"{api} error {status} ({kind}): {detail}", status=status, kind=kind, detail=detail,
-                         retryable=status in RETRYABLE_STATUS or status >= 500)
 
 
 def _excerpt(value: Any, limit: int = 300) -> str:
