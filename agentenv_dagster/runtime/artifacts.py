@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from filelock import FileLock
 
@@ -160,6 +161,4 @@ class ObjectStore:
             return read_url(url)
         if not url.startswith("file://"):
             raise ValueError(f"only file:// and s3:// object URLs are readable, not {url!r}")
-        from urllib.parse import unquote, urlparse
-
         return Path(unquote(urlparse(url).path)).read_bytes()
