@@ -102,8 +102,7 @@ class A2AClient:
         """The agent-defined trajectory of one task; None (not fatal) when the card has no trajectory extension."""
         if self.extension_endpoint(card, TRAJECTORY_URI) is None:
             return None
-        reply = await self.post_extension(url, card, TRAJECTORY_URI, {"task_id": task_id})
-        return reply.get("trajectory")
+        return (await self.post_extension(url, card, TRAJECTORY_URI, {"task_id": task_id})).get("trajectory")
 
     async def send_and_wait(
         self, url: str, text: str, timeout_seconds: float, poll_interval: float = 0.2, context_id: str | None = None,
@@ -146,8 +145,7 @@ class A2AClient:
             status = {"state": "TASK_STATE_COMPLETED", "message": MessageToDict(response.message)}
             return _reply({"status": status})
         task = MessageToDict(response.task)
-        task_id = task.get("id")
-        if not task_id:
+        if not (task_id := task.get("id")):
             raise A2AError(f"A2A message/send succeeded but returned no task id: {str(task)[:2000]}")
         failures = 0
         while _state(task) not in TERMINAL_STATES:

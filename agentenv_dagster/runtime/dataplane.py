@@ -50,9 +50,8 @@ class DataPlaneClient:
 
     async def _call(self, base_url: str, method: str, params: dict[str, Any]) -> Any:
         url = f"{base_url.rstrip('/')}{RPC_PATH}"
-        request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
         try:
-            response = await self.http.post(url, json=request)
+            response = await self.http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
             response.raise_for_status()
             body = response.json()
         except httpx.HTTPStatusError as exc:
