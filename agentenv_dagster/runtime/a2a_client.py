@@ -1,12 +1,11 @@
 """Talk to a deployed A2A agent: read its card, call its extensions, send a prompt and wait.
 
-Prompts go through a2a-sdk's ``ClientFactory``, which negotiates the transport (JSON-RPC,
-HTTP+JSON or gRPC) and the protocol version (1.0, or 0.3) from the card, so any published agent
-can be prompted. It rides on the step runtime's ``httpx.AsyncClient``, so the run's bearer token
-reaches our own agents too. A prompt is one blocking ``SendMessage``; past the deadline the
-context's unfinished tasks are cancelled, and an unfinished reply (``input-required``) is polled.
+Prompts go through a2a-sdk's ``ClientFactory``, which picks the transport (JSON-RPC, HTTP+JSON or gRPC)
+and protocol version (1.0 or 0.3) from the card, over the step runtime's ``httpx.AsyncClient`` (so the
+run's bearer token reaches our own agents). A prompt is one blocking ``SendMessage``; past the deadline
+the context's unfinished tasks are cancelled; an unfinished reply (``input-required``) is polled.
 Extension payloads ride in ``message.metadata[uri]``; those asked of the reply (``A2A-Extensions``
-header) come back in the reply's ``metadata[uri]``. The agentenv extension URIs are defined here.
+header) come back in the reply's. The agentenv extension URIs are defined here.
 """
 
 from __future__ import annotations
@@ -32,13 +31,9 @@ SKILL_CONFIG_URI = "urn:agentenv:skill-config/v1"
 TRAJECTORY_URI = "urn:agentenv:trajectory/v1"
 TRIGGERS_URI = "urn:agentenv:triggers/v1"
 
-DEFAULT_ENDPOINTS = {
-    MCP_CONFIG_URI: "/ext/mcp-config",
-    AGENT_CONFIG_URI: "/ext/agent-config",
-    SKILL_CONFIG_URI: "/ext/skill-config",
-    TRAJECTORY_URI: "/ext/trajectory",
-    TRIGGERS_URI: "/ext/triggers",
-}
+# the endpoint an extension answers at when the card names none: urn:agentenv:<name>/v1 -> /ext/<name>
+DEFAULT_ENDPOINTS = {uri: "/ext/" + uri.split(":")[-1].removesuffix("/v1")
+                     for uri in (MCP_CONFIG_URI, AGENT_CONFIG_URI, SKILL_CONFIG_URI, TRAJECTORY_URI, TRIGGERS_URI)}
 TRIGGERS_DECIDE_ENDPOINT = "/ext/triggers/decide"  # the triggers extension's second endpoint
 
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
@@ -104,23 +99,18 @@ class A2AClient:
         return await self._extension_request("GET", url, card, uri, None)
 
     async def get_trajectory(self, url: str, card: dict, task_id: str) -> Any:
-        """The agent-defined trajectory of one task; None when the card has no trajectory
-        extension (callers treat a missing trajectory as non-fatal)."""
+        """The agent-defined trajectory of one task; None (not fatal) when the card has no trajectory extension."""
         if self.extension_endpoint(card, TRAJECTORY_URI) is None:
             return None
-        reply = await self.post_extension(url, card, TRAJECTORY_URI, {"task_id": task_id})
-        return reply.get("trajectory")
+        return (await self.post_extension(url, card, TRAJECTORY_URI, {"task_id": task_id})).get("trajectory")
 
     async def send_and_wait(
         self, url: str, text: str, timeout_seconds: float, poll_interval: float = 0.2, context_id: str | None = None,
         extensions: dict[str, Any] | None = None, requested_extensions: tuple[str, ...] = (), card: dict | None = None,
     ) -> A2AReply:
-        """Send one text prompt to the agent at base ``url`` and wait until its task ends.
-
-        ``card`` (when the caller has it) saves reading it; ``extensions`` are payloads the
-        message carries by URI, ``requested_extensions`` are asked of the reply. On the deadline
-        the task is cancelled (best effort) and TimeoutError is raised.
-        """
+        """Send one text prompt to the agent at base ``url`` and wait until its task ends: on the deadline
+        the task is cancelled (best effort) and TimeoutError is raised. ``extensions`` are payloads the
+        message carries by URI, ``requested_extensions`` are asked of the reply; ``card`` saves reading it."""
         from a2a.client import A2AClientTimeoutError, ClientCallContext
         from a2a.client.service_parameters import ServiceParametersFactory, with_a2a_extensions
         from a2a.types import GetTaskRequest, Message, Part, Role, SendMessageRequest
@@ -137,14 +127,12 @@ class A2AClient:
             message.metadata.update(extensions)
         parameters = ServiceParametersFactory.create([with_a2a_extensions(list(requested_extensions))]) or None
 
-        def call(exact: bool = False) -> ClientCallContext:
-            """``exact``: time out at the deadline itself (a blocking send), else allow a second."""
-            remaining = deadline - time.monotonic()
-            return ClientCallContext(timeout=max(remaining, 0.001 if exact else 1.0), service_parameters=parameters)
+        def call(least: float) -> ClientCallContext:  # a blocking send ends at the deadline, a poll may take a second
+            return ClientCallContext(timeout=max(deadline - time.monotonic(), least), service_parameters=parameters)
 
         try:
             response = None
-            async for response in client.send_message(SendMessageRequest(message=message), context=call(exact=True)):
+            async for response in client.send_message(SendMessageRequest(message=message), context=call(0.001)):
                 pass  # not streaming: one response, the task as it stands or the agent's message
         except A2AClientTimeoutError:
             task_ids = await self._cancel(client, context_id) or ["(unknown)"]
@@ -157,8 +145,7 @@ class A2AClient:
             status = {"state": "TASK_STATE_COMPLETED", "message": MessageToDict(response.message)}
             return _reply({"status": status})
         task = MessageToDict(response.task)
-        task_id = task.get("id")
-        if not task_id:
+        if not (task_id := task.get("id")):
             raise A2AError(f"A2A message/send succeeded but returned no task id: {str(task)[:2000]}")
         failures = 0
         while _state(task) not in TERMINAL_STATES:
@@ -167,7 +154,7 @@ class A2AClient:
                 raise TimeoutError(f"A2A task {task_id} did not complete within {timeout_seconds:g}s")
             await asyncio.sleep(poll_interval)
             try:
-                task = MessageToDict(await client.get_task(GetTaskRequest(id=task_id), context=call()))
+                task = MessageToDict(await client.get_task(GetTaskRequest(id=task_id), context=call(1.0)))
                 failures = 0
             except SDKError as exc:
                 dropped = _transport_error(exc)
@@ -177,16 +164,30 @@ class A2AClient:
         return _reply(task)
 
     async def _client(self, url: str, card: dict | None) -> "Client":
-        """The SDK client for the agent at ``url``, made from its card on first use."""
+        """The SDK client for the agent at ``url``, made from its card (0.3 cards too) on first use. A card naming
+        no interface at all is taken for a JSON-RPC 1.0 agent at ``url``, where such agents have always answered."""
         from a2a.client import ClientConfig, ClientFactory
+        from a2a.client.card_resolver import parse_agent_card
+        from google.protobuf.json_format import ParseError
 
-        if url not in self._clients:
-            card = card if card is not None else await self.get_card(url)
-            factory = ClientFactory(ClientConfig(streaming=False, httpx_client=self._http,
-                                                 supported_protocol_bindings=list(TRANSPORTS),
-                                                 grpc_channel_factory=_grpc_channel))
-            factory.register("GRPC", _grpc_transport)
-            self._clients[url] = factory.create(_sdk_card(card, url))
+        if url in self._clients:
+            return self._clients[url]
+        card = card if card is not None else await self.get_card(url)
+        try:
+            parsed = parse_agent_card(copy.deepcopy(card))  # (it rewrites the legacy fields in place)
+        except ParseError as exc:
+            raise A2AError(f"the agent card at {url} is not valid: {exc}") from None
+        if not parsed.supported_interfaces:
+            parsed.supported_interfaces.add(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
+        if not any(i.protocol_binding in TRANSPORTS for i in parsed.supported_interfaces):
+            offered = sorted({i.protocol_binding for i in parsed.supported_interfaces})
+            raise A2AError(f"the agent at {url} offers only the transports {offered}; "
+                           f"this client speaks {list(TRANSPORTS)}")
+        factory = ClientFactory(ClientConfig(streaming=False, httpx_client=self._http,
+                                             supported_protocol_bindings=list(TRANSPORTS),
+                                             grpc_channel_factory=_grpc_channel))
+        factory.register("GRPC", _grpc_transport)
+        self._clients[url] = factory.create(parsed)
         return self._clients[url]
 
     @staticmethod
@@ -222,24 +223,6 @@ class A2AClient:
         return response.json() if response.content else {}
 
 
-def _sdk_card(card: dict, url: str):
-    """The card as the SDK reads it (0.3 cards too). A card that names no interface at all is
-    taken for a JSON-RPC 1.0 agent at ``url``, where such agents have always answered."""
-    from a2a.client.card_resolver import parse_agent_card
-    from google.protobuf.json_format import ParseError
-
-    try:
-        parsed = parse_agent_card(copy.deepcopy(card))  # (it rewrites the legacy fields in place)
-    except ParseError as exc:
-        raise A2AError(f"the agent card at {url} is not valid: {exc}") from None
-    if not parsed.supported_interfaces:
-        parsed.supported_interfaces.add(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
-    if not any(i.protocol_binding in TRANSPORTS for i in parsed.supported_interfaces):
-        offered = sorted({i.protocol_binding for i in parsed.supported_interfaces})
-        raise A2AError(f"the agent at {url} offers only the transports {offered}; this client speaks {list(TRANSPORTS)}")
-    return parsed
-
-
 def _transport_error(exc: Exception) -> httpx.TransportError | None:
     """The connection failure under an SDK error, if that is what it is: a lost or refused
     connection stays httpx's ``TransportError``, as for every other request of a step."""
@@ -248,9 +231,8 @@ def _transport_error(exc: Exception) -> httpx.TransportError | None:
 
 
 def _grpc_transport(card, url: str, config):
-    """The gRPC transport for the interface at ``url``: 0.3's or 1.0's. (a2a-sdk 1.3's own
-    producer loses the 0.3 one when ``a2a.client`` is imported before ``a2a.compat``: a
-    circular import it swallows.)"""
+    """The gRPC transport for the interface at ``url``, 0.3's or 1.0's (a2a-sdk 1.3's own producer loses the 0.3 one
+    when ``a2a.client`` is imported before ``a2a.compat``: a circular import it swallows)."""
     from a2a.client.transports.grpc import GrpcTransport
     from a2a.compat.v0_3.grpc_transport import CompatGrpcTransport
     from a2a.compat.v0_3.versions import is_legacy_version
@@ -302,8 +284,7 @@ def _state(task: dict) -> str:
 
 
 def _reply(task: dict) -> A2AReply:
-    """Read a finished task: the last text part is the reply (else the artifacts' last, for agents
-    that answer there), data parts merge into ``data``."""
+    """Read a finished task: its last text part is the reply (else the artifacts' last); data parts merge."""
     message = task.get("status", {}).get("message") or {}
     parts = message.get("parts", [])
     texts = [p["text"] for p in parts if "text" in p] or [
@@ -315,8 +296,7 @@ def _reply(task: dict) -> A2AReply:
 
 
 def whole_numbers(value: Any) -> Any:
-    """Data parts travel as protobuf Values, where every number is a double: 3 comes back
-    as 3.0. Give counts back their integer type."""
+    """Data parts travel as protobuf Values, where every number is a double (3 comes back as 3.0): counts get ints."""
     if isinstance(value, dict):
         return {k: whole_numbers(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -1,8 +1,7 @@
 """A versioned filesystem artifact store (agent-env's local object + document stores).
 
-Every ``put`` adds a version and never overwrites one. Read-only *bundle* folders
-(``artifacts/<id>/`` with an optional ``artifact.json``) serve as version 1 of artifacts
-the store has never seen, like agent-env's bundle artifacts.
+Every ``put`` adds a version and never overwrites one. Read-only *bundle* folders (``artifacts/<id>/`` with an
+optional ``artifact.json``) serve as version 1 of artifacts the store has never seen, like agent-env's bundles.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from filelock import FileLock
 
@@ -60,14 +60,6 @@ class Artifact:
         return {"id": self.id, "version": self.version}
 
 
-def chosen_version(artifact_id: str, version: int | None, versions: list[int]) -> int:
-    """``version``, or the latest when None; one the artifact lacks is an error."""
-    chosen = max(versions) if version is None else version
-    if chosen not in versions:
-        raise ArtifactNotFound(f"Artifact '{artifact_id}' has no version {version} (versions: {versions})")
-    return chosen
-
-
 def write_version(folder: Path, files: dict[str, bytes], manifest: dict[str, Any]) -> None:
     """A version's files under ``folder/files`` (each path kept inside it) and its manifest."""
     for relpath, data in files.items():
@@ -79,46 +71,41 @@ def write_version(folder: Path, files: dict[str, bytes], manifest: dict[str, Any
 
 
 class VersionedStore:
-    """What the filesystem and S3 artifact stores share: ``get`` reads a stored version, else a
-    read-only bundle folder as version 1 of an artifact the store has never seen."""
+    """What the filesystem and S3 artifact stores share (each gives ``versions`` and ``_read``): ``get`` reads
+    a stored version, else a read-only bundle folder as version 1 of an artifact the store has never seen."""
 
-    bundle_dirs: list[Path]
-
-    def versions(self, artifact_id: str) -> list[int]:
-        raise NotImplementedError
-
-    def _read(self, artifact_id: str, version: int) -> Artifact:
-        raise NotImplementedError
-
-    def get(self, artifact_id: str, version: int | None = None) -> Artifact:
-        versions = self.versions(artifact_id)
-        if versions:
-            return self._read(artifact_id, chosen_version(artifact_id, version, versions))
-        for base in self.bundle_dirs:
-            folder = path_under(base, check_id(artifact_id, "artifact id"))
-            if folder.is_dir() and version in (None, 1):
-                return _BundleArtifact.read(artifact_id, folder)
-        raise ArtifactNotFound(f"Artifact '{artifact_id}' not found")
-
-
-class FilesystemArtifactStore(VersionedStore):
     def __init__(self, root: Path, bundle_dirs: list[Path] | None = None):
         self.root = root
         self.bundle_dirs = list(bundle_dirs or [])
 
+    def get(self, artifact_id: str, version: int | None = None) -> Artifact:
+        """``version``, or the latest when None; one the artifact lacks is an error."""
+        versions = self.versions(artifact_id)
+        if versions:
+            chosen = max(versions) if version is None else version
+            if chosen not in versions:
+                raise ArtifactNotFound(f"Artifact '{artifact_id}' has no version {version} (versions: {versions})")
+            return self._read(artifact_id, chosen)
+        for base in self.bundle_dirs:
+            folder = path_under(base, check_id(artifact_id, "artifact id"))
+            if folder.is_dir() and version in (None, 1):
+                stored = json.loads((folder / MANIFEST).read_text()) if (folder / MANIFEST).exists() else {}
+                manifest = {"type": "file_artifact_universe", **stored}
+                return _BundleArtifact.from_manifest(artifact_id, 1, folder, manifest)
+        raise ArtifactNotFound(f"Artifact '{artifact_id}' not found")
+
+
+class FilesystemArtifactStore(VersionedStore):
     def _folder(self, artifact_id: str) -> Path:
         """The artifact's folder; an id that could name anything else is refused."""
         return path_under(self.root, check_id(artifact_id, "artifact id"))
 
     def versions(self, artifact_id: str) -> list[int]:
         folder = self._folder(artifact_id)
-        if not folder.is_dir():
-            return []
-        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
+        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
 
     def put(self, artifact_id: str, artifact_type: str, files: dict[str, bytes], **meta: Any) -> Artifact:
-        """Store a new version; concurrent writers of one id get distinct versions. Each
-        file's relative path stays inside the version."""
+        """Store a new version (concurrent writers of one id get distinct ones); each file's path stays inside it."""
         folder = self._folder(artifact_id)
         folder.mkdir(parents=True, exist_ok=True)
         with FileLock(str(folder / ".lock")):
@@ -135,12 +122,6 @@ class FilesystemArtifactStore(VersionedStore):
 
 class _BundleArtifact(Artifact):
     """A bundle folder: files sit beside the optional manifest, not under ``files/``."""
-
-    @classmethod
-    def read(cls, artifact_id: str, folder: Path) -> "_BundleArtifact":
-        path = folder / MANIFEST
-        manifest = json.loads(path.read_text()) if path.exists() else {}
-        return cls.from_manifest(artifact_id, 1, folder, {"type": "file_artifact_universe", **manifest})
 
     @property
     def _root(self) -> Path:
@@ -180,6 +161,4 @@ class ObjectStore:
             return read_url(url)
         if not url.startswith("file://"):
             raise ValueError(f"only file:// and s3:// object URLs are readable, not {url!r}")
-        from urllib.parse import unquote, urlparse
-
         return Path(unquote(urlparse(url).path)).read_bytes()

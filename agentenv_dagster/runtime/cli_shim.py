@@ -1,9 +1,8 @@
 """Recording CLI mocks (Coder Eval ``sandbox.record_cli``): a shim per tool in ``cli_mocks/``.
 
-Each call appends ``{"argv", "tool", "exit", "ts", "rule"}`` to ``cli_mocks/calls.jsonl`` (what
-``cli_called`` grades) and answers from the first ``responses`` rule whose ``when`` argv
-pattern matches — the same matcher ``cli_called`` uses — else from the entry's own fields.
-The shim runs with this interpreter, so it works on the host (tempdir driver).
+Each call appends ``{"argv", "tool", "exit", "ts", "rule"}`` to ``cli_mocks/calls.jsonl`` (what ``cli_called``
+grades) and answers from the first ``responses`` rule whose ``when`` argv pattern matches — the same matcher
+``cli_called`` uses — else from the entry's own fields. The shim runs with this interpreter, so it works on the host.
 """
 
 from __future__ import annotations
@@ -38,7 +37,9 @@ def answer(spec: str, argv: list[str], shim_path: str) -> int:
     reply = entry
     try:
         for index, rule in enumerate(entry.get("responses") or []):
-            if _matches(rule["when"], argv):
+            from ..criteria.cli import CliCalled  # cli_called's matcher, loaded only when there are rules
+            when = CliCalled.model_validate({"type": "cli_called", "description": "when", **rule["when"]})
+            if when.argv_matches(argv):
                 record["rule"], reply = index, {"exit_code": 0, **rule}
                 break
     except Exception as exc:  # a broken rule is the task's fault: cli_called reports it as ERROR
@@ -49,10 +50,3 @@ def answer(spec: str, argv: list[str], shim_path: str) -> int:
     sys.stdout.write(reply.get("stdout", ""))
     sys.stderr.write(reply.get("stderr", ""))
     return code
-
-
-def _matches(when: dict[str, Any], argv: list[str]) -> bool:
-    from ..criteria.cli import CliCalled
-
-    pattern = CliCalled.model_validate({"type": "cli_called", "description": "when", **when})
-    return pattern.argv_matches(argv)

@@ -1,7 +1,7 @@
 """Client of an env's data plane: JSON-RPC ``data/reset``, ``data/add``, ``data/get``.
 
-Used by ``deploy_env`` / ``load_artifact`` to seed a deployed env and by snapshots to read it
-back. Errors keep upstream's wording: ``"<method> failed: <message> (<data or code>)"``.
+Used by ``deploy_env`` / ``load_artifact`` to seed a deployed env and by snapshots to read it back. Errors keep
+upstream's wording: ``"<method> failed: <message> (<data or code>)"``.
 """
 
 from __future__ import annotations
@@ -50,9 +50,8 @@ class DataPlaneClient:
 
     async def _call(self, base_url: str, method: str, params: dict[str, Any]) -> Any:
         url = f"{base_url.rstrip('/')}{RPC_PATH}"
-        request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
         try:
-            response = await self.http.post(url, json=request)
+            response = await self.http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
             response.raise_for_status()
             body = response.json()
         except httpx.HTTPStatusError as exc:
@@ -75,6 +74,5 @@ def file_part_from_bytes(name: str, data: bytes, mime: str = "application/json")
 
 
 def env_base_url(mcp_url: str) -> str:
-    """The env's base URL from its MCP URL (``http://h:p/x/mcp`` -> ``http://h:p/x``); a URL that
-    does not end in ``/mcp`` is taken as the base already."""
+    """The env's base URL from its MCP URL (``http://h:p/x/mcp`` -> ``http://h:p/x``); one without ``/mcp`` is it."""
     return mcp_url.rstrip("/").removesuffix(MCP_PATH)

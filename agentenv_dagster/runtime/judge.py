@@ -1,6 +1,6 @@
-"""The LLM judge: one forced ``submit_verdict`` call to the configured model of any provider
-(``runtime.models``). A judge without a key or base URL is *unavailable*: callers record the
-verification as not graded, so offline nothing invents a verdict.
+"""The LLM judge: one forced ``submit_verdict`` call to the configured model of any provider (``runtime.models``).
+A judge without a key or base URL is *unavailable*: callers record the verification as not graded, so offline
+nothing invents a verdict.
 """
 
 from __future__ import annotations
@@ -23,13 +23,11 @@ class JudgeError(RuntimeError):
 
 
 class JudgeNoVerdict(JudgeError):
-    """The judge answered but gave no readable ``submit_verdict`` call: a missing verdict, not
-    a transport failure (callers may ask again or score it 0)."""
+    """The judge answered without a readable ``submit_verdict`` call: a missing verdict, not a transport failure."""
 
 
 class JudgeAPIError(JudgeError):
-    """The model's API refused or failed the call after the SDK's own retries: a fault of the
-    judge's infrastructure or configuration, never of the graded agent."""
+    """The model's API refused or failed the call past the SDK's retries: the judge's fault, not the graded agent's."""
 
     def __init__(self, message: str, *, retryable: bool = False):
         super().__init__(message)
@@ -71,23 +69,20 @@ class LLMJudge:
             raise JudgeUnavailable(f"no judge configured: {exc}") from None
 
     async def create(self, client: ModelClient, **request: Any) -> ModelReply:
-        """One request with this judge's model; usage is counted. What the SDK's retries leave
-        (a 4xx, exhausted 429/529/5xx, no connection) is a ``JudgeAPIError`` (``retryable``
-        when another attempt may help); a reply that cannot be read is ``UnreadableReply``."""
+        """One request with this judge's model, its usage counted. What the SDK's retries leave (a 4xx, exhausted
+        429/529/5xx, no connection) is a ``JudgeAPIError``; a reply that cannot be read is ``UnreadableReply``."""
         try:
             reply = await client.create(**request)
         except ModelAPIError as exc:
-            if exc.status is None:
-                raise JudgeAPIError(f"judge {exc}", retryable=exc.retryable) from exc
-            raise JudgeAPIError(f"judge API error {exc.status} ({exc.kind}) for model '{self.model}': {exc.detail}",
-                                retryable=exc.retryable) from exc
+            message = (f"judge {exc}" if exc.status is None else
+                       f"judge API error {exc.status} ({exc.kind}) for model '{self.model}': {exc.detail}")
+            raise JudgeAPIError(message, retryable=exc.retryable) from exc
         self.usage.add(reply.usage)
         return reply
 
     async def verdict(self, prompt: str, input_schema: dict[str, Any], *, max_tokens: int = 4096) -> dict[str, Any]:
-        """The input of the forced ``submit_verdict`` call (``JudgeNoVerdict`` when there is none).
-        What the SDK's own retries give up on is tried ``attempts`` times in all; a refused request
-        (another 4xx) fails at once, since asking again would be refused again."""
+        """The input of the forced ``submit_verdict`` call (``JudgeNoVerdict`` when there is none). What the SDK's
+        retries give up on is tried ``attempts`` times in all; a refused request (another 4xx) fails at once."""
         tool = {"name": VERDICT_TOOL, "description": "Submit the grading verdict.", "input_schema": input_schema}
         request = {"max_tokens": max_tokens, "messages": [{"role": "user", "content": prompt}], "tools": [tool],
                    "tool_choice": {"type": "tool", "name": VERDICT_TOOL}}
@@ -114,9 +109,8 @@ class LLMJudge:
 
 def llm_judge(config: AgentEnvConfig, model: str | None = None, base_url: str | None = None,
               api_key: str | None = None) -> LLMJudge:
-    """The configured judge for ``model`` (``[model]``'s judge role by default); ``base_url``
-    and ``api_key`` (a step's ``default_model_api_base``, a run's overrides) win over the
-    provider's. ``JudgeUnavailable`` when the provider has no key or no base URL."""
+    """The configured judge for ``model`` (``[model]``'s judge role by default); ``base_url`` and ``api_key`` (a step's
+    ``default_model_api_base``, a run's overrides) win over the provider's. ``JudgeUnavailable`` without them."""
     try:
         resolved = config.model.resolve(model or config.model.for_role("judge"))
     except ValueError as exc:

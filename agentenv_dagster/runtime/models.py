@@ -1,17 +1,17 @@
 """Model clients: one Messages-API-shaped request and reply for every provider, through its own SDK.
 
-Callers (judges, the judge agent, the tool-use agent) send a system prompt, messages of text or
-``text``/``tool_use``/``tool_result`` blocks, tools with an ``input_schema`` and ``tool_choice``.
-``protocol = "anthropic"`` sends them as they are through ``anthropic``; ``protocol = "openai"``
-translates them to Chat Completions through ``openai`` (OpenAI, LiteLLM, vLLM, Ollama). A forced
-tool is a forced call, or with ``verdict = "json_schema"`` a response in the tool's schema read as
-the call's input; nothing else in a reply ever stands for a tool call. A reply the SDK cannot read
-is :class:`UnreadableReply`, which callers grade as a missing verdict, never a failed step.
+Callers (judges, the judge agent, the tool-use agent) send a system prompt, messages of text or ``text``/
+``tool_use``/``tool_result`` blocks, tools with an ``input_schema`` and ``tool_choice``. ``protocol = "anthropic"``
+sends them as they are through ``anthropic``; ``protocol = "openai"`` translates them to Chat Completions through
+``openai`` (OpenAI, LiteLLM, vLLM, Ollama). A forced tool is a forced call, or with ``verdict = "json_schema"`` a
+response in the tool's schema read as the call's input; nothing else in a reply ever stands for a tool call. A
+reply the SDK cannot read is :class:`UnreadableReply`, which callers grade as a missing verdict, never a failed step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -24,8 +24,8 @@ STOP_REASONS = {"tool_calls": "tool_use", "function_call": "tool_use", "stop": "
 
 
 class ModelAPIError(RuntimeError):
-    """The API refused or failed the call after the SDK's own retries (``retryable`` when
-    another attempt may help); ``kind`` is the API's error type."""
+    """The API refused or failed the call past the SDK's retries: ``kind`` is its error type, ``retryable`` says if
+    another attempt may help."""
 
     def __init__(self, message: str, *, status: int | None = None, kind: str = "", detail: str = "",
                  retryable: bool = False):
@@ -87,8 +87,11 @@ class ModelReply:
 
 
 class ModelClient(contextlib.AbstractAsyncContextManager):
-    """One provider's SDK client for ``model``; ``create`` takes a Messages-shaped request.
-    Close it after use (``close`` or ``async with``)."""
+    """One provider's SDK client for ``model``; ``create`` takes a Messages-shaped request. Close it after use."""
+
+    sdk = ("", "")  # the SDK's module and client class, imported when a model is used: most runs never load one
+    api, host, reply = "", "", ""  # how messages name the API, its default host and its reply
+    bare_errors = False  # whether an error body without an ``error`` object is the error itself
 
     def __init__(self, model: ResolvedModel, *, api_key: str | None = None, base_url: str | None = None,
                  max_retries: int = 2) -> None:
@@ -96,7 +99,10 @@ class ModelClient(contextlib.AbstractAsyncContextManager):
             raise MissingKey(missing)
         self.model = model
         self.base_url = base_url or model.base_url()
-        self._client = self._sdk_client(api_key or model.api_key() or "unused", max_retries)
+        module, client_class = self.sdk
+        self._sdk = importlib.import_module(module)
+        self._client = getattr(self._sdk, client_class)(api_key=api_key or model.api_key() or "unused",
+                                                         base_url=self.base_url, max_retries=max_retries)
 
     async def __aexit__(self, *exc_info) -> None:
         await self.close()
@@ -104,40 +110,40 @@ class ModelClient(contextlib.AbstractAsyncContextManager):
     async def close(self) -> None:
         await self._client.close()
 
-    def _sdk_client(self, key: str, max_retries: int) -> Any:
-        raise NotImplementedError
-
     async def create(self, *, messages: list[dict[str, Any]], max_tokens: int, system: str | None = None,
                      tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
                      **params: Any) -> ModelReply:
         raise NotImplementedError
 
+    async def _send(self, create: Any, request: dict[str, Any]) -> Any:
+        """``create(**request)``: what the SDK raises past its own retries is a :class:`ModelAPIError`, a reply it
+        cannot read an :class:`UnreadableReply`."""
+        try:
+            return await create(**request)
+        except self._sdk.APIStatusError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            error = body["error"] if isinstance(body.get("error"), dict) else body if self.bare_errors else {}
+            kind = str(error.get("type") or error.get("code") or type(exc).__name__)
+            status, detail = exc.status_code, _excerpt(error.get("message") or exc, 2000)
+            raise ModelAPIError(f"{self.api} error {status} ({kind}): {detail}", status=status, kind=kind,
+                                detail=detail, retryable=status in RETRYABLE_STATUS or status >= 500) from exc
+        except self._sdk.APIConnectionError as exc:
+            unreachable = f"{self.api} unreachable at {self.base_url or self.host}: {exc}"
+            raise ModelAPIError(unreachable, retryable=True) from exc
+        except (RecursionError, ValueError) as exc:
+            raise UnreadableReply(f"the {self.reply} could not be read: {_excerpt(exc)}") from None
+
 
 class AnthropicModel(ModelClient):
     """The Messages API, through ``anthropic``."""
 
-    def _sdk_client(self, key: str, max_retries: int) -> Any:
-        import anthropic  # imported when a model is used: most runs never load it
-
-        return anthropic.AsyncAnthropic(api_key=key, base_url=self.base_url, max_retries=max_retries)
+    sdk = ("anthropic", "AsyncAnthropic")
+    api, host, reply = "Messages API", "api.anthropic.com", "Messages API reply"
 
     async def create(self, *, messages, max_tokens, system=None, tools=None, tool_choice=None, **params) -> ModelReply:
-        import anthropic
-
         request: dict[str, Any] = {"model": self.model.name, "messages": messages, "max_tokens": max_tokens, **params}
         request.update({k: v for k, v in (("system", system), ("tools", tools), ("tool_choice", tool_choice)) if v})
-        try:
-            message = await self._client.messages.create(**request)
-        except anthropic.APIStatusError as exc:
-            body = exc.body if isinstance(exc.body, dict) else {}
-            error = body.get("error") if isinstance(body.get("error"), dict) else {}
-            raise _status_error("Messages API", exc.status_code, error.get("type") or type(exc).__name__,
-                                error.get("message") or str(exc)) from exc
-        except anthropic.APIConnectionError as exc:
-            raise ModelAPIError(f"Messages API unreachable at {self.base_url or 'api.anthropic.com'}: {exc}",
-                                retryable=True) from exc
-        except (RecursionError, ValueError) as exc:
-            raise UnreadableReply(f"the Messages API reply could not be read: {_excerpt(exc)}") from None
+        message = await self._send(self._client.messages.create, request)
         content = [ToolUseBlock(b.id, b.name, b.input) if b.type == "tool_use" else TextBlock(b.text)
                    for b in message.content if b.type in ("tool_use", "text")]
         usage = Usage(**{bucket.name: getattr(message.usage, bucket.name, 0) or 0 for bucket in fields(Usage)})
@@ -147,14 +153,11 @@ class AnthropicModel(ModelClient):
 class ChatCompletionsModel(ModelClient):
     """Chat Completions, through ``openai``: the request translated, the reply read back."""
 
-    def _sdk_client(self, key: str, max_retries: int) -> Any:
-        import openai
-
-        return openai.AsyncOpenAI(api_key=key, base_url=self.base_url, max_retries=max_retries)
+    sdk = ("openai", "AsyncOpenAI")
+    api, host, reply = "Chat Completions API", "api.openai.com", "Chat Completions reply"
+    bare_errors = True  # servers other than OpenAI's may answer {"message": …} alone
 
     async def create(self, *, messages, max_tokens, system=None, tools=None, tool_choice=None, **params) -> ModelReply:
-        import openai
-
         forced = (tool_choice or {}).get("type") == "tool"
         as_schema = forced and self.model.settings.verdict == "json_schema"
         request: dict[str, Any] = {"model": self.model.name, "messages": chat_messages(system, messages),
@@ -173,21 +176,9 @@ class ChatCompletionsModel(ModelClient):
                 request["tool_choice"] = {"type": "function", "function": {"name": tool_choice["name"]}}
             elif tool_choice:
                 request["tool_choice"] = {"any": "required"}.get(tool_choice.get("type"), "auto")
-        try:
-            completion = await self._client.chat.completions.create(**request)
-        except openai.APIStatusError as exc:
-            body = exc.body if isinstance(exc.body, dict) else {}
-            error = body.get("error") if isinstance(body.get("error"), dict) else body
-            raise _status_error("Chat Completions API", exc.status_code,
-                                str(error.get("type") or error.get("code") or type(exc).__name__),
-                                str(error.get("message") or exc)) from exc
-        except openai.APIConnectionError as exc:
-            raise ModelAPIError(f"Chat Completions API unreachable at {self.base_url or 'api.openai.com'}: {exc}",
-                                retryable=True) from exc
-        except (RecursionError, ValueError) as exc:
-            raise UnreadableReply(f"the Chat Completions reply could not be read: {_excerpt(exc)}") from None
+        completion = await self._send(self._client.chat.completions.create, request)
         if not completion.choices:
-            raise UnreadableReply("the Chat Completions reply has no choices")
+            raise UnreadableReply(f"the {self.reply} has no choices")
         choice = completion.choices[0]
         text = choice.message.content or ""
         content: list[TextBlock | ToolUseBlock]
@@ -238,8 +229,7 @@ def chat_usage(usage: Any) -> Usage:
     if usage is None:
         return Usage()
     cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", 0) or 0
-    prompt = usage.prompt_tokens or 0
-    return Usage(input_tokens=max(prompt - cached, 0), output_tokens=usage.completion_tokens or 0,
+    return Usage(input_tokens=max((usage.prompt_tokens or 0) - cached, 0), output_tokens=usage.completion_tokens or 0,
                  cache_read_input_tokens=cached)
 
 
@@ -250,18 +240,11 @@ def _result_text(content: Any) -> str:
 
 
 def _json_or_text(text: str | None) -> Any:
-    """A tool call's arguments: the JSON they are, else the text as given (which no schema
-    accepts, so the caller reports it)."""
+    """A tool call's arguments: their JSON, else the text as given (no schema accepts it, so the caller reports it)."""
     try:
         return json.loads(text or "")
     except (ValueError, RecursionError):
         return text
-
-
-def _status_error(api: str, status: int, kind: str, detail: str) -> ModelAPIError:
-    detail = _excerpt(detail, 2000)
-    return ModelAPIError(f"{api} error {status} ({kind}): {detail}", status=status, kind=kind, detail=detail,
-                         retryable=status in RETRYABLE_STATUS or status >= 500)
 
 
 def _excerpt(value: Any, limit: int = 300) -> str:

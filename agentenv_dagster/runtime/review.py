@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 CONTINUE, ABORT = "continue", "abort"  # upstream's review-store states
 VERBS = {"approve": CONTINUE, "approved": CONTINUE, "continue": CONTINUE,
@@ -23,16 +23,6 @@ VERBS = {"approve": CONTINUE, "approved": CONTINUE, "continue": CONTINUE,
 
 class ReviewError(ValueError):
     """A decision that cannot be given (no such run, no review awaiting, ambiguous)."""
-
-
-class ReviewDecisions(Protocol):
-    """Where a ``review`` step registers and finds decisions; the step knows nothing else."""
-
-    def put_awaiting(self, step_id: str, instance_id: str, record: dict[str, Any]) -> None: ...
-
-    def clear_awaiting(self, step_id: str, instance_id: str) -> None: ...
-
-    def get(self, step_id: str, instance_id: str) -> dict[str, Any] | None: ...
 
 
 def _part(value: str) -> str:
@@ -59,7 +49,7 @@ def now_utc() -> str:
 
 @dataclass(frozen=True)
 class RunReviews:
-    """The file-backed :class:`ReviewDecisions` of one run."""
+    """The review decisions of one run, as files: where a ``review`` step registers and finds them."""
 
     folder: Path
 
@@ -112,9 +102,11 @@ class RunReviews:
         return self.folder / "decisions" / f"{name}.json"
 
 
+ReviewDecisions = RunReviews  # the name the review step knows them by
+
+
 def find_run_dir(runs_dir: Path, run_id: str) -> Path:
-    """The folder of run ``run_id``, or of the one run whose id starts with it (the Dagster
-    UI shows the first 8 characters)."""
+    """The folder of run ``run_id``, or of the one run whose id starts with it (the Dagster UI shows 8 characters)."""
     exact = runs_dir / run_id
     if run_id and exact.is_dir():
         return exact

@@ -12,6 +12,7 @@ Layout under ``s3://<bucket>/<prefix>/``::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -54,8 +55,7 @@ class S3Location:
         return _client(self.endpoint_url, self.region)
 
     def list_keys(self, prefix: str, start_after: str | None = None) -> Iterator[dict[str, Any]]:
-        """Every object under ``prefix`` (``Key``, ``Size``, ``LastModified``), in key order;
-        only those after ``start_after``, when given."""
+        """Every object under ``prefix`` (``Key``, ``Size``, ``LastModified``) in key order, after ``start_after``."""
         after = {"StartAfter": start_after} if start_after else {}
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix, **after):
             yield from page.get("Contents") or []
@@ -81,8 +81,7 @@ def s3_location(config: "AgentEnvConfig") -> S3Location:
 
 @functools.lru_cache(maxsize=None)
 def _client(endpoint_url: str | None, region: str | None):
-    """One boto3 client per endpoint: clients are thread-safe, and building one costs far
-    more than a request."""
+    """One boto3 client per endpoint: clients are thread-safe, and building one costs far more than a request."""
     import boto3
 
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region)
@@ -91,10 +90,10 @@ def _client(endpoint_url: str | None, region: str | None):
 os.register_at_fork(after_in_child=_client.cache_clear)  # a forked process opens its own connections
 
 
-# The endpoint of each bucket a store in this process was built for, so a bare ``s3://`` URL
-# (ObjectStore.read is static) reaches the same server. A cache, not state: without it the
-# project's config decides, then boto3's defaults (AWS_ENDPOINT_URL_S3).
-_KNOWN: dict[str, S3Location] = {}  # (dict.setdefault is atomic: no lock)
+# The endpoint of each bucket a store in this process was built for, so a bare ``s3://`` URL (ObjectStore.read
+# is static) reaches the same server. A cache, not state: without it the project's config decides, then boto3's
+# defaults (AWS_ENDPOINT_URL_S3). dict.setdefault is atomic: no lock.
+_KNOWN: dict[str, S3Location] = {}
 
 
 def read_url(url: str) -> bytes:
@@ -107,12 +106,10 @@ def read_url(url: str) -> bytes:
 def _configured_location(bucket: str) -> S3Location | None:
     from ..config import load_config
 
-    try:
+    with contextlib.suppress(Exception):  # no usable project config here: boto3's defaults decide
         config = load_config()
         if config.stores.backend == "s3" and (location := s3_location(config)).bucket == bucket:
             return location
-    except Exception:  # no usable project config here: boto3's defaults decide
-        return None
     return None
 
 
@@ -123,50 +120,41 @@ def _safe_key(key: str) -> str:
     return key
 
 
-# -- artifacts ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class S3Artifact(Artifact):
-    """A stored version; its files are fetched into the local cache the first time they are
-    read (versions never change, so the cache never goes stale)."""
+    """A stored version; its files are fetched into the local cache when first read (versions never change)."""
 
     location: S3Location | None = field(default=None, compare=False)
     base_key: str = ""
 
     @property
     def files(self) -> dict[str, Path]:
-        _download(self.location, self.base_key, self.folder)
+        if not (self.folder / _COMPLETE).exists():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(self.folder) + ".lock"):
+                if not (self.folder / _COMPLETE).exists():
+                    self._download()
         return super().files
 
     def object_url(self, relpath: str) -> str:
         return self.location.url(f"{self.base_key}/files/{relpath}")
 
-
-def _download(location: S3Location, base_key: str, folder: Path) -> None:
-    if (folder / _COMPLETE).exists():
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder) + ".lock"):
-        if (folder / _COMPLETE).exists():
-            return
-        files_prefix = f"{base_key}/files/"
-        for entry in location.list_keys(files_prefix):
-            relpath = entry["Key"][len(files_prefix):]
-            target = folder / "files" / relpath
+    def _download(self) -> None:
+        files_prefix = f"{self.base_key}/files/"
+        for entry in self.location.list_keys(files_prefix):
+            target = self.folder / "files" / entry["Key"][len(files_prefix):]
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(location.get_bytes(entry["Key"]))
-        (folder / "files").mkdir(exist_ok=True)
-        (folder / _COMPLETE).touch()
+            target.write_bytes(self.location.get_bytes(entry["Key"]))
+        (self.folder / "files").mkdir(exist_ok=True)
+        (self.folder / _COMPLETE).touch()
 
 
 class S3ArtifactStore(VersionedStore):
     """The versioned artifact store in a bucket; ``root`` is the local download cache."""
 
     def __init__(self, location: S3Location, cache_dir: Path, bundle_dirs: list[Path] | None = None):
+        super().__init__(cache_dir, bundle_dirs)
         self.location = location
-        self.root = cache_dir
-        self.bundle_dirs = list(bundle_dirs or [])
 
     def _base(self, artifact_id: str, version: int | None = None) -> str:
         check_id(artifact_id, "artifact id")
@@ -216,12 +204,8 @@ class S3ArtifactStore(VersionedStore):
         folder = self._cache_folder(artifact_id, version)
         cached = folder / MANIFEST  # else the claim object, which holds the manifest once complete
         stored = cached.read_text() if cached.is_file() else self.location.get_bytes(self._claim(artifact_id, version))
-        manifest = json.loads(stored)
-        return S3Artifact.from_manifest(artifact_id, version, folder, manifest, location=self.location,
+        return S3Artifact.from_manifest(artifact_id, version, folder, json.loads(stored), location=self.location,
                                         base_key=self._base(artifact_id, version))
-
-
-# -- objects -----------------------------------------------------------------------------
 
 
 class S3ObjectStore:

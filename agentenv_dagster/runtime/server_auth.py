@@ -1,8 +1,7 @@
 """The run's bearer token on requests to the run's own servers, and on no others.
 
-Every server a run starts answers 401 without the run's token (``builtin/serving.py``). This
-``httpx.Auth`` adds it only for origins the run's ledger lists (loopback servers the run
-started), never for an outside agent, a live env or a model API.
+Every server a run starts answers 401 without the run's token (``builtin/serving.py``). This ``httpx.Auth`` adds it only
+for origins the run's ledger lists (loopback servers the run started): never an outside agent, env or model API.
 """
 
 from __future__ import annotations
@@ -51,9 +50,8 @@ class RunServerAuth(httpx.Auth):
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     def url_with_token(self, url: str) -> str:
-        """``url`` carrying the run's token as its password when it is one of the run's
-        servers (they accept it as HTTP Basic auth): for code that takes only a URL, like an
-        env-outcome verifier's ``verify(mcp_url)``."""
+        """``url`` carrying the run's token as its password (HTTP Basic auth) when it is one of the run's servers: for
+        code that takes only a URL, like an env-outcome verifier's ``verify(mcp_url)``."""
         if not self.headers_for(url):
             return url
         parts = urlsplit(url)

@@ -30,11 +30,9 @@ async def run_verify_script(script: Path, mcp_url: str, timeout_seconds: float) 
     runs in a scratch folder with only :data:`~.shell.HOST_ENV_KEYS` of the environment."""
     with tempfile.TemporaryDirectory(prefix="agentenv-verify-") as scratch:
         result = Path(scratch) / RESULT_FILE
-        done = await run_argv(
-            [sys.executable, "-m", __name__, str(script), mcp_url, str(result)],
-            cwd=Path(scratch), env=host_env(PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=PACKAGE_PARENT),
-            timeout=timeout_seconds,
-        )
+        env = host_env(PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=PACKAGE_PARENT)
+        argv = [sys.executable, "-m", __name__, str(script), mcp_url, str(result)]
+        done = await run_argv(argv, cwd=Path(scratch), env=env, timeout=timeout_seconds)
         if done.timed_out:
             raise VerifyScriptError(f"{script.name}: verify() did not finish within {timeout_seconds:g}s")
         if done.exit_code != 0:
