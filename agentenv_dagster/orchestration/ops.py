@@ -8,6 +8,7 @@ as stopped. The last op, ``teardown_run``, ends each row's deployments as it lea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import signal
@@ -136,10 +137,9 @@ class _RowsOfOp:
     async def admitted(self) -> AsyncIterator[Row]:
         """A root op's rows, fresh contexts, in order; where the run's ops go side by side, a row only once
         fewer than ``max_sandboxes`` are in the run (the teardown op's stream says which have left)."""
-        context, resource = self.context, self.resource
+        context, resource, plan = self.context, self.resource, plan_of(self.context)
         keys = run_keys(context, context.op_config.get(ROWS))
         defaults = _seed_defaults(context)
-        plan = plan_of(context)
         task_bound = plan.document.max_sandboxes if plan is not None else None
         bound = resource.live_rows_bound(task_bound) if side_by_side() and len(keys) > 1 else None
         left = records(self.io, StreamRef(context.run_id, _sibling(context, TEARDOWN_OP))) if bound else None
@@ -147,11 +147,9 @@ class _RowsOfOp:
         try:
             for index, key in enumerate(keys):
                 while left is not None and departed <= index - bound:
-                    try:
-                        await anext(left)
-                        departed += 1
-                    except StopAsyncIteration:  # the teardown op ended: no row will leave any more
+                    if await anext(left, None) is None:  # the teardown op ended: no row will leave any more
                         left = None
+                    departed += 1
                 # a re-execution (a retry) is the same task instance as its root run
                 ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key,
                                                row_seed(context, key))
@@ -170,7 +168,7 @@ class _RowsOfOp:
                 running: set[asyncio.Task] = {asyncio.create_task(self._warm_up(rt))}
                 async for row in source:
                     if row.stopped is not None:
-                        self.out.stopped(row.key, row.stopped, row.context)
+                        self.out.append(row.key, row.context, row.stopped)
                         continue
                     task = asyncio.create_task(self._one(row, lanes, outbox))
                     running.add(task)
@@ -197,14 +195,14 @@ class _RowsOfOp:
             lanes.put_nowait(rt)
         if isinstance(outcome, StepFailed):
             if self.retried_here:  # Dagster runs the op again: this row's attempt is kept for its record
-                StreamWriter(self.io, self.context.run_id, f"{self.out.ref.name}{FAILED_ATTEMPT}").stopped(
-                    row.key, outcome.record, ctx.to_dict())
+                StreamWriter(self.io, self.context.run_id, f"{self.out.ref.name}{FAILED_ATTEMPT}").append(
+                    row.key, ctx.to_dict(), outcome.record)
                 raise _RetryPending(outcome)
-            self.out.stopped(row.key, {**outcome.record, "step_key": self.out.ref.name}, ctx.to_dict())
+            self.out.append(row.key, ctx.to_dict(), {**outcome.record, "step_key": self.out.ref.name})
             self.stopped_here.append(row.key)
             self.first_failure = self.first_failure or outcome
         else:
-            self.out.passed(row.key, ctx.to_dict())
+            self.out.append(row.key, ctx.to_dict())
             self.passed += 1
         outbox.put((row.key, outcome, ctx))
 
@@ -255,14 +253,13 @@ class _Outbox(queue.SimpleQueue):
 
     def take(self) -> list[Any]:
         """At least one item (blocking until there is one), and whatever else is waiting (it has one reader)."""
-        while True:  # a timeout now and then: the main thread's signal handlers run meanwhile
-            try:
-                items = [self.get(timeout=STOP_POLL_SECONDS)]
-            except queue.Empty:
-                continue
-            while not self.empty():
-                items.append(self.get_nowait())
-            return items
+        items: list[Any] = []
+        while not items:  # a timeout now and then: the main thread's signal handlers run meanwhile
+            with contextlib.suppress(queue.Empty):
+                items.append(self.get(timeout=STOP_POLL_SECONDS))
+        while not self.empty():
+            items.append(self.get_nowait())
+        return items
 
 
 STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
@@ -450,9 +447,7 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
             row.context = ctx.to_dict()
             if row.stopped is not None:
                 stopped.append(row.key)
-                out.stopped(row.key, row.stopped, row.context)
-            else:
-                out.passed(row.key, row.context)
+            out.append(row.key, row.context, row.stopped)
             outbox.put((row.key, ctx, row.stopped))
 
     def materialized(left: list[tuple[str, TaskStepContext, dict | None]]) -> Iterator[Any]:

@@ -78,17 +78,15 @@ class StreamWriter:
         self.io, self.ref = io, StreamRef(run_id, name)
         io.start_stream(run_id, name)  # (an op retried in the same run starts its stream again)
 
-    def passed(self, key: str, context: dict[str, Any]) -> None:
-        self._append([{"row": key, "context": context}])
-
-    def stopped(self, key: str, failure: dict[str, Any], context: dict[str, Any]) -> None:
-        self._append([{"row": key, "stopped": failure, "context": context}])
+    def append(self, key: str, context: dict[str, Any], stopped: dict[str, Any] | None = None) -> None:
+        """A row's record: its context, and why it stopped (a fatal failure, here or upstream) if it did."""
+        self._write({"row": key, **({"stopped": stopped} if stopped is not None else {}), "context": context})
 
     def end(self) -> None:
-        self._append([{"end": True}])
+        self._write({"end": True})
 
-    def _append(self, records: list[dict[str, Any]]) -> None:
-        self.io.append_records(self.ref.run_id, self.ref.name, records)
+    def _write(self, record: dict[str, Any]) -> None:
+        self.io.append_records(self.ref.run_id, self.ref.name, [record])
         _wake(self.ref)
 
 
