@@ -154,10 +154,8 @@ def execute_plan(
         context_path.write_text(json.dumps(context.to_safe_dict(), indent=2, default=str))
     else:  # a dataset's rows, by key: one line, straight from the contexts
         context_path.write_bytes(redacted_json(contexts))
-    return RunResult(
-        success=success, run_id=run_ids[-1], job_name=job_name, dagster_home=str(home),
-        context_path=context_path, context=context, contexts=contexts, retried_runs=run_ids[:-1],
-    )
+    return RunResult(success=success, run_id=run_ids[-1], job_name=job_name, dagster_home=str(home),
+                     context_path=context_path, context=context, contexts=contexts, retried_runs=run_ids[:-1])
 
 
 def location_job(config: AgentEnvConfig, plan: TaskPlan) -> LocationJob | None:
@@ -173,15 +171,12 @@ def _launch(plan: TaskPlan, partition_keys: list[str] | None) -> tuple[dict[str,
     if not partition_keys:
         return {}, {}
     rows = plan.document.partitions or {}
-    unknown = [k for k in partition_keys if k not in rows]
+    if unknown := [k for k in partition_keys if k not in rows]:
+        raise ValueError(f"task '{plan.task_id}' has no partition {unknown[0]!r}" if len(partition_keys) == 1
+                         else f"task '{plan.task_id}' has no partitions {unknown}")
     if len(partition_keys) == 1:
-        key = partition_keys[0]
-        if unknown:
-            raise ValueError(f"task '{plan.task_id}' has no partition {key!r}")
-        variant = plan.document.variant_of(key)
+        key, variant = partition_keys[0], plan.document.variant_of(partition_keys[0])
         tags = {PARTITION_TAG: key, **({VARIANT_TAG: variant} if variant else {})}
         return run_config(plan, TaskTranslator(), [key]), tags
-    if unknown:
-        raise ValueError(f"task '{plan.task_id}' has no partitions {unknown}")
     ordered = [k for k in rows if k in set(partition_keys)]
     return run_config(plan, TaskTranslator(), ordered), range_tags(plan, ordered)
