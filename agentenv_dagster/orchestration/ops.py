@@ -403,9 +403,7 @@ def refuse_ended_deployments(context, step: TaskStep) -> None:
 def refuse_changed_task(context) -> None:
     """Refuse a re-execution of a task whose content changed since its parent run."""
     parent_id = context.run.parent_run_id
-    if not parent_id:
-        return
-    parent = context.instance.get_run_by_id(parent_id)
+    parent = context.instance.get_run_by_id(parent_id) if parent_id else None
     before = parent.tags.get(TAG_CONTENT_HASH) if parent else None
     now = context.op.tags.get(TAG_CONTENT_HASH)
     if before and now and before != now:

@@ -152,16 +152,12 @@ def agentenv_resources(config: AgentEnvConfig, **settings: Any) -> dict[str, dg.
     """The resources, with the project's settings and ``settings`` (fields of :class:`AgentEnvResource`) as their
     launchpad-visible defaults: given at construction, as Dagster runs a resource from the config it was built with."""
     store = artifact_store(config)
+    store_settings = {"backend": "s3", **dataclasses.asdict(s3_location(config))} if config.stores.backend == "s3" \
+        else {"objects_root": str(config.state_dir / "objects")}
     return {
         RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), **settings),
-        ARTIFACTS_KEY: ArtifactStoreResource(
-            root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs], **_store_settings(config),
-        ),
+        ARTIFACTS_KEY: ArtifactStoreResource(root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs],
+                                             **store_settings),
         JUDGE_KEY: JudgeResource(model=config.model.for_role("judge"), base_url=config.model.base_url),
     }
 
-
-def _store_settings(config: AgentEnvConfig) -> dict[str, str | None]:
-    if config.stores.backend != "s3":
-        return {"objects_root": str(config.state_dir / "objects")}
-    return {"backend": "s3", **dataclasses.asdict(s3_location(config))}
