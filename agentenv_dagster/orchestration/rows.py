@@ -81,8 +81,7 @@ def run_keys(context: dg.OpExecutionContext, selected: list[str] | None) -> list
         keys = ([k for k in document.partitions if document.variant_of(k) == variant] if failed_only
                 else document.selected_rows(variant))
         context.log.info(f"no rows named: {len(keys)} rows of the dataset")
-    unknown = [k for k in keys if k not in document.partitions]
-    if unknown:
+    if unknown := [k for k in keys if k not in document.partitions]:
         raise dg.Failure(description=f"task '{plan.task_id}' has no rows {unknown[:5]}")
     if variant is not None and (other := [k for k in keys if document.variant_of(k) != variant]):
         raise dg.Failure(description=f"this run's steps are variant '{variant}'; it cannot run partitions {other[:5]}")

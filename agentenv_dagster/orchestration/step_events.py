@@ -110,8 +110,7 @@ def result_materialization(key: dg.AssetKey, row: str | None, ctx: TaskStepConte
     }
     if failure:
         metadata.update(stopped_at=str(failure.get("step_id")), error=str(failure.get("error", ""))[:500])
-    scores = {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}
-    if scores:
+    if scores := {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}:
         metadata["scores"] = dg.MetadataValue.json(scores)
     return dg.AssetMaterialization(asset_key=key, partition=row, metadata=metadata,
                                    tags=provenance.tags(ctx, results_version(ctx, failure)))
