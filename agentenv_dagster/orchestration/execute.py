@@ -77,8 +77,7 @@ run_launcher:
 
 
 def project_dagster_home(config: AgentEnvConfig) -> Path:
-    """``DAGSTER_HOME`` if set, else the project's ``.dagster_home`` (its ``dagster.yaml``
-    written on first use; one of the user's own is left as it is)."""
+    """``DAGSTER_HOME`` if set, else the project's ``.dagster_home`` (its ``dagster.yaml`` written on first use)."""
     home = Path(os.environ.get("DAGSTER_HOME") or config.root / ".dagster_home")
     home.mkdir(parents=True, exist_ok=True)
     settings = home / "dagster.yaml"
@@ -108,11 +107,9 @@ def execute_plan(
     max_sandboxes: int | None = None,
     tags: dict[str, str] | None = None,
 ) -> RunResult:
-    """Run the task, or some of its partitions in one run (``partition_keys``, as a single-run
-    backfill does: ``rows_in_flight`` rows at once in each step, at most ``max_sandboxes`` holding
-    their deployments), in this process with the job's executor (``executors.job_executor``). A task
-    the project's code location has as it is runs as the location's job (the UI lists it there and
-    can re-execute it); any other (a file elsewhere, ``-D`` overrides) as a job of its own."""
+    """Run the task, or some of its partitions in one run (``partition_keys``, as a single-run backfill does), in this
+    process with the job's executor. A task the project's code location has as it is runs as the location's job (the
+    UI lists it there and can re-execute it); any other (a file elsewhere, ``-D`` overrides) as a job of its own."""
     io_manager = context_io_manager(config)  # the state folder, or S3 ([stores] backend)
     job_name = TaskTranslator().get_job_name(plan)
     home = project_dagster_home(config) if instance is None else Path(instance.root_directory)
@@ -157,15 +154,12 @@ def execute_plan(
         context_path.write_text(json.dumps(context.to_safe_dict(), indent=2, default=str))
     else:  # a dataset's rows, by key: one line, straight from the contexts
         context_path.write_bytes(redacted_json(contexts))
-    return RunResult(
-        success=success, run_id=run_ids[-1], job_name=job_name, dagster_home=str(home),
-        context_path=context_path, context=context, contexts=contexts, retried_runs=run_ids[:-1],
-    )
+    return RunResult(success=success, run_id=run_ids[-1], job_name=job_name, dagster_home=str(home),
+                     context_path=context_path, context=context, contexts=contexts, retried_runs=run_ids[:-1])
 
 
 def location_job(config: AgentEnvConfig, plan: TaskPlan) -> LocationJob | None:
-    """The job the project's code location (its ``workspace.yaml``) has for this task, when
-    it has it as ``plan`` is (same content); else None."""
+    """The job the project's code location (its ``workspace.yaml``) has for this task, when its content is the same."""
     workspace = config.root / "workspace.yaml"
     found = dagster_location_job(str(workspace), TaskTranslator().get_job_name(plan)) if workspace.is_file() else None
     same = found is not None and found.job_def.tags.get(TAG_CONTENT_HASH) == plan.document.content_hash
@@ -173,20 +167,16 @@ def location_job(config: AgentEnvConfig, plan: TaskPlan) -> LocationJob | None:
 
 
 def _launch(plan: TaskPlan, partition_keys: list[str] | None) -> tuple[dict[str, Any], dict[str, str]]:
-    """The run config and tags of a run of the task, of one partition, or of several (in
-    dataset order, tagged with their range as a single-run backfill is)."""
+    """The run config and tags of a run of the task, of one partition, or of several (tagged as a backfill is)."""
     if not partition_keys:
         return {}, {}
     rows = plan.document.partitions or {}
-    unknown = [k for k in partition_keys if k not in rows]
+    if unknown := [k for k in partition_keys if k not in rows]:
+        raise ValueError(f"task '{plan.task_id}' has no partition {unknown[0]!r}" if len(partition_keys) == 1
+                         else f"task '{plan.task_id}' has no partitions {unknown}")
     if len(partition_keys) == 1:
-        key = partition_keys[0]
-        if unknown:
-            raise ValueError(f"task '{plan.task_id}' has no partition {key!r}")
-        variant = plan.document.variant_of(key)
+        key, variant = partition_keys[0], plan.document.variant_of(partition_keys[0])
         tags = {PARTITION_TAG: key, **({VARIANT_TAG: variant} if variant else {})}
         return run_config(plan, TaskTranslator(), [key]), tags
-    if unknown:
-        raise ValueError(f"task '{plan.task_id}' has no partitions {unknown}")
     ordered = [k for k in rows if k in set(partition_keys)]
     return run_config(plan, TaskTranslator(), ordered), range_tags(plan, ordered)

@@ -31,23 +31,17 @@ def agentenv_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
 
 
 def job_executor(config: AgentEnvConfig, plan: TaskPlan | None = None) -> dg.ExecutorDefinition:
-    """The project's choice, else the side-by-side executor; for a plan whose steps form a
-    chain, with no dataset, Dagster's in-process executor."""
+    """The project's choice, else the side-by-side executor (in-process for a chain of steps with no dataset)."""
     choice = config.dagster.chosen_executor()
     if choice == "in_process" or (choice is None and plan is not None and runs_as_chain(plan)):
         return dg.in_process_executor
-    if choice == "multiprocess":
-        return dg.multiprocess_executor
-    if choice == "celery":
-        return celery_executor(config)
-    if choice == "k8s":
-        return k8s_executor(config)
-    return agentenv_executor
+    if choice in ("celery", "k8s"):
+        return celery_executor(config) if choice == "celery" else k8s_executor(config)
+    return dg.multiprocess_executor if choice == "multiprocess" else agentenv_executor
 
 
 def runs_as_chain(plan: TaskPlan) -> bool:
-    """Whether nothing of the task could overlap: one row, and each step after the one before
-    it (an ancestor of it, directly or not)."""
+    """Whether nothing of the task could overlap: one row, and each step a descendant of the one before it."""
     if plan.document.partitions:
         return False
     steps = [step.id for step in plan.steps]

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
 
@@ -24,28 +24,12 @@ FAILED_ATTEMPT = ".failed"  # ``<step key>.failed``: the row of an op's attempt 
 
 
 class ContextIOManagerBase(dg.ConfigurableIOManager):
-    """Each op's row stream, keyed by run id and step key; subclasses say where the records
-    live (``start_stream``, ``append_records``, ``read_records``, ``stream_names``)."""
+    """Each op's row stream, keyed by run id and step key. Subclasses say where the records live:
+    ``start_stream(run_id, name)`` empties one, ``append_records(run_id, name, records)`` adds to it,
+    ``read_records(run_id, name, position=None)`` returns the records since ``position`` (None: from the
+    start), the position after them and whether the stream has ended; ``stream_names(run_id)``, oldest first."""
 
-    @property
-    def reads_remotely(self) -> bool:
-        """Whether a read waits on the network (then it runs off the reader's event loop)."""
-        return False
-
-    def start_stream(self, run_id: str, name: str) -> None:
-        raise NotImplementedError
-
-    def append_records(self, run_id: str, name: str, records: list[dict[str, Any]]) -> None:
-        raise NotImplementedError
-
-    def read_records(self, run_id: str, name: str, position: Any = None) -> tuple[list[dict[str, Any]], Any, bool]:
-        """The records appended since ``position`` (None: from the start), the position after
-        them, and whether the stream has ended."""
-        raise NotImplementedError
-
-    def stream_names(self, run_id: str) -> list[str]:
-        """The streams the run wrote, oldest first."""
-        raise NotImplementedError
+    reads_remotely: ClassVar[bool] = False  # whether a read waits on the network (then it runs off the event loop)
 
     @staticmethod
     def encoded(records: list[dict[str, Any]]) -> bytes:

@@ -8,6 +8,7 @@ as stopped. The last op, ``teardown_run``, ends each row's deployments as it lea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import queue
 import signal
@@ -49,8 +50,7 @@ STREAMS = dg.List[STREAM]
 
 
 def _stream_op(name: str, run: Callable[..., Iterator[Any]], **op_args: Any) -> dg.OpDefinition:
-    """An op whose output is its row stream, mapping the task asset it writes: ``run(context,
-    upstream, after)`` is its body."""
+    """An op running ``run(context, upstream, after)`` whose output is its row stream, mapping its task asset."""
 
     @dg.op(
         name=name,
@@ -116,8 +116,7 @@ class _RetryPending(Exception):
 
 
 class _RowsOfOp:
-    """One op's rows: each one's step run as it arrives, its outcome appended to the op's
-    stream and turned into Dagster events."""
+    """One op's rows: each one's step run as it arrives, its outcome appended to the stream and told to Dagster."""
 
     def __init__(self, context: dg.OpExecutionContext, resource: AgentEnvResource, io: ContextIOManagerBase,
                  step: TaskStep, out: StreamWriter) -> None:
@@ -125,8 +124,7 @@ class _RowsOfOp:
         self.task_id = task_id_of(context)
         self.assets = node_assets(context.op.tags)
         self.prices = resource.load_config().model.prices if self.assets["produced"] else {}
-        replicate = context.run.tags.get(REPLICATE_TAG)
-        self.replicate = int(replicate) if replicate is not None else None
+        self.replicate = int(replicate) if (replicate := context.run.tags.get(REPLICATE_TAG)) is not None else None
         self.provenance = asset_provenance(context)
         self.row_page = row_page_link(context)
         self.carry_retries = retries_carried(context, step, io)
@@ -139,10 +137,9 @@ class _RowsOfOp:
     async def admitted(self) -> AsyncIterator[Row]:
         """A root op's rows, fresh contexts, in order; where the run's ops go side by side, a row only once
         fewer than ``max_sandboxes`` are in the run (the teardown op's stream says which have left)."""
-        context, resource = self.context, self.resource
+        context, resource, plan = self.context, self.resource, plan_of(self.context)
         keys = run_keys(context, context.op_config.get(ROWS))
         defaults = _seed_defaults(context)
-        plan = plan_of(context)
         task_bound = plan.document.max_sandboxes if plan is not None else None
         bound = resource.live_rows_bound(task_bound) if side_by_side() and len(keys) > 1 else None
         left = records(self.io, StreamRef(context.run_id, _sibling(context, TEARDOWN_OP))) if bound else None
@@ -150,11 +147,9 @@ class _RowsOfOp:
         try:
             for index, key in enumerate(keys):
                 while left is not None and departed <= index - bound:
-                    try:
-                        await anext(left)
-                        departed += 1
-                    except StopAsyncIteration:  # the teardown op ended: no row will leave any more
+                    if await anext(left, None) is None:  # the teardown op ended: no row will leave any more
                         left = None
+                    departed += 1
                 # a re-execution (a retry) is the same task instance as its root run
                 ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key,
                                                row_seed(context, key))
@@ -173,7 +168,7 @@ class _RowsOfOp:
                 running: set[asyncio.Task] = {asyncio.create_task(self._warm_up(rt))}
                 async for row in source:
                     if row.stopped is not None:
-                        self.out.stopped(row.key, row.stopped, row.context)
+                        self.out.append(row.key, row.context, row.stopped)
                         continue
                     task = asyncio.create_task(self._one(row, lanes, outbox))
                     running.add(task)
@@ -200,14 +195,14 @@ class _RowsOfOp:
             lanes.put_nowait(rt)
         if isinstance(outcome, StepFailed):
             if self.retried_here:  # Dagster runs the op again: this row's attempt is kept for its record
-                StreamWriter(self.io, self.context.run_id, f"{self.out.ref.name}{FAILED_ATTEMPT}").stopped(
-                    row.key, outcome.record, ctx)
+                StreamWriter(self.io, self.context.run_id, f"{self.out.ref.name}{FAILED_ATTEMPT}").append(
+                    row.key, ctx.to_dict(), outcome.record)
                 raise _RetryPending(outcome)
-            self.out.stopped(row.key, {**outcome.record, "step_key": self.out.ref.name}, ctx)
+            self.out.append(row.key, ctx.to_dict(), {**outcome.record, "step_key": self.out.ref.name})
             self.stopped_here.append(row.key)
             self.first_failure = self.first_failure or outcome
         else:
-            self.out.passed(row.key, ctx)
+            self.out.append(row.key, ctx.to_dict())
             self.passed += 1
         outbox.put((row.key, outcome, ctx))
 
@@ -233,9 +228,8 @@ class _RowsOfOp:
         yield from check_evaluations(self.context.instance, self.assets, passed)
 
     def finish(self) -> None:
-        """End the stream; fail the op when every row that reached it stopped here. Under a one-step-at-a-time
-        executor Dagster then skips every step below a failed one, the teardown op too: what the run deployed
-        ends with the last step that still runs (this one, unless a step independent of the failure is left)."""
+        """End the stream; fail the op when every row that reached it stopped here. A one-step-at-a-time executor
+        then skips every step below (the teardown op too): the last step still to run ends the run's deployments."""
         self.out.end()
         stopped = self.stopped_here
         self.context.log.info(f"step '{self.step.id}': {self.passed} row(s) passed"
@@ -254,19 +248,18 @@ class _RowsOfOp:
 
 
 class _Outbox(queue.SimpleQueue):
-    """What an op's rows hand its generator (which alone may yield Dagster events), across
-    threads: the rows run on the op's event loop thread, the generator in the op's thread."""
+    """What an op's rows (on its event loop's thread) hand its generator (in the op's thread, which alone may
+    yield Dagster events)."""
 
     def take(self) -> list[Any]:
         """At least one item (blocking until there is one), and whatever else is waiting (it has one reader)."""
-        while True:  # a timeout now and then: the main thread's signal handlers run meanwhile
-            try:
-                items = [self.get(timeout=STOP_POLL_SECONDS)]
-            except queue.Empty:
-                continue
-            while not self.empty():
-                items.append(self.get_nowait())
-            return items
+        items: list[Any] = []
+        while not items:  # a timeout now and then: the main thread's signal handlers run meanwhile
+            with contextlib.suppress(queue.Empty):
+                items.append(self.get(timeout=STOP_POLL_SECONDS))
+        while not self.empty():
+            items.append(self.get_nowait())
+        return items
 
 
 STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
@@ -275,9 +268,8 @@ _MAIN_ENDED = object()  # what the loop thread puts in the outbox last
 
 def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
             to_events: Callable[[list[Any]], Iterator[Any]]) -> Iterator[Any]:
-    """Run ``main`` on an event loop in a thread of its own, handing what it puts in its outbox to
-    ``to_events`` in the op's thread (Dagster takes events from there only, and the rows go on while
-    it stores them); returns once ``main`` has ended, raising what it raised. Asked to stop (SIGINT,
+    """Run ``main`` on an event loop in a thread of its own, handing its outbox's items to ``to_events`` in the op's
+    thread (Dagster takes events from there only); raises what ``main`` raised. Asked to stop (SIGINT,
     ``streams.request_stop``), ``main`` is cancelled and unwinds, then the interruption is raised."""
     loop = new_event_loop()
     outbox = _Outbox()
@@ -345,9 +337,8 @@ _STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE
 
 
 def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, failing: bool) -> bool:
-    """Under a one-step-at-a-time executor: whether a step of the run has failed (this one, when
-    ``failing``) and no step is still to run but those Dagster will skip (a failed step's descendants,
-    the teardown op among them); a step independent of the failure still uses the run's deployments."""
+    """Whether a step of the run has failed (this one, when ``failing``) and no step is left to run but a failed
+    step's descendants, which a one-step-at-a-time executor skips (the teardown op among them)."""
     plan = plan_of(context)
     if plan is None:  # (a job not built from a task plan: nothing to wait for is known)
         return failing
@@ -375,8 +366,7 @@ def _sibling(context: dg.OpExecutionContext, name: str) -> str:
 
 
 def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
-    """The task's default token values, from the run's tag (the launchpad can edit it), else
-    its plan's (a run of the implicit asset job has no task tags)."""
+    """The task's default token values: the run's tag (the launchpad can edit it), else its plan's."""
     raw = context.run.tags.get(TAG_SEED)
     if raw is None:
         plan = plan_of(context)
@@ -411,11 +401,9 @@ def refuse_ended_deployments(context, step: TaskStep) -> None:
 
 
 def refuse_changed_task(context) -> None:
-    """A re-execution must run the task its parent ran: refuse when the content changed."""
+    """Refuse a re-execution of a task whose content changed since its parent run."""
     parent_id = context.run.parent_run_id
-    if not parent_id:
-        return
-    parent = context.instance.get_run_by_id(parent_id)
+    parent = context.instance.get_run_by_id(parent_id) if parent_id else None
     before = parent.tags.get(TAG_CONTENT_HASH) if parent else None
     now = context.op.tags.get(TAG_CONTENT_HASH)
     if before and now and before != now:
@@ -457,9 +445,7 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
             row.context = ctx.to_dict()
             if row.stopped is not None:
                 stopped.append(row.key)
-                out.stopped(row.key, row.stopped, row.context)
-            else:
-                out.passed(row.key, row.context)
+            out.append(row.key, row.context, row.stopped)
             outbox.put((row.key, ctx, row.stopped))
 
     def materialized(left: list[tuple[str, TaskStepContext, dict | None]]) -> Iterator[Any]:

@@ -11,6 +11,7 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
+
 import dagster as dg
 from pydantic import Field, ValidationError
 
@@ -66,8 +67,7 @@ class JudgeResource(dg.ConfigurableResource):
 
 
 class AgentEnvResource(dg.ConfigurableResource):
-    """``project_dir`` holds ``.agentenv/config.toml``; ``initial_context_path`` seeds a
-    re-run (``task run --context``) with a saved context."""
+    """``project_dir`` holds ``.agentenv/config.toml``; ``initial_context_path`` seeds a re-run with a saved context."""
 
     project_dir: str
     initial_context_path: str | None = None
@@ -92,8 +92,8 @@ class AgentEnvResource(dg.ConfigurableResource):
         return self.load_config().state_dir / "runs" / run_id
 
     def parse_step(self, step_type: str, fields: dict, node: str, config_path: str) -> TaskStep:
-        """The step of node ``node`` from its fields at ``config_path`` in the run config (the
-        launchpad can edit them); a failure naming the node and the fields when they are not a step."""
+        """The step of node ``node`` from its fields at ``config_path`` in the run config (the launchpad can edit
+        them); a failure naming the node and the fields when they are not a step."""
         cls = step_registry(self.load_config()).get(step_type)
         if cls is None:
             raise dg.Failure(f"Unknown task step type: {step_type}")
@@ -108,8 +108,8 @@ class AgentEnvResource(dg.ConfigurableResource):
                 f"fields, or leave it out to run the task's own")) from None
 
     def initial_context(self, run_id: str, task_id: str, row: str = "", seed: dict | None = None) -> TaskStepContext:
-        """A root op's context: the saved one of ``task run --context``, or a fresh one; a
-        dataset row's carries its values as the seed every step is filled from."""
+        """A root op's context: the saved one of ``task run --context``, or a fresh one; a dataset row's carries its
+        values as the seed every step is filled from."""
         try:
             data = json.loads(Path(self.initial_context_path).read_text()) if self.initial_context_path else {}
         except (FileNotFoundError, ProcessLookupError):  # it may hold secrets: it ends with ``--context``'s process
@@ -124,8 +124,7 @@ class AgentEnvResource(dg.ConfigurableResource):
         return ctx
 
     def live_rows_bound(self, task_bound: int | None) -> int:
-        """How many rows may hold their deployments at once: ``max_sandboxes`` (the CLI's flag, the
-        launchpad), else the task's own, else twice ``rows_in_flight`` so grading never idles an agent lane."""
+        """How many rows may hold their deployments at once: ``max_sandboxes``, else the task's own (field above)."""
         return self.max_sandboxes or task_bound or 2 * self.rows_in_flight
 
     def step_runtime(
@@ -150,20 +149,15 @@ class AgentEnvResource(dg.ConfigurableResource):
 
 
 def agentenv_resources(config: AgentEnvConfig, **settings: Any) -> dict[str, dg.ConfigurableResource]:
-    """The resources, with the project's settings and ``settings`` (fields of :class:`AgentEnvResource`)
-    as their (launchpad-visible) defaults: given at construction, since Dagster runs a resource from
-    the config it was built with (not a ``model_copy``)."""
+    """The resources, with the project's settings and ``settings`` (fields of :class:`AgentEnvResource`) as their
+    launchpad-visible defaults: given at construction, as Dagster runs a resource from the config it was built with."""
     store = artifact_store(config)
+    store_settings = {"backend": "s3", **dataclasses.asdict(s3_location(config))} if config.stores.backend == "s3" \
+        else {"objects_root": str(config.state_dir / "objects")}
     return {
         RESOURCE_KEY: AgentEnvResource(project_dir=str(config.root), **settings),
-        ARTIFACTS_KEY: ArtifactStoreResource(
-            root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs], **_store_settings(config),
-        ),
+        ARTIFACTS_KEY: ArtifactStoreResource(root=str(store.root), bundle_dirs=[str(d) for d in store.bundle_dirs],
+                                             **store_settings),
         JUDGE_KEY: JudgeResource(model=config.model.for_role("judge"), base_url=config.model.base_url),
     }
 
-
-def _store_settings(config: AgentEnvConfig) -> dict[str, str | None]:
-    if config.stores.backend != "s3":
-        return {"objects_root": str(config.state_dir / "objects")}
-    return {"backend": "s3", **dataclasses.asdict(s3_location(config))}

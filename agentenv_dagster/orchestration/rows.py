@@ -32,9 +32,8 @@ VARIANT_TAG = "agentenv/variant"  # an experiment's variant the run's steps are 
 REPLICATE_TAG = "agentenv/replicate"  # which of a task's replicates (trials, repeats) the run is
 CONTENT_HASH_TAG = "agentenv/content_hash"  # a task job's and each node's: the plan its definitions were built from
 
-# The plan of each task graph this process built (``task_job.build_task``), by graph name and content
-# hash: what an op reads a dataset's rows and variants from, in the task's job or any other job that runs
-# its assets (the implicit asset job). Like the definitions, it exists in every process loading the location.
+# The plan of each task graph this process built (``task_job.build_task``), by graph name and content hash: what an
+# op of any job running its assets reads a dataset's rows and variants from; every process loading the location has it.
 _PLANS: dict[tuple[str, str], "TaskPlan"] = {}
 
 
@@ -60,9 +59,8 @@ def task_id_of(context: dg.OpExecutionContext) -> str:
 
 
 def run_keys(context: dg.OpExecutionContext, selected: list[str] | None) -> list[str]:
-    """The rows a root op starts: those its config selects, else the run's partitions; a run
-    of a dataset job that names none takes the dataset's selection (every row, or a draw of
-    ``sample_per_stratum``)."""
+    """The rows a root op starts: those its config selects, else the run's partitions; a run of a dataset job that
+    names none takes the dataset's selection (every row, or a draw of ``sample_per_stratum``)."""
     if selected:
         keys = list(selected)
     elif context.has_partition_key_range:
@@ -83,8 +81,7 @@ def run_keys(context: dg.OpExecutionContext, selected: list[str] | None) -> list
         keys = ([k for k in document.partitions if document.variant_of(k) == variant] if failed_only
                 else document.selected_rows(variant))
         context.log.info(f"no rows named: {len(keys)} rows of the dataset")
-    unknown = [k for k in keys if k not in document.partitions]
-    if unknown:
+    if unknown := [k for k in keys if k not in document.partitions]:
         raise dg.Failure(description=f"task '{plan.task_id}' has no rows {unknown[:5]}")
     if variant is not None and (other := [k for k in keys if document.variant_of(k) != variant]):
         raise dg.Failure(description=f"this run's steps are variant '{variant}'; it cannot run partitions {other[:5]}")
@@ -167,9 +164,8 @@ def latest_metadata(
 def latest_replicates(
     instance: dg.DagsterInstance, key: dg.AssetKey, rows: list[str], replicates: int, labels: Collection[str],
 ) -> dict[tuple[str, int], dict[str, Any]]:
-    """Each (row, replicate)'s latest materialization metadata of ``key`` (the entries named in
-    ``labels``), for a task that runs every row ``replicates`` times: the newest records of all
-    the rows, then on its own each row whose replicates are not all among them (others re-ran since)."""
+    """Each (row, replicate)'s latest materialization metadata of ``key`` (the entries named in ``labels``): the
+    newest records of all the rows, then on its own each row whose replicates are not all among them."""
     if replicates == 1:
         return {(row, 0): metadata for row, metadata in latest_metadata(instance, key, rows, labels).items()}
     ran = set(instance.event_log_storage.get_latest_storage_id_by_partition(

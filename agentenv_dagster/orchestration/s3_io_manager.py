@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from ..runtime.s3 import S3Location
 from .io_manager import FAILED_ATTEMPT, ContextIOManagerBase
@@ -22,14 +22,11 @@ class S3ContextIOManager(ContextIOManagerBase):
     prefix: str = ""
     endpoint_url: str | None = None
     region: str | None = None
+    reads_remotely: ClassVar[bool] = True
 
     @property
     def location(self) -> S3Location:
         return S3Location(self.bucket, self.prefix, self.endpoint_url, self.region)
-
-    @property
-    def reads_remotely(self) -> bool:
-        return True
 
     def _folder(self, run_id: str, name: str | None = None) -> str:
         return self.location.key("runs", run_id, "context", *([name] if name else [])) + "/"

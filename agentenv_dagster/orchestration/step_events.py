@@ -14,9 +14,7 @@ from ..reports.evaluation import row_outcome
 from ..reports.render import row_page_url
 from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION, TaskStep
 from ..steps.scoring import verification_passed
-from .dagster_internals import (
-    CODE_VERSION_TAG, AssetCheckEvaluationTargetMaterializationData, evaluation_target, report_planned,
-)
+from .dagster_internals import CODE_VERSION_TAG, evaluation_target, report_planned
 from .provenance import (
     Provenance, artifact_tags, collection_version, loaded_version, produced_entry, results_version,
     verification_version,
@@ -112,8 +110,7 @@ def result_materialization(key: dg.AssetKey, row: str | None, ctx: TaskStepConte
     }
     if failure:
         metadata.update(stopped_at=str(failure.get("step_id")), error=str(failure.get("error", ""))[:500])
-    scores = {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}
-    if scores:
+    if scores := {name: entry.get("score") for name, entry in (ctx.metadata.get("verifications") or {}).items()}:
         metadata["scores"] = dg.MetadataValue.json(scores)
     return dg.AssetMaterialization(asset_key=key, partition=row, metadata=metadata,
                                    tags=provenance.tags(ctx, results_version(ctx, failure)))
@@ -210,7 +207,17 @@ def check_evaluations(
             newest = recent.get(row or None, ([], True))
             record = newest[0][0] if newest[0] else None
             target = evaluation_target(record) if record else None
-            yield from _check_evaluations(key, entry, assets["checks"], row or None, target)
+            # one evaluation per declared check; unknown (not graded) fails with severity WARN
+            outcomes = entry.get("checks") or {"passed": verification_passed(entry)}
+            metadata = {"score": entry["score"]} if entry.get("score") is not None \
+                else {"reason": entry.get("reason", "not graded")}
+            for check in assets["checks"]:
+                passed = outcomes.get(check)
+                yield dg.AssetCheckEvaluation(
+                    asset_key=key, check_name=check, passed=bool(passed), metadata=metadata, partition=row or None,
+                    target_materialization_data=target,
+                    severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
+                )
             if regression is not None:
                 tags = (record.asset_materialization.tags or {}) if record else {}
                 yield score_evaluation(instance, key, row or None, entry.get("score"), regression,
@@ -231,19 +238,3 @@ def _recent_materializations(
         for record in page.records:  # newest first
             recent.setdefault(record.partition_key, ([], not page.has_more))[0].append(record)
     return recent
-
-
-def _check_evaluations(
-    key: dg.AssetKey, entry: dict[str, Any], checks: list[str], partition: str | None,
-    target: AssetCheckEvaluationTargetMaterializationData | None,
-) -> Iterator[dg.AssetCheckEvaluation]:
-    """One evaluation per declared check; unknown (not graded) fails with severity WARN."""
-    outcomes = entry.get("checks") or {"passed": verification_passed(entry)}
-    metadata = {"score": entry["score"]} if entry.get("score") is not None else {"reason": entry.get("reason", "not graded")}
-    for name in checks:
-        passed = outcomes.get(name)
-        yield dg.AssetCheckEvaluation(
-            asset_key=key, check_name=name, passed=bool(passed), metadata=metadata, partition=partition,
-            target_materialization_data=target,
-            severity=dg.AssetCheckSeverity.WARN if passed is None else dg.AssetCheckSeverity.ERROR,
-        )

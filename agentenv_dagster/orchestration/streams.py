@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Iterator
 
 from ..context import TaskStepContext
 
@@ -43,35 +43,32 @@ class Row:
     stopped: dict[str, Any] | None = None
 
 
-class _Wakeups:
-    """The readers waiting in this process, woken when a stream they read grows."""
+_WAITING_LOCK = threading.Lock()
+_WAITING: dict[StreamRef, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}  # the readers in this process
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._waiting: dict[StreamRef, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
 
-    def wait(self, stream: StreamRef) -> asyncio.Event:
-        event = asyncio.Event()
-        with self._lock:
-            self._waiting.setdefault(stream, set()).add((asyncio.get_running_loop(), event))
-        return event
-
-    def forget(self, stream: StreamRef, event: asyncio.Event) -> None:
-        with self._lock:
-            waiting = self._waiting.get(stream, set())
-            waiting.difference_update({w for w in waiting if w[1] is event})
+@contextlib.contextmanager
+def _woken(stream: StreamRef) -> Iterator[asyncio.Event]:
+    """An event set when ``stream`` grows in this process, while the ``with`` lasts."""
+    waiter = (asyncio.get_running_loop(), asyncio.Event())
+    with _WAITING_LOCK:
+        _WAITING.setdefault(stream, set()).add(waiter)
+    try:
+        yield waiter[1]
+    finally:
+        with _WAITING_LOCK:
+            waiting = _WAITING.get(stream, set())
+            waiting.discard(waiter)
             if not waiting:
-                self._waiting.pop(stream, None)
-
-    def wake(self, stream: StreamRef) -> None:
-        with self._lock:
-            waiting = list(self._waiting.get(stream, ()))
-        for loop, event in waiting:
-            with contextlib.suppress(RuntimeError):  # its loop has closed: its reader is gone
-                loop.call_soon_threadsafe(event.set)
+                _WAITING.pop(stream, None)
 
 
-WAKEUPS = _Wakeups()
+def _wake(stream: StreamRef) -> None:
+    with _WAITING_LOCK:
+        waiting = list(_WAITING.get(stream, ()))
+    for loop, event in waiting:
+        with contextlib.suppress(RuntimeError):  # its loop has closed: its reader is gone
+            loop.call_soon_threadsafe(event.set)
 
 
 class StreamWriter:
@@ -81,26 +78,23 @@ class StreamWriter:
         self.io, self.ref = io, StreamRef(run_id, name)
         io.start_stream(run_id, name)  # (an op retried in the same run starts its stream again)
 
-    def passed(self, key: str, context: TaskStepContext | dict[str, Any]) -> None:
-        self._append([{"row": key, "context": _as_dict(context)}])
-
-    def stopped(self, key: str, failure: dict[str, Any], context: TaskStepContext | dict[str, Any]) -> None:
-        self._append([{"row": key, "stopped": failure, "context": _as_dict(context)}])
+    def append(self, key: str, context: dict[str, Any], stopped: dict[str, Any] | None = None) -> None:
+        """A row's record: its context, and why it stopped (a fatal failure, here or upstream) if it did."""
+        self._write({"row": key, **({"stopped": stopped} if stopped is not None else {}), "context": context})
 
     def end(self) -> None:
-        self._append([{"end": True}])
+        self._write({"end": True})
 
-    def _append(self, records: list[dict[str, Any]]) -> None:
-        self.io.append_records(self.ref.run_id, self.ref.name, records)
-        WAKEUPS.wake(self.ref)
+    def _write(self, record: dict[str, Any]) -> None:
+        self.io.append_records(self.ref.run_id, self.ref.name, [record])
+        _wake(self.ref)
 
 
 async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dict[str, Any]]:
     """The stream's row records as they are appended, until its end."""
     position: Any = None
     while True:
-        woken = WAKEUPS.wait(ref)  # before reading: an append after the read wakes it
-        try:
+        with _woken(ref) as woken:  # before reading: an append after the read wakes it
             found, position, ended = await asyncio.to_thread(io.read_records, ref.run_id, ref.name, position) \
                 if io.reads_remotely else io.read_records(ref.run_id, ref.name, position)
             for record in found:
@@ -110,8 +104,6 @@ async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dic
             if not found:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(woken.wait(), POLL_SECONDS)
-        finally:
-            WAKEUPS.forget(ref, woken)
 
 
 async def joined(io: ContextIOManagerBase, sources: list[StreamRef], after: list[StreamRef]) -> AsyncIterator[Row]:
@@ -186,10 +178,6 @@ def request_stop(run_id: str) -> None:
 
 def stop_requested(run_id: str) -> bool:
     return run_id in _STOPS
-
-
-def _as_dict(context: TaskStepContext | dict[str, Any]) -> dict[str, Any]:
-    return context.to_dict() if isinstance(context, TaskStepContext) else context
 
 
 def final_rows(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
