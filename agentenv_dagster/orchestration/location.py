@@ -9,8 +9,9 @@ the code server and the daemon need) builds the whole folder once.
 from __future__ import annotations
 
 import threading
+from operator import attrgetter, methodcaller
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Callable
 
 import dagster as dg
 
@@ -41,6 +42,11 @@ def build_repository(
         return data
 
     return _tasks
+
+
+def _whole_location(read: Callable[[dg.RepositoryDefinition], Any]) -> Callable[[TaskRepositoryData], Any]:
+    """A ``RepositoryData`` method answered by ``read`` of the whole location."""
+    return lambda data: read(data.full)
 
 
 class TaskRepositoryData(dg.RepositoryData):
@@ -108,32 +114,15 @@ class TaskRepositoryData(dg.RepositoryData):
             return None
 
     # -- everything else: the whole location (RepositoryData derives names and lookups from these)
-    def get_all_jobs(self) -> Sequence[dg.JobDefinition]:
-        return self.full.get_all_jobs()
-
-    def get_top_level_resources(self) -> Mapping[str, dg.ResourceDefinition]:
-        return self.full.get_top_level_resources()
-
-    def get_env_vars_by_top_level_resource(self):
-        return self.full.get_env_vars_by_top_level_resource()
-
-    def get_all_schedules(self) -> Sequence[dg.ScheduleDefinition]:
-        return self.full.schedule_defs
-
-    def get_all_sensors(self) -> Sequence[dg.SensorDefinition]:
-        return self.full.sensor_defs
-
-    def get_source_assets_by_key(self):
-        return self.full.source_assets_by_key
-
-    def get_assets_defs_by_key(self):
-        return self.full.assets_defs_by_key
-
-    def get_asset_checks_defs_by_key(self):
-        return self.full.asset_checks_defs_by_key
-
-    def get_component_tree(self):
-        return self.full.get_component_tree()
+    get_all_jobs = _whole_location(methodcaller("get_all_jobs"))
+    get_top_level_resources = _whole_location(methodcaller("get_top_level_resources"))
+    get_env_vars_by_top_level_resource = _whole_location(methodcaller("get_env_vars_by_top_level_resource"))
+    get_all_schedules = _whole_location(attrgetter("schedule_defs"))
+    get_all_sensors = _whole_location(attrgetter("sensor_defs"))
+    get_source_assets_by_key = _whole_location(attrgetter("source_assets_by_key"))
+    get_assets_defs_by_key = _whole_location(attrgetter("assets_defs_by_key"))
+    get_asset_checks_defs_by_key = _whole_location(attrgetter("asset_checks_defs_by_key"))
+    get_component_tree = _whole_location(methodcaller("get_component_tree"))
 
 
 def declared_task_id(path: Path) -> str | None:
