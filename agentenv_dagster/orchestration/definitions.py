@@ -40,9 +40,8 @@ def build_job(
     plan: TaskPlan, translator: TaskTranslator | None = None, executor_def: dg.ExecutorDefinition | None = None,
     config: AgentEnvConfig | None = None, resources: dict | None = None,
 ) -> dg.JobDefinition:
-    """The task's job on its own, bound to ``resources`` (default: the location's, from
-    ``config``): its op graph backing its assets (``task_job.build_task``), the stored
-    artifacts it loads as their upstream."""
+    """The task's job on its own, bound to ``resources`` (default: the location's, from ``config``): its op graph
+    backing its assets (``task_job.build_task``), the stored artifacts it loads as their upstream."""
     translator = translator or TaskTranslator()
     config = config or load_config()
     resources = resources if resources is not None else location_resources(config)

@@ -126,9 +126,8 @@ class TaskRepositoryData(dg.RepositoryData):
 
 
 def declared_task_id(path: Path) -> str | None:
-    """The id a task file declares (``id`` of the stored JSON form, a Coder Eval
-    ``task_id``), read without validating the rest; None when it declares none (its stem
-    names the task) or cannot be read (the compiler will say why)."""
+    """The id a task file declares (``id`` of the stored JSON form, a Coder Eval ``task_id``), read without validating
+    the rest; None when it declares none (its stem names the task) or cannot be read (the compiler will say why)."""
     coder_eval = path.suffix in (".yaml", ".yml")
     try:
         data = load_yaml(path) if coder_eval else load_json(path)

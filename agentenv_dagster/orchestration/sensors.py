@@ -42,10 +42,9 @@ def end_run_deployments(
     instance: dg.DagsterInstance, run: dg.DagsterRun, resource: AgentEnvResource,
     logger: logging.Logger | None = None,
 ) -> list[str] | None:
-    """Close the run's ledger (later deployments of the run are refused) and end what it
-    still has running; the instances ended, or None for a run that never ran in this
-    project (no run folder under its state dir). Reported in the run's event log and as its
-    ``agentenv/torn_down`` tag."""
+    """Close the run's ledger (later deployments of the run are refused) and end what it still has running; the
+    instances ended, or None for a run that never ran in this project (no run folder under its state dir). Reported in
+    the run's event log and as its ``agentenv/torn_down`` tag."""
     resource = resource_of_run(resource, run)
     if not resource.run_dir(run.run_id).is_dir():  # it did not run here (another project's run)
         return None
@@ -114,9 +113,8 @@ def reaper_sensor() -> dg.SensorDefinition:
 # -- retry_config spans ---------------------------------------------------------------------
 
 def retry_sensor() -> dg.RunFailureSensorDefinition:
-    """Watches this location's jobs only: a retry re-executes the failed run's own job, and
-    only a run launched from a code location can be queued again (``agentenv-dagster run``
-    retries in its own process)."""
+    """Watches this location's jobs only: a retry re-executes the failed run's own job, and only a run launched from a
+    code location can be queued again (``agentenv-dagster run`` retries in its own process)."""
 
     @dg.run_failure_sensor(
         name=RETRY_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=15,
@@ -194,10 +192,9 @@ def task_file_sensor(
 
 
 def job_shape(plan: TaskPlan, translator: TaskTranslator) -> tuple:
-    """What a run cannot change through run config: the nodes of the task's graph (op, tags —
-    assets and pool —, retry policy), their edges, and the rows. (The code version and the
-    content hash, which follow the content, are left out: a task whose steps only changed
-    their fields runs.)"""
+    """What a run cannot change through run config: the nodes of the task's graph (op, tags — assets and pool —, retry
+    policy), their edges, and the rows. (The code version and the content hash, which follow the content, are left
+    out: a task whose steps only changed their fields runs.)"""
     from .task_job import task_graph  # task_job imports this module (through definitions)
 
     graph, _, _ = task_graph(plan, translator, code_versions={})
