@@ -30,13 +30,12 @@ from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_TASK_ID, TAG_TAS
 FAILED_RUNS_SENSOR = "agentenv_teardown_failed_runs"
 CANCELED_RUNS_SENSOR = "agentenv_teardown_canceled_runs"
 RETRY_SENSOR = "agentenv_retry_failed_runs"
+REAPER_SENSOR = "agentenv_reap_dead_runs"
 TASK_FILES_SENSOR = "agentenv_task_files"
 TAG_TORN_DOWN = "agentenv/torn_down"
 
 log = logging.getLogger("agentenv_dagster")
 
-
-# -- nothing leaks -------------------------------------------------------------------------
 
 def end_run_deployments(
     instance: dg.DagsterInstance, run: dg.DagsterRun, resource: AgentEnvResource,
@@ -93,9 +92,6 @@ def teardown_sensors() -> list[dg.SensorDefinition]:
     ]
 
 
-REAPER_SENSOR = "agentenv_reap_dead_runs"
-
-
 def reaper_sensor() -> dg.SensorDefinition:
     """``reaper.reap_dead_runs`` every two minutes: runs whose process died (``kill -9``, a lost run worker)."""
 
@@ -109,8 +105,6 @@ def reaper_sensor() -> dg.SensorDefinition:
 
     return _sensor
 
-
-# -- retry_config spans ---------------------------------------------------------------------
 
 def retry_sensor() -> dg.RunFailureSensorDefinition:
     """Watches this location's jobs only: a retry re-executes the failed run's own job, and only a run launched from a
@@ -129,8 +123,6 @@ def retry_sensor() -> dg.RunFailureSensorDefinition:
 
     return _sensor
 
-
-# -- new or changed task files -------------------------------------------------------------
 
 def task_file_sensor(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
@@ -214,7 +206,6 @@ def task_sensors(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
     translator: TaskTranslator,
 ) -> list[dg.SensorDefinition]:
-    """The code location's sensors: the teardown pair, span retries, the task-file sensor and
-    the stale-scores sensor."""
+    """The code location's sensors: the teardown pair, the reaper, span retries, the task files and stale scores."""
     return [*teardown_sensors(), retry_sensor(), task_file_sensor(tasks_dir, config, plans, jobs, translator),
             stale_scores_sensor(plans, jobs, translator)]
