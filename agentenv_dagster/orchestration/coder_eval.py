@@ -123,7 +123,12 @@ def run_coder_eval_tasks(
     reports = write_reports(out, summary, results, task_jsons_written=True)
     if experiment is not None:
         definition = load_coder_eval_experiment(experiment).experiment
-        _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
+        report = experiment_result(definition.experiment_id, definition.description,
+                                   [v.variant_id for v in definition.variants], results)
+        (out / "experiment.json").write_text(json.dumps(report, indent=2, default=str))
+        for variant_id, aggregate in report["variant_aggregates"].items():
+            (out / variant_id).mkdir(parents=True, exist_ok=True)
+            (out / variant_id / "variant.json").write_text(json.dumps(aggregate, indent=2))
     notes = [note for t in prepared for v in t.variants for note in v.notes]
     return CoderEvalRun(summary, results, reports, suites, notes, run_ids)
 
@@ -304,14 +309,6 @@ def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg
                 noted(active, done.run_id, asset.key.to_user_string() + (f" [{variant_id}]" if variant_id else ""))
                 run_ids.append(done.run_id)
     return run_ids
-
-
-def _write_experiment(out: Path, experiment, variant_ids: list[str], results: list[EvaluationResult]) -> None:
-    report = experiment_result(experiment.experiment_id, experiment.description, variant_ids, results)
-    (out / "experiment.json").write_text(json.dumps(report, indent=2, default=str))
-    for variant_id, aggregate in report["variant_aggregates"].items():
-        (out / variant_id).mkdir(parents=True, exist_ok=True)
-        (out / variant_id / "variant.json").write_text(json.dumps(aggregate, indent=2))
 
 
 def _selected_rows(task, path: Path, split: str | None, sample: int | None, sample_seed: int) -> list[str] | None:

@@ -129,8 +129,7 @@ def with_overrides(
 
 
 def location_resources(config: AgentEnvConfig) -> dict:
-    """The resources of the code location (and of a job built on its own, see ``location``); the IO
-    manager writes to the state folder, or S3."""
+    """The resources of the code location and of a job built alone; the IO manager writes to the state folder or S3."""
     return {**agentenv_resources(config), IO_MANAGER_KEY: context_io_manager(config)}
 
 
