@@ -1,9 +1,8 @@
 """build_definitions: a folder of task documents -> a Dagster code location.
 
-Staged like kedro-dagster: compile the files, then plans -> each task's assets and job
-(``task_job``), its checks and suite, config -> resources. A file that does not compile
-becomes a placeholder job that explains the problem (lenient, the default) or stops the
-load (``strict=True`` or ``AGENTENV_STRICT=1``, for CI).
+Staged like kedro-dagster: compile the files, then plans -> each task's assets and job (``task_job``), its checks and
+suite, config -> resources. A file that does not compile becomes a placeholder job that explains the problem (lenient,
+the default) or stops the load (``strict=True`` or ``AGENTENV_STRICT=1``, for CI).
 """
 
 from __future__ import annotations

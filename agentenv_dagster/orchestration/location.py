@@ -1,9 +1,8 @@
 """The lazy code location: a run builds the one job it runs; the rest waits to be asked for.
 
-:func:`build_repository` returns ``build_definitions``' definitions behind Dagster's lazy
-``RepositoryData``: a process asking for one job by name (a run worker, a step process, the
-CLI's ``run``) builds that task alone, the same job with the same snapshot; anything else (what
-the code server and the daemon need) builds the whole folder once.
+:func:`build_repository` returns ``build_definitions``' definitions behind Dagster's lazy ``RepositoryData``: a process
+asking for one job by name (a run worker, a step process, the CLI's ``run``) builds that task alone, the same job with
+the same snapshot; anything else (what the code server and the daemon need) builds the whole folder once.
 """
 
 from __future__ import annotations
@@ -85,10 +84,9 @@ class TaskRepositoryData(dg.RepositoryData):
         return self._one_job(job_name) is not None or self.full.has_job(job_name)
 
     def _one_job(self, name: str) -> dg.JobDefinition | None:
-        """The job ``name`` built from the first source that compiles to it, as ``build_definitions``
-        builds it; None when the whole location decides: it is built already, a custom naming or
-        ``[experiments]`` need every plan, strict mode judges every file, or no task file compiles to
-        ``name`` (a broken file's placeholder, Dagster's own jobs)."""
+        """The job ``name`` built from the first source that compiles to it, as ``build_definitions`` builds it; None
+        when the whole location decides: it is built already, a custom naming or ``[experiments]`` need every plan,
+        strict mode judges every file, or no file compiles to ``name`` (a broken file's placeholder, Dagster's jobs)."""
         from .definitions import build_job, strict_from_env  # definitions imports this module
 
         with self._lock:

@@ -27,11 +27,10 @@ def task_run_requests(
     plan: TaskPlan, translator: TaskTranslator, *, run_key: str | None = None,
     variants: list[str | None] | None = None, rows: list[str] | None = None,
 ) -> list[dg.RunRequest]:
-    """The runs of the task as ``plan`` has it: one per replicate (a simulation's trials), and
-    under an experiment per variant and replicate (a run is one variant; ``variants``: only
-    those). Each has its steps as op config, its id, version and content hash as tags, and a
-    dataset task's ``rows`` (default: its selected rows, every row or a new stratified draw) all
-    in it, tagged with their range. Each run key names them: a schedule's tick of several runs needs keys."""
+    """The runs of the task as ``plan`` has it: one per replicate (a simulation's trials), and under an experiment per
+    variant and replicate (a run is one variant; ``variants``: only those). Each has its steps as op config, its id,
+    version and content hash as tags, and a dataset task's ``rows`` (default: its selected rows, every row or a new
+    stratified draw), tagged with their range. Each run key names them: a schedule's tick of several runs needs keys."""
     from .task_job import run_config  # task_job imports this module (through definitions)
 
     requests = []

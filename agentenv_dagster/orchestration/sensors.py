@@ -1,10 +1,9 @@
 """Sensors: nothing leaks when a run fails or is cancelled, and a changed task file runs.
 
-Running by default: the teardown pair (what a failed or cancelled run's ledger still has running
-is ended and reported in its event log), the reaper (runs whose process died) and
-``agentenv_retry_failed_runs`` (a ``retry_config`` span re-executed in a child run). Stopped by
-default: ``agentenv_task_files`` (a run per new or changed task document or stored version; the
-cursor remembers what was launched) and ``agentenv_stale_scores`` (``staleness.py``).
+Running by default: the teardown pair (what a failed or cancelled run's ledger still has running is ended and reported
+in its event log), the reaper (runs whose process died) and ``agentenv_retry_failed_runs`` (a ``retry_config`` span
+re-executed in a child run). Stopped by default: ``agentenv_task_files`` (a run per new or changed task document or
+stored version; the cursor remembers what was launched) and ``agentenv_stale_scores`` (``staleness.py``).
 """
 
 from __future__ import annotations
@@ -128,10 +127,9 @@ def task_file_sensor(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
     translator: TaskTranslator,
 ) -> dg.SensorDefinition:
-    """Each tick compiles the task folder and the task store afresh and launches every task whose
-    run key (task id, version, content hash) is not in the cursor. A changed task runs its current
-    content (the step fields are op config) when its job here still fits it — same steps, types,
-    edges, assets and rows; otherwise (a new task, a changed shape) it waits for a reload."""
+    """Each tick compiles the task folder and the task store afresh and launches every task whose run key (task id,
+    version, content hash) is not in the cursor. A changed task runs its current content (the step fields are op
+    config) when its job here still fits it (same steps, types, edges, assets, rows); else it waits for a reload."""
     loaded = {translator.get_job_name(p): p for p in plans}
     store = (config.state_dir / "tasks").resolve()
 

@@ -177,9 +177,8 @@ def run_config(plan: TaskPlan, translator: TaskTranslator, rows: list[str] | Non
 
 
 def _fan_in(upstream: list[str], after: list[str] = ()) -> dict:
-    """A node's ``depends_on`` edges: ``upstream`` hands it the rows whose contexts it merges,
-    ``after`` only orders it (a dependency another one descends from: merging its context
-    again would cost a dataset run a merge per row for nothing)."""
+    """A node's ``depends_on`` edges: ``upstream`` hands it the rows whose contexts it merges, ``after`` only orders it
+    (a dependency another one descends from: merging its context again would cost a dataset run a merge per row)."""
     return {
         name: dg.MultiDependencyDefinition([dg.DependencyDefinition(node, "result") for node in nodes])
         for name, nodes in (("upstream", upstream), (AFTER, after)) if nodes

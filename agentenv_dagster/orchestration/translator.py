@@ -367,9 +367,8 @@ def _model_version(config: AgentEnvConfig, model: str) -> dict[str, Any]:
 
 
 def _acyclic(upstream: dict[str, set[str]]) -> dict[str, list[str]]:
-    """The artifact lineage without cycles, which Dagster refuses: a snapshot written back to
-    the universe it loaded adds a version, not an edge; an edge closing a longer loop (task A
-    turns X into Y, task B Y into X) is left out, with a warning."""
+    """The artifact lineage without cycles, which Dagster refuses: a snapshot written back to the universe it loaded
+    adds a version, not an edge; an edge closing a longer loop (A turns X into Y, B Y into X) is left out, warned."""
     kept: dict[str, list[str]] = {a: [] for a in sorted(upstream)}
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
