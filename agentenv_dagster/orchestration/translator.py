@@ -301,15 +301,12 @@ class TaskTranslator:
                     if kind == ARTIFACT:
                         upstream.setdefault(artifact_id, set()).update(lineage)
                         writers.setdefault(artifact_id, []).append(f"`{plan.task_id}`/`{step.id}`")
-        specs = []
-        for artifact_id, deps in _acyclic(upstream).items():
-            written = f" Written by {', '.join(writers[artifact_id])}." if artifact_id in writers else ""
-            specs.append(dg.AssetSpec(
-                key=self.get_loaded_artifact_asset_key(artifact_id), group_name="artifacts",
-                deps=[self.get_loaded_artifact_asset_key(d) for d in deps],
-                description=f"Stored artifact `{artifact_id}` (versioned in the artifact store).{written}",
-            ))
-        return specs
+        return [dg.AssetSpec(
+            key=self.get_loaded_artifact_asset_key(artifact_id), group_name="artifacts",
+            deps=[self.get_loaded_artifact_asset_key(d) for d in deps],
+            description=f"Stored artifact `{artifact_id}` (versioned in the artifact store)."
+                        + (f" Written by {', '.join(writers[artifact_id])}." if artifact_id in writers else ""),
+        ) for artifact_id, deps in _acyclic(upstream).items()]
 
     def get_check_specs(self, plan: TaskPlan) -> list[dg.AssetCheckSpec]:
         """The checks each verifier declares (``passed``; Coder Eval adds one per gating criterion),
