@@ -101,7 +101,8 @@ def run_coder_eval_tasks(
         (on_warning or log.warning)(warning)
     _refuse_shared_ids(tasks)
     started = _now()
-    out = output_dir or config.root / "out" / (job_name(tasks[0].task.task_id) if len(tasks) == 1 else _run_id(started))
+    run_id = started.strftime("%Y-%m-%d_%H-%M-%S")
+    out = output_dir or config.root / "out" / (job_name(tasks[0].task.task_id) if len(tasks) == 1 else run_id)
     skipped = [{"path": str(t.source), "reason": "skip: true"} for t in tasks if t.task.skip and not include_skipped]
     registry = step_registry(config)
     prepared = [  # every task resolved (variants, -D, rows) before any runs: a problem stops them all
@@ -118,11 +119,16 @@ def run_coder_eval_tasks(
                                   max_sandboxes=max_sandboxes, run_ids=run_ids)
         suites += _task_suites(task_run, config, out, instance, task_results, run_ids)
         results += task_results
-    summary = RunSummary.from_results(_run_id(started), started, _now(), results, skipped=skipped)
+    summary = RunSummary.from_results(run_id, started, _now(), results, skipped=skipped)
     reports = write_reports(out, summary, results, task_jsons_written=True)
     if experiment is not None:
         definition = load_coder_eval_experiment(experiment).experiment
-        _write_experiment(out, definition, [v.variant_id for v in definition.variants], results)
+        report = experiment_result(definition.experiment_id, definition.description,
+                                   [v.variant_id for v in definition.variants], results)
+        (out / "experiment.json").write_text(json.dumps(report, indent=2, default=str))
+        for variant_id, aggregate in report["variant_aggregates"].items():
+            (out / variant_id).mkdir(parents=True, exist_ok=True)
+            (out / variant_id / "variant.json").write_text(json.dumps(aggregate, indent=2))
     notes = [note for t in prepared for v in t.variants for note in v.notes]
     return CoderEvalRun(summary, results, reports, suites, notes, run_ids)
 
@@ -170,7 +176,10 @@ def _prepare(
     sample_seed: int, experiment: Path | None, failed_only: bool, stale_only: bool,
 ) -> _TaskRun:
     """Everything a task's runs need, resolved without running anything."""
-    groups = _experiment_plans(loaded, experiment, registry, overrides, grade_only_from)
+    documents = [] if experiment is None else experiment_documents(loaded, experiment, registry, overrides=overrides,
+                                                                   grade_only_from=grade_only_from)
+    # each variant's job under the experiment, as the code location groups them
+    groups = {variant: plan for plan in map(checked_plan, documents) for variant in plan.document.variant_steps}
     variants = []
     for variant_id, resolved, repeats in experiment_variants(loaded.task, experiment, overrides):
         plan = groups.get(variant_id) or checked_plan(coder_eval_document(replace(loaded, task=resolved), registry,
@@ -229,7 +238,10 @@ def _task_suites(task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance
         if variant.kept:  # the rows not run again count as they last ran (the suite asset's view)
             with opened_instance(config, instance) as active:
                 kept = latest_row_results(variant.plan, active, variant.kept, task.task_id, variant.variant_id)
-            rows = _in_dataset_order(task.task_id, variant.plan, kept + rows)
+            # in the order of the dataset's partitions (replicates of a row together)
+            position = {f"{task.task_id}/{variant.plan.document.row_of(k)}": i
+                        for i, k in enumerate(variant.plan.document.partitions)}
+            rows = sorted(kept + rows, key=lambda r: position.get(r.task_id, len(position)))
         suite = suite_rollup(task.task_id, rows, thresholds, variant_id)
         write_suite(out / variant_id / task.task_id, suite)
         suites.append(suite)
@@ -259,8 +271,9 @@ def _rows_runs(
                                 rows_in_flight=rows_in_flight, max_sandboxes=max_sandboxes, tags=tags,
                                 output_dir=out / "contexts" / job_name(task.task_id) / (label or "task"))
             run_ids.append(done.run_id)
-            results += [_row_result(out, done.contexts[key], task_id=_row_task_id(task.task_id, row_of(key)),
-                                    replicate_index=replicate, **fields)
+            # a dataset row's task id is ``<task_id>/<row_id>``, as upstream names its row-tasks
+            results += [_row_result(out, done.contexts[key], replicate_index=replicate, **fields,
+                                    task_id="/".join(filter(None, (task.task_id, row_of(key)))))
                         for key in keys or [""] if key in done.contexts]
     return results
 
@@ -275,11 +288,6 @@ def _row_result(out: Path, context: TaskStepContext, **fields: Any) -> Evaluatio
                                **fields)
     write_task_json(out, result)
     return result
-
-
-def _row_task_id(task_id: str, row_id: str) -> str:
-    """A dataset row's task id (``<task_id>/<row_id>``, as upstream names its row-tasks)."""
-    return f"{task_id}/{row_id}" if row_id else task_id
 
 
 def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> list[str]:
@@ -303,31 +311,6 @@ def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg
     return run_ids
 
 
-def _in_dataset_order(task_id: str, plan: TaskPlan, results: list[EvaluationResult]) -> list[EvaluationResult]:
-    """Row-task results in the order of the dataset's partitions (replicates of a row together)."""
-    position = {f"{task_id}/{plan.document.row_of(k)}": i for i, k in enumerate(plan.document.partitions)}
-    return sorted(results, key=lambda r: position.get(r.task_id, len(position)))
-
-
-def _write_experiment(out: Path, experiment, variant_ids: list[str], results: list[EvaluationResult]) -> None:
-    report = experiment_result(experiment.experiment_id, experiment.description, variant_ids, results)
-    (out / "experiment.json").write_text(json.dumps(report, indent=2, default=str))
-    for variant_id, aggregate in report["variant_aggregates"].items():
-        (out / variant_id).mkdir(parents=True, exist_ok=True)
-        (out / variant_id / "variant.json").write_text(json.dumps(aggregate, indent=2))
-
-
-def _experiment_plans(
-    loaded, experiment: Path | None, registry, overrides: Sequence[str], grade_only_from,
-) -> dict[str, TaskPlan]:
-    """Each variant's job under the experiment, as the code location groups them; empty without an experiment."""
-    if experiment is None:
-        return {}
-    plans = [checked_plan(d) for d in experiment_documents(loaded, experiment, registry, overrides=overrides,
-                                                           grade_only_from=grade_only_from)]
-    return {variant: plan for plan in plans for variant in plan.document.variant_steps}
-
-
 def _selected_rows(task, path: Path, split: str | None, sample: int | None, sample_seed: int) -> list[str] | None:
     if task.dataset is None:
         return None
@@ -349,6 +332,3 @@ def _span(context) -> tuple[datetime, datetime]:
 def _now() -> datetime:
     return datetime.now(timezone.utc)
 
-
-def _run_id(started: datetime) -> str:
-    return started.strftime("%Y-%m-%d_%H-%M-%S")

@@ -78,9 +78,8 @@ def _translator(context: dg.ResolutionContext, pointer: str | None) -> TaskTrans
 
 
 class TaskFolderScaffolder(dg.Scaffolder):
-    """``dg scaffold defs agentenv_dagster.TaskFolderComponent <path>``: a ``defs.yaml`` reading
-    ``tasks/`` at the project's root (created when missing), every other attribute at its
-    default and listed in a comment."""
+    """``dg scaffold defs agentenv_dagster.TaskFolderComponent <path>``: a ``defs.yaml`` reading ``tasks/`` at the
+    project's root (created when missing), every other attribute at its default and listed in a comment."""
 
     def scaffold(self, request: dg.ScaffoldRequest) -> None:
         if request.scaffold_format != "yaml":

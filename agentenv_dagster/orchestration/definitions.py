@@ -1,9 +1,8 @@
 """build_definitions: a folder of task documents -> a Dagster code location.
 
-Staged like kedro-dagster: compile the files, then plans -> each task's assets and job
-(``task_job``), its checks and suite, config -> resources. A file that does not compile
-becomes a placeholder job that explains the problem (lenient, the default) or stops the
-load (``strict=True`` or ``AGENTENV_STRICT=1``, for CI).
+Staged like kedro-dagster: compile the files, then plans -> each task's assets and job (``task_job``), its checks and
+suite, config -> resources. A file that does not compile becomes a placeholder job that explains the problem (lenient,
+the default) or stops the load (``strict=True`` or ``AGENTENV_STRICT=1``, for CI).
 """
 
 from __future__ import annotations
@@ -40,9 +39,8 @@ def build_job(
     plan: TaskPlan, translator: TaskTranslator | None = None, executor_def: dg.ExecutorDefinition | None = None,
     config: AgentEnvConfig | None = None, resources: dict | None = None,
 ) -> dg.JobDefinition:
-    """The task's job on its own, bound to ``resources`` (default: the location's, from
-    ``config``): its op graph backing its assets (``task_job.build_task``), the stored
-    artifacts it loads as their upstream."""
+    """The task's job on its own, bound to ``resources`` (default: the location's, from ``config``): its op graph
+    backing its assets (``task_job.build_task``), the stored artifacts it loads as their upstream."""
     translator = translator or TaskTranslator()
     config = config or load_config()
     resources = resources if resources is not None else location_resources(config)
@@ -130,8 +128,7 @@ def with_overrides(
 
 
 def location_resources(config: AgentEnvConfig) -> dict:
-    """The resources of the code location (and of a job built on its own, see ``location``); the IO
-    manager writes to the state folder, or S3."""
+    """The resources of the code location and of a job built alone; the IO manager writes to the state folder or S3."""
     return {**agentenv_resources(config), IO_MANAGER_KEY: context_io_manager(config)}
 
 

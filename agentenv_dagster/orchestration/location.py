@@ -1,16 +1,16 @@
 """The lazy code location: a run builds the one job it runs; the rest waits to be asked for.
 
-:func:`build_repository` returns ``build_definitions``' definitions behind Dagster's lazy
-``RepositoryData``: a process asking for one job by name (a run worker, a step process, the
-CLI's ``run``) builds that task alone, the same job with the same snapshot; anything else (what
-the code server and the daemon need) builds the whole folder once.
+:func:`build_repository` returns ``build_definitions``' definitions behind Dagster's lazy ``RepositoryData``: a process
+asking for one job by name (a run worker, a step process, the CLI's ``run``) builds that task alone, the same job with
+the same snapshot; anything else (what the code server and the daemon need) builds the whole folder once.
 """
 
 from __future__ import annotations
 
 import threading
+from operator import attrgetter, methodcaller
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Callable
 
 import dagster as dg
 
@@ -41,6 +41,11 @@ def build_repository(
         return data
 
     return _tasks
+
+
+def _whole_location(read: Callable[[dg.RepositoryDefinition], Any]) -> Callable[[TaskRepositoryData], Any]:
+    """A ``RepositoryData`` method answered by ``read`` of the whole location."""
+    return lambda data: read(data.full)
 
 
 class TaskRepositoryData(dg.RepositoryData):
@@ -79,10 +84,9 @@ class TaskRepositoryData(dg.RepositoryData):
         return self._one_job(job_name) is not None or self.full.has_job(job_name)
 
     def _one_job(self, name: str) -> dg.JobDefinition | None:
-        """The job ``name`` built from the first source that compiles to it, as ``build_definitions``
-        builds it; None when the whole location decides: it is built already, a custom naming or
-        ``[experiments]`` need every plan, strict mode judges every file, or no task file compiles to
-        ``name`` (a broken file's placeholder, Dagster's own jobs)."""
+        """The job ``name`` built from the first source that compiles to it, as ``build_definitions`` builds it; None
+        when the whole location decides: it is built already, a custom naming or ``[experiments]`` need every plan,
+        strict mode judges every file, or no file compiles to ``name`` (a broken file's placeholder, Dagster's jobs)."""
         from .definitions import build_job, strict_from_env  # definitions imports this module
 
         with self._lock:
@@ -108,38 +112,20 @@ class TaskRepositoryData(dg.RepositoryData):
             return None
 
     # -- everything else: the whole location (RepositoryData derives names and lookups from these)
-    def get_all_jobs(self) -> Sequence[dg.JobDefinition]:
-        return self.full.get_all_jobs()
-
-    def get_top_level_resources(self) -> Mapping[str, dg.ResourceDefinition]:
-        return self.full.get_top_level_resources()
-
-    def get_env_vars_by_top_level_resource(self):
-        return self.full.get_env_vars_by_top_level_resource()
-
-    def get_all_schedules(self) -> Sequence[dg.ScheduleDefinition]:
-        return self.full.schedule_defs
-
-    def get_all_sensors(self) -> Sequence[dg.SensorDefinition]:
-        return self.full.sensor_defs
-
-    def get_source_assets_by_key(self):
-        return self.full.source_assets_by_key
-
-    def get_assets_defs_by_key(self):
-        return self.full.assets_defs_by_key
-
-    def get_asset_checks_defs_by_key(self):
-        return self.full.asset_checks_defs_by_key
-
-    def get_component_tree(self):
-        return self.full.get_component_tree()
+    get_all_jobs = _whole_location(methodcaller("get_all_jobs"))
+    get_top_level_resources = _whole_location(methodcaller("get_top_level_resources"))
+    get_env_vars_by_top_level_resource = _whole_location(methodcaller("get_env_vars_by_top_level_resource"))
+    get_all_schedules = _whole_location(attrgetter("schedule_defs"))
+    get_all_sensors = _whole_location(attrgetter("sensor_defs"))
+    get_source_assets_by_key = _whole_location(attrgetter("source_assets_by_key"))
+    get_assets_defs_by_key = _whole_location(attrgetter("assets_defs_by_key"))
+    get_asset_checks_defs_by_key = _whole_location(attrgetter("asset_checks_defs_by_key"))
+    get_component_tree = _whole_location(methodcaller("get_component_tree"))
 
 
 def declared_task_id(path: Path) -> str | None:
-    """The id a task file declares (``id`` of the stored JSON form, a Coder Eval
-    ``task_id``), read without validating the rest; None when it declares none (its stem
-    names the task) or cannot be read (the compiler will say why)."""
+    """The id a task file declares (``id`` of the stored JSON form, a Coder Eval ``task_id``), read without validating
+    the rest; None when it declares none (its stem names the task) or cannot be read (the compiler will say why)."""
     coder_eval = path.suffix in (".yaml", ".yml")
     try:
         data = load_yaml(path) if coder_eval else load_json(path)

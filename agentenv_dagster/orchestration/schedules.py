@@ -27,36 +27,26 @@ def task_run_requests(
     plan: TaskPlan, translator: TaskTranslator, *, run_key: str | None = None,
     variants: list[str | None] | None = None, rows: list[str] | None = None,
 ) -> list[dg.RunRequest]:
-    """The runs of the task as ``plan`` has it: one per replicate (a simulation's trials), and
-    under an experiment per variant and replicate (a run is one variant; ``variants``: only
-    those). ``rows``: these partitions, not the dataset's selection. Each run key names them:
-    a schedule's tick of several runs needs keys."""
+    """The runs of the task as ``plan`` has it: one per replicate (a simulation's trials), and under an experiment per
+    variant and replicate (a run is one variant; ``variants``: only those). Each has its steps as op config, its id,
+    version and content hash as tags, and a dataset task's ``rows`` (default: its selected rows, every row or a new
+    stratified draw), tagged with their range. Each run key names them: a schedule's tick of several runs needs keys."""
+    from .task_job import run_config  # task_job imports this module (through definitions)
+
     requests = []
     for variant in variants or plan.document.variant_steps or [None]:
         count = plan.document.replicates_of(variant)
-        for replicate in range(count):
+        for replicate in range(count):  # a stratified sample: a new draw each
+            keys = (rows or plan.document.selected_rows(variant)) if plan.document.partitions else None
             key = ":".join(filter(None, (run_key, variant, f"replicate-{replicate}" if count > 1 else None))) or None
-            requests.append(_run_request(plan, translator, variant, replicate if count > 1 else None, key, rows))
+            tags = {**translator.get_job_tags(plan), **({VARIANT_TAG: variant} if variant else {}),
+                    **({REPLICATE_TAG: str(replicate)} if count > 1 else {}),
+                    **(range_tags(plan, keys) if keys is not None and len(keys) != 1 else {})}
+            requests.append(dg.RunRequest(
+                run_key=key, job_name=translator.get_job_name(plan), tags=tags,
+                run_config=run_config(plan, translator, keys),
+                partition_key=keys[0] if keys is not None and len(keys) == 1 else None))
     return requests
-
-
-def _run_request(
-    plan: TaskPlan, translator: TaskTranslator, variant: str | None, replicate: int | None, run_key: str | None,
-    rows: list[str] | None = None,
-) -> dg.RunRequest:
-    """Its steps as op config, its id, version and content hash as tags; a dataset task's
-    ``rows`` (default: its selected rows, every row or a new stratified draw) all in one run,
-    tagged with their range."""
-    from .task_job import run_config  # task_job imports this module (through definitions)
-
-    tags = {**translator.get_job_tags(plan), **({VARIANT_TAG: variant} if variant else {}),
-            **({REPLICATE_TAG: str(replicate)} if replicate is not None else {})}
-    keys = (rows or plan.document.selected_rows(variant)) if plan.document.partitions else None
-    if keys is not None and len(keys) != 1:
-        tags.update(range_tags(plan, keys))
-    return dg.RunRequest(run_key=run_key, job_name=translator.get_job_name(plan), tags=tags,
-                         run_config=run_config(plan, translator, keys),
-                         partition_key=keys[0] if keys is not None and len(keys) == 1 else None)
 
 
 def task_schedules(

@@ -1,10 +1,9 @@
 """Sensors: nothing leaks when a run fails or is cancelled, and a changed task file runs.
 
-Running by default: the teardown pair (what a failed or cancelled run's ledger still has running
-is ended and reported in its event log), the reaper (runs whose process died) and
-``agentenv_retry_failed_runs`` (a ``retry_config`` span re-executed in a child run). Stopped by
-default: ``agentenv_task_files`` (a run per new or changed task document or stored version; the
-cursor remembers what was launched) and ``agentenv_stale_scores`` (``staleness.py``).
+Running by default: the teardown pair (what a failed or cancelled run's ledger still has running is ended and reported
+in its event log), the reaper (runs whose process died) and ``agentenv_retry_failed_runs`` (a ``retry_config`` span
+re-executed in a child run). Stopped by default: ``agentenv_task_files`` (a run per new or changed task document or
+stored version; the cursor remembers what was launched) and ``agentenv_stale_scores`` (``staleness.py``).
 """
 
 from __future__ import annotations
@@ -30,22 +29,20 @@ from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_TASK_ID, TAG_TAS
 FAILED_RUNS_SENSOR = "agentenv_teardown_failed_runs"
 CANCELED_RUNS_SENSOR = "agentenv_teardown_canceled_runs"
 RETRY_SENSOR = "agentenv_retry_failed_runs"
+REAPER_SENSOR = "agentenv_reap_dead_runs"
 TASK_FILES_SENSOR = "agentenv_task_files"
 TAG_TORN_DOWN = "agentenv/torn_down"
 
 log = logging.getLogger("agentenv_dagster")
 
 
-# -- nothing leaks -------------------------------------------------------------------------
-
 def end_run_deployments(
     instance: dg.DagsterInstance, run: dg.DagsterRun, resource: AgentEnvResource,
     logger: logging.Logger | None = None,
 ) -> list[str] | None:
-    """Close the run's ledger (later deployments of the run are refused) and end what it
-    still has running; the instances ended, or None for a run that never ran in this
-    project (no run folder under its state dir). Reported in the run's event log and as its
-    ``agentenv/torn_down`` tag."""
+    """Close the run's ledger (later deployments of the run are refused) and end what it still has running; the
+    instances ended, or None for a run that never ran in this project (no run folder under its state dir). Reported in
+    the run's event log and as its ``agentenv/torn_down`` tag."""
     resource = resource_of_run(resource, run)
     if not resource.run_dir(run.run_id).is_dir():  # it did not run here (another project's run)
         return None
@@ -94,9 +91,6 @@ def teardown_sensors() -> list[dg.SensorDefinition]:
     ]
 
 
-REAPER_SENSOR = "agentenv_reap_dead_runs"
-
-
 def reaper_sensor() -> dg.SensorDefinition:
     """``reaper.reap_dead_runs`` every two minutes: runs whose process died (``kill -9``, a lost run worker)."""
 
@@ -111,12 +105,9 @@ def reaper_sensor() -> dg.SensorDefinition:
     return _sensor
 
 
-# -- retry_config spans ---------------------------------------------------------------------
-
 def retry_sensor() -> dg.RunFailureSensorDefinition:
-    """Watches this location's jobs only: a retry re-executes the failed run's own job, and
-    only a run launched from a code location can be queued again (``agentenv-dagster run``
-    retries in its own process)."""
+    """Watches this location's jobs only: a retry re-executes the failed run's own job, and only a run launched from a
+    code location can be queued again (``agentenv-dagster run`` retries in its own process)."""
 
     @dg.run_failure_sensor(
         name=RETRY_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=15,
@@ -132,16 +123,13 @@ def retry_sensor() -> dg.RunFailureSensorDefinition:
     return _sensor
 
 
-# -- new or changed task files -------------------------------------------------------------
-
 def task_file_sensor(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
     translator: TaskTranslator,
 ) -> dg.SensorDefinition:
-    """Each tick compiles the task folder and the task store afresh and launches every task whose
-    run key (task id, version, content hash) is not in the cursor. A changed task runs its current
-    content (the step fields are op config) when its job here still fits it — same steps, types,
-    edges, assets and rows; otherwise (a new task, a changed shape) it waits for a reload."""
+    """Each tick compiles the task folder and the task store afresh and launches every task whose run key (task id,
+    version, content hash) is not in the cursor. A changed task runs its current content (the step fields are op
+    config) when its job here still fits it (same steps, types, edges, assets, rows); else it waits for a reload."""
     loaded = {translator.get_job_name(p): p for p in plans}
     store = (config.state_dir / "tasks").resolve()
 
@@ -194,10 +182,9 @@ def task_file_sensor(
 
 
 def job_shape(plan: TaskPlan, translator: TaskTranslator) -> tuple:
-    """What a run cannot change through run config: the nodes of the task's graph (op, tags —
-    assets and pool —, retry policy), their edges, and the rows. (The code version and the
-    content hash, which follow the content, are left out: a task whose steps only changed
-    their fields runs.)"""
+    """What a run cannot change through run config: the nodes of the task's graph (op, tags — assets and pool —, retry
+    policy), their edges, and the rows. (The code version and the content hash, which follow the content, are left
+    out: a task whose steps only changed their fields runs.)"""
     from .task_job import task_graph  # task_job imports this module (through definitions)
 
     graph, _, _ = task_graph(plan, translator, code_versions={})
@@ -217,7 +204,6 @@ def task_sensors(
     tasks_dir: Path, config: AgentEnvConfig, plans: list[TaskPlan], jobs: list[dg.JobDefinition],
     translator: TaskTranslator,
 ) -> list[dg.SensorDefinition]:
-    """The code location's sensors: the teardown pair, span retries, the task-file sensor and
-    the stale-scores sensor."""
+    """The code location's sensors: the teardown pair, the reaper, span retries, the task files and stale scores."""
     return [*teardown_sensors(), retry_sensor(), task_file_sensor(tasks_dir, config, plans, jobs, translator),
             stale_scores_sensor(plans, jobs, translator)]

@@ -72,10 +72,9 @@ def asset_code_versions(plan: TaskPlan, translator: TaskTranslator, config: Agen
 def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[str, str],
                regression: RegressionSettings | None = None) -> tuple[
         dg.GraphDefinition, dict[str, tuple[dg.AssetKey, str]], dict[str, dg.AssetKey]]:
-    """The task's op graph, the assets its outputs map to (output name -> key, description)
-    and the stored artifacts its inputs map from (input name -> key). ``code_versions`` (by
-    node) and ``regression`` (the task's gate, or None) become node tags: what the ops stamp
-    on their materializations and check their scores with."""
+    """The task's op graph, the assets its outputs map to (output name -> key, description) and the stored artifacts
+    its inputs map from (input name -> key). ``code_versions`` (by node) and ``regression`` (the task's gate, or None)
+    become node tags: what the ops stamp on their materializations and check their scores with."""
     deps: dict[dg.NodeInvocation, dict] = {}
     node_defs: dict[str, dg.OpDefinition] = {}
     outputs: dict[str, tuple[dg.AssetKey, str]] = {}
@@ -147,10 +146,9 @@ def lineage(plan: TaskPlan, translator: TaskTranslator,
 
 
 def graph_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping:
-    """The task graph's config: ``steps``, each step's fields by node (the launchpad opens with
-    them; a step given there replaces that step), and ``rows``, the rows the root ops start
-    when not the run's partitions. A dataset's row values are not config: each row is filled
-    from the task's own (``rows.row_seed``)."""
+    """The task graph's config: ``steps``, each step's fields by node (the launchpad opens with them; a step given
+    there replaces that step), and ``rows``, the rows the root ops start when not the run's partitions. A dataset's
+    row values are not config: each row is filled from the task's own (``rows.row_seed``)."""
     defaults = {translator.get_node_name(step): step_config(step) for step in plan.steps}
     roots = {translator.get_node_name(step) for step in plan.steps if not plan.edges[step.id]}
     schema = {
@@ -179,9 +177,8 @@ def run_config(plan: TaskPlan, translator: TaskTranslator, rows: list[str] | Non
 
 
 def _fan_in(upstream: list[str], after: list[str] = ()) -> dict:
-    """A node's ``depends_on`` edges: ``upstream`` hands it the rows whose contexts it merges,
-    ``after`` only orders it (a dependency another one descends from: merging its context
-    again would cost a dataset run a merge per row for nothing)."""
+    """A node's ``depends_on`` edges: ``upstream`` hands it the rows whose contexts it merges, ``after`` only orders it
+    (a dependency another one descends from: merging its context again would cost a dataset run a merge per row)."""
     return {
         name: dg.MultiDependencyDefinition([dg.DependencyDefinition(node, "result") for node in nodes])
         for name, nodes in (("upstream", upstream), (AFTER, after)) if nodes

@@ -39,8 +39,7 @@ class TaskTranslator:
     keys, checks and code versions. Subclass it, override the ``get_*`` methods you need (e.g.
     ``return "eval_" + super().get_job_name(plan)``) and pass an instance to ``build_repository``
     or ``build_definitions`` (see [Customizing](customizing.md#the-translator)). A result must stay
-    a valid Dagster name or spec: a task whose definitions Dagster refuses becomes a ``<file>__invalid`` job.
-    """
+    a valid Dagster name or spec: a task whose definitions Dagster refuses becomes a ``<file>__invalid`` job."""
 
     def get_job_name(self, plan: TaskPlan) -> str:
         """The task id made a Dagster name (``reply-to-dana`` → ``reply_to_dana``); two tasks with one
@@ -179,9 +178,8 @@ class TaskTranslator:
 
     def produced_asset_keys(self, task_id: str, step: TaskStep) -> list[tuple[str, str, dg.AssetKey]]:
         """(kind, name, key) of the assets a step materializes, from its declared writes, e.g.
-        ``[("verification", "sent", AssetKey(["verifications", "reply_to_dana", "sent"]))]``. A stored
-        artifact it names (a snapshot's universe) replaces a task-scoped one. Override the
-        ``get_*_asset_key`` methods rather than this."""
+        ``[("verification", "sent", AssetKey(["verifications", "reply_to_dana", "sent"]))]``. A stored artifact it
+        names (a snapshot's universe) replaces a task-scoped one. Override the ``get_*_asset_key`` methods instead."""
         written = list(step.names_written())
         named = any(n.kind == ARTIFACT for n in written)
         keys = []
@@ -303,15 +301,12 @@ class TaskTranslator:
                     if kind == ARTIFACT:
                         upstream.setdefault(artifact_id, set()).update(lineage)
                         writers.setdefault(artifact_id, []).append(f"`{plan.task_id}`/`{step.id}`")
-        specs = []
-        for artifact_id, deps in _acyclic(upstream).items():
-            written = f" Written by {', '.join(writers[artifact_id])}." if artifact_id in writers else ""
-            specs.append(dg.AssetSpec(
-                key=self.get_loaded_artifact_asset_key(artifact_id), group_name="artifacts",
-                deps=[self.get_loaded_artifact_asset_key(d) for d in deps],
-                description=f"Stored artifact `{artifact_id}` (versioned in the artifact store).{written}",
-            ))
-        return specs
+        return [dg.AssetSpec(
+            key=self.get_loaded_artifact_asset_key(artifact_id), group_name="artifacts",
+            deps=[self.get_loaded_artifact_asset_key(d) for d in deps],
+            description=f"Stored artifact `{artifact_id}` (versioned in the artifact store)."
+                        + (f" Written by {', '.join(writers[artifact_id])}." if artifact_id in writers else ""),
+        ) for artifact_id, deps in _acyclic(upstream).items()]
 
     def get_check_specs(self, plan: TaskPlan) -> list[dg.AssetCheckSpec]:
         """The checks each verifier declares (``passed``; Coder Eval adds one per gating criterion),
@@ -339,8 +334,8 @@ AGENT_FIELDS_NOT_DECIDING = {"description", "delay_seconds", "cli_path"}  # leav
 
 
 def _agent_version(config: AgentEnvConfig, agent_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """An agent as it decides scores: its registry entry (a replay script's content hashed in)
-    and the model it runs on (its own, the step's, or ``[model]``'s agent role)."""
+    """An agent as it decides scores: its registry entry (a replay script's content hashed in) and the model it
+    runs on (its own, the step's, or ``[model]``'s agent role)."""
     entry = config.agent_entry(agent_id)
     if entry is None:
         return {"id": agent_id, "entry": None}
@@ -360,8 +355,7 @@ def _file_digest(path: Path, modified_ns: int) -> str:
 
 
 def _model_version(config: AgentEnvConfig, model: str) -> dict[str, Any]:
-    """A model as it decides scores: its name and how its provider is spoken to (not where
-    it is served, nor its key)."""
+    """A model as it decides scores: its name and how its provider is spoken to (not its endpoint nor its key)."""
     try:
         resolved = config.model.resolve(model)
     except ValueError:
@@ -370,25 +364,17 @@ def _model_version(config: AgentEnvConfig, model: str) -> dict[str, Any]:
 
 
 def _acyclic(upstream: dict[str, set[str]]) -> dict[str, list[str]]:
-    """The artifact lineage without cycles, which Dagster refuses: a snapshot written back to
-    the universe it loaded adds a version, not an edge; an edge closing a longer loop (task A
-    turns X into Y, task B Y into X) is left out, with a warning."""
+    """The artifact lineage without cycles, which Dagster refuses: a snapshot written back to the universe it loaded
+    adds a version, not an edge; an edge closing a longer loop (A turns X into Y, B Y into X) is left out, warned."""
     kept: dict[str, list[str]] = {a: [] for a in sorted(upstream)}
 
-    def reaches(start: str, goal: str) -> bool:
-        seen, todo = set(), [start]
-        while todo:
-            node = todo.pop()
-            if node == goal:
-                return True
-            if node not in seen:
-                seen.add(node)
-                todo.extend(kept.get(node, ()))
-        return False
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        seen.add(start)
+        return start == goal or any(reaches(d, goal, seen) for d in kept.get(start, ()) if d not in seen)
 
     for artifact_id in kept:
         for dep in sorted(upstream[artifact_id] - {artifact_id}):
-            if reaches(dep, artifact_id):
+            if reaches(dep, artifact_id, set()):
                 log.warning("asset lineage: left out artifact '%s' -> '%s', which would close a cycle",
                             dep, artifact_id)
             else:
