@@ -1,9 +1,7 @@
 """The one module that uses Dagster's private API, each use with why no public one does.
 
-Everything else in the package, and the tests and benchmarks, import ``dagster`` (public
-names) only (``tests/orchestration/test_dagster_internals.py`` checks it). When Dagster
-changes one of these, this file is where the port happens; the tests of the executor, the
-step events and the retries cover each name.
+Everything else (package, tests, benchmarks) imports public ``dagster`` names only, as
+``tests/orchestration/test_dagster_internals.py`` checks: a Dagster change is ported here.
 """
 
 from __future__ import annotations
@@ -36,19 +34,13 @@ from dagster._core.execution.retries import RetryMode
 from dagster._core.execution.step_dependency_config import StepDependencyConfig
 
 
-@dataclass(frozen=True)
-class _StepEnded:
-    key: str
-
-
 STOP_GRACE_SECONDS = 30  # how long an interrupted run waits for its steps to stop
 
 
 class ThreadedExecutor(dg.Executor):
-    """Runs each step of a run in a thread of the run's process, every step as soon as the
-    outputs it reads exist (``require_upstream_step_success: false``): streamed ops
-    (``streams.py``) then run side by side, each row going on as soon as its own upstream
-    steps are done. ``in_step_thread`` runs first in each step's thread."""
+    """Runs each step in a thread of the run's process as soon as the outputs it reads exist
+    (``require_upstream_step_success: false``), so streamed ops (``streams.py``) run side by
+    side. ``in_step_thread`` runs first in each step's thread."""
 
     def __init__(self, retries: RetryMode, in_step_thread: Callable[[], None],
                  on_interrupt: Callable[[str], None]) -> None:
@@ -83,7 +75,7 @@ class ThreadedExecutor(dg.Executor):
 
     def _steps_in_threads(self, job_context: PlanExecutionContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
         """In-process execution (``inner_plan_execution_iterator``), each step in a thread."""
-        events: queue.Queue[DagsterEvent | _StepEnded] = queue.Queue()
+        events: queue.Queue[DagsterEvent | str] = queue.Queue()  # a step key: that step's thread ended
         running: dict[str, threading.Thread] = {}
         manager = job_context.instance.compute_log_manager
         step_keys = [step.key for step in execution_plan.get_steps_to_execute_in_topo_order()]
@@ -129,9 +121,9 @@ class ThreadedExecutor(dg.Executor):
                 except queue.Empty:
                     continue
                 while True:
-                    if isinstance(item, _StepEnded):
-                        running.pop(item.key).join()
-                        active.verify_complete(job_context, item.key)
+                    if isinstance(item, str):
+                        running.pop(item).join()
+                        active.verify_complete(job_context, item)
                         yield from active.plan_events_iterator(job_context)
                     else:
                         yield item
@@ -150,7 +142,7 @@ class ThreadedExecutor(dg.Executor):
         except BaseException:  # noqa: BLE001 - the step's own errors become its failure event
             print(f"step {step_context.step.key} ended abnormally", sys.exc_info()[1], file=sys.stderr)
         finally:
-            events.put(_StepEnded(step_context.step.key))
+            events.put(step_context.step.key)
 
 
 # Executing a run in this process with the job's own executor: ``execute_in_process`` always
@@ -177,8 +169,7 @@ class LocationJob:
 
 
 def location_job(workspace: str, job_name: str) -> LocationJob | None:
-    """The job named ``job_name`` of the code locations a workspace file lists (their
-    definitions loaded here, as a code server loads them); None when none has it."""
+    """The job ``job_name`` of the workspace file's code locations, loaded here as a code server loads them."""
     for origin in location_origins_from_yaml_paths([workspace]):
         target = getattr(origin, "loadable_target_origin", None)
         if target is None or not (target.python_file or target.module_name):
@@ -196,8 +187,7 @@ def location_job(workspace: str, job_name: str) -> LocationJob | None:
 
 
 def _attribute(target) -> str:
-    """The module attribute holding the location's definitions (what Dagster's autodiscovery
-    finds, without the imports of its other cases)."""
+    """The module attribute holding the location's definitions, as Dagster's autodiscovery finds it."""
     module = (load_python_file(target.python_file, target.working_directory) if target.python_file
               else load_python_module(target.module_name, target.working_directory))
     found = [name for name, value in vars(module).items() if isinstance(value, (dg.Definitions, dg.RepositoryDefinition))]
@@ -209,9 +199,8 @@ def _attribute(target) -> str:
 
 def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str],
              location: LocationJob | None = None, run_id: str | None = None) -> str:
-    """Create a run of ``job_def`` (of the code location's job, with its origins, when
-    ``location`` is given), with id ``run_id`` when given, and execute it in this process with
-    the job's executor; its id."""
+    """Create a run of ``job_def`` (of ``location``'s job, with its origins, when given) and
+    execute it in this process with the job's executor; its id."""
     if location is not None:
         job_def = location.job_def
     plan = create_execution_plan(job_def, run_config, tags=tags)
@@ -253,11 +242,9 @@ from dagster._core.events import AssetMaterializationPlannedData  # noqa: E402
 
 def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKey, list[str]]],
                    rows: list[str | None], partitions: dg.PartitionsDefinition | None) -> None:
-    """Report, from ``context``'s op, ``rows`` (of ``partitions``; None: the whole asset) of
-    each of ``assets`` as planned materializations, and each asset's checks as planned
-    evaluations of those rows, as Dagster's run planning reports them. Check evaluations the
-    run's planning already reported are left out: the storage holds one planned evaluation of a
-    partition a run (an implicit asset job's run plans its checks by partition)."""
+    """Report ``rows`` (None: the whole asset) of each of ``assets`` as planned materializations and
+    their checks as planned evaluations, leaving out those the run's planning reported already (the
+    storage holds one planned evaluation of a partition a run)."""
     step_key = str(context.op_handle)
     planned = _planned_checks(context) if any(checks for _, checks in assets) else {}
     events = []
@@ -281,8 +268,7 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
 
 
 def _planned_checks(context: dg.OpExecutionContext) -> dict[tuple[dg.AssetKey, str], set[str | None] | None]:
-    """The check evaluations the run has planned so far: the partitions of each check, None
-    when it was planned for the whole asset."""
+    """The partitions of each check the run has planned so far (None: the whole asset)."""
     planned: dict[tuple[dg.AssetKey, str], set[str | None] | None] = {}
     records = context.instance.get_records_for_run(
         context.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED).records
@@ -387,42 +373,18 @@ from dagster._core.definitions.data_version import (  # noqa: E402, F401 - re-ex
     get_input_event_pointer_tag,
 )
 from dagster._core.definitions.data_version import DEFAULT_DATA_VERSION as _DEFAULT_DATA_VERSION  # noqa: E402
-from dagster._core.loader import LoadingContext  # noqa: E402
+# The resolver caches its reads in a loading context; Dagster's plain one outside a workspace is named for tests.
+from dagster._core.loader import LoadingContextForTest  # noqa: E402
 
 DEFAULT_DATA_VERSION = _DEFAULT_DATA_VERSION.value  # what Dagster assumes of an input it has no version of
-STALE, MISSING, FRESH = StaleStatus.STALE.value, StaleStatus.MISSING.value, StaleStatus.FRESH.value
-
-
-def input_data_version_tag(key: dg.AssetKey) -> str:
-    return get_input_data_version_tag(key)
-
-
-def input_event_pointer_tag(key: dg.AssetKey) -> str:
-    return get_input_event_pointer_tag(key)
-
-
-class _Loading(LoadingContext):
-    """The loading context the resolver caches its reads in, for one question."""
-
-    def __init__(self, instance: dg.DagsterInstance) -> None:
-        self._instance = instance
-        self._loaders: dict = {}
-
-    @property
-    def instance(self) -> dg.DagsterInstance:
-        return self._instance
-
-    @property
-    def loaders(self) -> dict:
-        return self._loaders
+MISSING, FRESH = StaleStatus.MISSING.value, StaleStatus.FRESH.value
 
 
 class StaleStatuses:
-    """Dagster's stale status of assets (of one partition each), as the UI shows it:
-    ``STALE``, ``MISSING`` or ``FRESH``, and the stale causes' reasons."""
+    """Assets' stale status (``STALE``, ``MISSING``, ``FRESH``) and causes, as the UI shows them."""
 
     def __init__(self, instance: dg.DagsterInstance, asset_graph) -> None:
-        self._resolver = CachingStaleStatusResolver(instance, asset_graph, _Loading(instance))
+        self._resolver = CachingStaleStatusResolver(instance, asset_graph, LoadingContextForTest(instance))
 
     def status(self, key: dg.AssetKey, partition: str | None = None) -> str:
         return self._resolver.get_status(key, partition).value
@@ -451,8 +413,7 @@ RUN_WORKER_MODULES = ("dagster", "dagster._cli.api", "dagster._utils.interrupts"
 
 
 def execute_launched_run(run_id: str, instance: dg.DagsterInstance) -> int:
-    """Execute the launched run ``run_id`` in this process as ``dagster api execute_run``
-    does, interrupts delivered as Dagster's run workers take them. The worker's exit code."""
+    """Execute the launched run here as ``dagster api execute_run`` does; the worker's exit code."""
     from dagster._cli.api import _execute_run_command_body
     from dagster._utils.interrupts import capture_interrupts
 

@@ -19,7 +19,7 @@ from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION
 from ..steps.scoring import verification_passed
 from .dagster_internals import (
     CODE_VERSION_TAG, DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG, DEFAULT_DATA_VERSION, NULL_EVENT_POINTER,
-    input_data_version_tag, input_event_pointer_tag,
+    get_input_data_version_tag, get_input_event_pointer_tag,
 )
 from .rows import node_assets, op_graph
 from .translator import TAG_CODE_VERSION
@@ -110,9 +110,9 @@ class Provenance:
             return {}
         tags = {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version}
         for dep in self.deps:
-            tags[input_data_version_tag(dep)] = self._dep_version(dep, ctx)
+            tags[get_input_data_version_tag(dep)] = self._dep_version(dep, ctx)
             # Dagster reads only a partitioned input's pointer (the row's own upstream): no event to point at
-            tags[input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
+            tags[get_input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
         return tags
 
     def _dep_version(self, dep: dg.AssetKey, ctx: TaskStepContext) -> str:

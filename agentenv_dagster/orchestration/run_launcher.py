@@ -1,26 +1,22 @@
-"""A run launcher that forks each run's worker from a process that has Dagster and
+"""A run launcher that forks each run's worker from a warm process, a *zygote* with Dagster and
 agentenv_dagster imported already.
 
-Dagster's default launcher asks the code server to spawn a new Python for every run, which
-imports Dagster and this package before the run can begin: for a task of a few seconds that
-is most of what a launch from the UI adds to the task itself (docs/performance.md,
-``bench/overhead.py``). ``ForkingRunLauncher`` keeps one such process ready, a *zygote*
-started on the launcher's first launch by the process that owns the launcher (the webserver,
-or the daemon when runs are queued), and forks it for each run; the child runs exactly what
-``dagster api execute_run`` runs, loading the run's code location from its origin as that
-command does, so code reloaded in the UI is what runs. The project's instance
-(``.dagster_home/dagster.yaml``, written by the CLI) names it:
+Dagster's default launcher has the code server spawn a new Python per run, which imports Dagster and
+this package before the run begins: for a short task, most of what a launch from the UI adds
+(docs/performance.md, ``bench/overhead.py``). The zygote is started on the first launch by the process
+owning the launcher (the webserver, or the daemon when runs are queued); each forked child runs what
+``dagster api execute_run`` runs, loading the run's code location from its origin, so code reloaded in
+the UI is what runs. The project's instance (``.dagster_home/dagster.yaml``, written by the CLI) names it:
 
     run_launcher:
       module: agentenv_dagster.orchestration.run_launcher
       class: ForkingRunLauncher
 
-A run of a code location served by another Python (its ``executable_path``) goes through
-Dagster's default launcher. A run is cancelled through the instance (the UI's *Terminate*):
-its worker sees the run ``CANCELING`` and interrupts itself, as Dagster's run workers take
-an interrupt (when its worker is gone, ``terminate`` says so by returning False, and the UI
-offers to mark the run failed). The zygote ends when the process that started it does; a run already forked
-goes on to its end, as a run worker of the default launcher outlives its code server.
+A run of a code location served by another Python goes through Dagster's default launcher. The UI's
+*Terminate* marks the run ``CANCELING``; its worker sees it and interrupts itself (``terminate`` returns
+False when the worker is gone, and the UI offers to mark the run failed). The zygote ends with the
+process that started it; runs already forked go on to their end, as Dagster's run workers outlive
+their code server.
 """
 
 from __future__ import annotations
@@ -174,11 +170,11 @@ class _Zygote:
 
 def serve(requests_fd: int, replies_fd: int) -> None:
     """The zygote's loop: import what a run worker needs, then fork a worker per request until
-    the launcher's end of the pipe closes. It reaps its workers as they end."""
+    the launcher's end of the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is for the runs
     for module in PRELOADED:
         importlib.import_module(module)
-    signal.signal(signal.SIGCHLD, _reap)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its workers are reaped as they end
     with os.fdopen(requests_fd, "r") as requests, os.fdopen(replies_fd, "w") as replies, \
             dg.DagsterInstance.from_ref(dg.deserialize_value(requests.readline(), InstanceRef)) as instance:
         instance.get_run_by_id("")  # its storage imported, opened and checked once, here
@@ -190,16 +186,6 @@ def serve(requests_fd: int, replies_fd: int) -> None:
                 _work(line.strip(), instance)
             replies.write(f"{pid}\n")
             replies.flush()
-
-
-def _reap(_signum: int, _frame: object) -> None:
-    while True:
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _work(run_id: str, instance: dg.DagsterInstance) -> None:
