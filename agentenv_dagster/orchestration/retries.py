@@ -42,8 +42,8 @@ log = logging.getLogger("agentenv_dagster")
 # -- compile time ---------------------------------------------------------------------------
 
 def retry_span(plan: TaskPlan, step_id: str) -> list[str]:
-    """The steps a retry of ``step_id`` re-executes, in list order: ``retry_from`` and its
-    dependents, plus every ancestor that deployed something a member uses (and so on)."""
+    """The steps a retry of ``step_id`` re-executes, in list order: ``retry_from``, its dependents
+    and, transitively, every ancestor that deployed something a member uses."""
     selected = {plan.step_by_id[step_id].retry_config.retry_from_step_id}
     while True:
         grown = selected | {s.id for s in plan.steps if plan.ancestors(s.id) & selected}

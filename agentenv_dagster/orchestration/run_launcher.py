@@ -116,8 +116,7 @@ def _worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
 
 
 def _runs_on_this_python(run: dg.DagsterRun) -> bool:
-    """Whether the run's code location is served by this interpreter (else the zygote, this
-    Python with this package, is not what should run it)."""
+    """Whether the run's code location is served by this interpreter, which the zygote is."""
     origin = run.job_code_origin
     try:
         return origin is not None and os.path.samefile(origin.executable_path, sys.executable)
@@ -126,10 +125,8 @@ def _runs_on_this_python(run: dg.DagsterRun) -> bool:
 
 
 class _Zygote:
-    """The warm process: a first line in (the launcher's instance, which it opens once: its
-    storage imported and checked before any run, and shared by every worker it forks), then a
-    line in (the id of a run to fork a worker for) and a line out (the worker's pid) per run.
-    Its pipes are its own; its output and the workers' go where ours does."""
+    """The warm process: a first line in (the launcher's instance, opened once and shared by every
+    worker it forks), then per run a line in (its id) and a line out (its worker's pid)."""
 
     def __init__(self, instance_ref: str) -> None:
         requests_in, self._requests = os.pipe()
@@ -205,8 +202,7 @@ def _work(run_id: str, instance: dg.DagsterInstance) -> None:
 
 
 def _watch_for_cancel(instance: dg.DagsterInstance, run_id: str) -> None:
-    """Interrupt this worker once its run is being cancelled (the launcher's ``terminate``
-    marks it in the instance, from whichever process holds the launcher)."""
+    """Interrupt this worker once the launcher's ``terminate`` marks its run cancelling."""
 
     def watch() -> None:
         while True:

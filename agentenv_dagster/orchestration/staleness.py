@@ -57,8 +57,7 @@ def stale_rows(
     instance: dg.DagsterInstance, asset_graph, plan: TaskPlan, keys: list[str],
     translator: TaskTranslator | None = None,
 ) -> StaleRows:
-    """Which of ``keys`` (partition keys, or ``[""]`` for a task without rows) are stale or missing in
-    ``instance``, read against ``asset_graph`` (the code location's, or ``plan_asset_graph``)."""
+    """Which of ``keys`` (partition keys; ``[""]``: no rows) are stale or missing, against ``asset_graph``."""
     translator = translator or TaskTranslator()
     statuses = StaleStatuses(instance, asset_graph)
     found = StaleRows()

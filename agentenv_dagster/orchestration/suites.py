@@ -91,8 +91,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
 
 
 def suites_sensor(suites: list[dg.AssetsDefinition]) -> list[dg.AutomationConditionSensorDefinition]:
-    """Keeps the suites current: whatever updated the rows (a run, a backfill, a schedule's tick), the daemon
-    materializes the suite after it."""
+    """Keeps the suites current: whatever updated the rows, the daemon materializes the suite after it."""
     if not suites:
         return []
     return [dg.AutomationConditionSensorDefinition(
@@ -117,8 +116,7 @@ def _gated_metrics(suite: dict[str, Any]) -> dict[str, float]:
 
 
 def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, str], str]:
-    """A check name per gate, unique on the asset: a metric's label (``f1.case-management``) may hold characters
-    Dagster names cannot."""
+    """A check name per gate, unique on the asset (a label like ``f1.case-management`` is no Dagster name)."""
     names: dict[tuple[int, str], str] = {}
     for index, gate in enumerate(thresholds):
         for metric in gate or {}:
