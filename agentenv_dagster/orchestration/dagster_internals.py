@@ -18,10 +18,9 @@ from typing import Callable, Iterator
 
 import dagster as dg
 
-# A concurrent in-process executor: Dagster ships an in-process executor that runs one step at
-# a time and a multiprocess one that starts a process per step (~0.5-2 s before a step starts);
-# running a job's streamed ops side by side in one process needs the plan-execution loop both
-# are built from, which is not public.
+# A concurrent in-process executor: Dagster ships an in-process executor that runs one step at a time and a
+# multiprocess one that starts a process per step; running a job's streamed ops side by side in one process
+# needs the plan-execution loop both are built from, which is not public.
 from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.execution.api import ExecuteRunWithPlanIterable
 from dagster._core.execution.compute_logs import create_compute_log_file_key
@@ -145,12 +144,11 @@ class ThreadedExecutor(dg.Executor):
             events.put(step_context.step.key)
 
 
-# Executing a run in this process with the job's own executor: ``execute_in_process`` always
-# swaps in Dagster's one-step-at-a-time executor, and ``execute_job`` needs a job another
-# process could import again; a job built here from a task file is neither. And a run of the
-# code location's job carries the location's origin, as a launch from the UI does, so the UI
-# lists it under its job and can re-execute it: Dagster makes those origins from a workspace
-# file only inside its workspace loading, which starts a code server.
+# Executing a run in this process with the job's own executor: ``execute_in_process`` always swaps in Dagster's
+# one-step-at-a-time executor, and ``execute_job`` needs a job another process could import again; a job built
+# here from a task file is neither. And a run of the code location's job carries the location's origin, as a
+# launch from the UI does, so the UI lists it under its job and can re-execute it: Dagster makes those origins
+# from a workspace file only inside its workspace loading, which starts a code server.
 from dagster._core.definitions.job_base import InMemoryJob  # noqa: E402
 from dagster._core.definitions.reconstruct import ReconstructableRepository  # noqa: E402
 from dagster._core.execution.api import create_execution_plan, execute_run  # noqa: E402
@@ -218,9 +216,9 @@ def execute_here(job_def: dg.JobDefinition, run: dg.DagsterRun, instance: dg.Dag
     execute_run(InMemoryJob(job_def), run, instance)
 
 
-# A partition's check evaluation names the materialization it judged (else Dagster does not
-# count it as that materialization's check); a run over a range of partitions cannot use
-# ``AssetCheckResult``, which resolves only the step's own single partition.
+# A partition's check evaluation names the materialization it judged (else Dagster does not count it as that
+# materialization's check); a run over a range of partitions cannot use ``AssetCheckResult``, which resolves
+# only the step's own single partition.
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (  # noqa: E402
     AssetCheckEvaluationTargetMaterializationData,
 )
@@ -232,10 +230,10 @@ def evaluation_target(record: dg.EventLogRecord) -> AssetCheckEvaluationTargetMa
         storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
 
 
-# The rows a step stopped will never reach the assets after it: reported as planned
-# materializations (and planned check evaluations), which open source storage then shows as
-# failed partitions, the way it shows a step that failed before materializing. Dagster's run
-# planning reports those events; no public API reports them from a running op.
+# The rows a step stopped will never reach the assets after it: reported as planned materializations (and
+# planned check evaluations), which open source storage then shows as failed partitions, the way it shows a step
+# that failed before materializing. Dagster's run planning reports those events; no public API reports them from
+# a running op.
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationPlanned  # noqa: E402
 from dagster._core.events import AssetMaterializationPlannedData  # noqa: E402
 
@@ -282,18 +280,14 @@ def _planned_checks(context: dg.OpExecutionContext) -> dict[tuple[dg.AssetKey, s
     return planned
 
 
-# A retry_config retry is a re-execution of the failed run's span, created by the run-failure
-# sensor and handed to the run queue, or executed by the CLI in its process. Dagster's public
-# re-execution (``ReexecutionOptions`` with ``execute_job``) executes at once and needs a job
-# another process can import again, and ``instance.create_reexecuted_run`` needs a code
-# location loaded from a workspace. The tags a child run drops from its parent's, and those
-# naming the sensor that launched a run (the UI reads them), are Dagster's storage constants.
+# A retry_config retry is a re-execution of the failed run's span, created by the run-failure sensor and handed
+# to the run queue, or executed by the CLI in its process. Dagster's public re-execution (``ReexecutionOptions``
+# with ``execute_job``) executes at once and needs a job another process can import again, and
+# ``instance.create_reexecuted_run`` needs a code location loaded from a workspace. The tags a child run drops
+# from its parent's, and those naming the sensor that launched a run (the UI reads them), are Dagster's storage
+# constants.
 from dagster._core.execution.plan.state import KnownExecutionState  # noqa: E402
-from dagster._core.storage.tags import (  # noqa: E402, F401 - re-exported
-    RUN_KEY_TAG,
-    SENSOR_NAME_TAG,
-    TAGS_TO_MAYBE_OMIT_ON_RETRY,
-)
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG, TAGS_TO_MAYBE_OMIT_ON_RETRY  # noqa: E402, F401
 
 
 def create_reexecution(instance: dg.DagsterInstance, job_def: dg.JobDefinition, parent: dg.DagsterRun,
@@ -310,10 +304,9 @@ def create_reexecution(instance: dg.DagsterInstance, job_def: dg.JobDefinition, 
     )
 
 
-# What a code server sends the webserver and the daemon for a repository: its snapshot, then
-# each job's, each under gRPC's message limit (the tests and bench/load.py watch their size).
-# Dagster builds and serializes them only inside its code server. (Imported when asked: a run
-# worker never needs them.)
+# What a code server sends the webserver and the daemon for a repository: its snapshot, then each job's, each
+# under gRPC's message limit (the tests and bench/load.py watch their size). Dagster builds and serializes them
+# only inside its code server. (Imported when asked: a run worker never needs them.)
 
 def repository_snapshot_bytes(repo: dg.RepositoryDefinition) -> int:
     """The size of the repository's snapshot, its jobs' deferred, as a code server sends it."""
@@ -336,9 +329,9 @@ def grpc_message_limit() -> int:
     return min(max_rx_bytes(), max_send_bytes())
 
 
-# For the tests: a code location loaded in the test's own process, and a run launcher that
-# executes a launched run there, so a test drives the run queue as the daemon does without a
-# code server; Dagster ships both with its test utilities only.
+# For the tests: a code location loaded in the test's own process, and a run launcher that executes a launched
+# run there, so a test drives the run queue as the daemon does without a code server; Dagster ships both with
+# its test utilities only.
 IN_PROCESS_RUN_LAUNCHER = {"module": "dagster._core.launcher.sync_in_memory_run_launcher",
                            "class": "SyncInMemoryRunLauncher"}
 
@@ -356,24 +349,18 @@ def workspace_in_this_process(instance: dg.DagsterInstance, python_file: str, at
         yield workspace
 
 
-# Staleness. Dagster stamps the provenance of an asset (code version, the data version of each
-# input, its own data version) on materializations of the outputs it stores, with tags whose
-# names are not public; the ops log each row's materialization themselves, so they stamp it
-# with the same tags (``provenance.py``). Reading staleness back goes through the resolver the
-# UI's GraphQL ``staleStatus`` uses: no public API answers it, short of a sensor's
-# ``RunRequest(stale_assets_only=True)``, which skips partitioned assets.
+# Staleness. Dagster stamps the provenance of an asset (code version, the data version of each input, its own
+# data version) on materializations of the outputs it stores, with tags whose names are not public; the ops log
+# each row's materialization themselves, so they stamp it with the same tags (``provenance.py``). Reading
+# staleness back goes through the resolver the UI's GraphQL ``staleStatus`` uses: no public API answers it,
+# short of a sensor's ``RunRequest(stale_assets_only=True)``, which skips partitioned assets.
 from dagster._core.definitions.data_version import (  # noqa: E402, F401 - re-exported
-    CODE_VERSION_TAG,
-    DATA_VERSION_IS_USER_PROVIDED_TAG,
-    DATA_VERSION_TAG,
-    NULL_EVENT_POINTER,
-    CachingStaleStatusResolver,
-    StaleStatus,
-    get_input_data_version_tag,
-    get_input_event_pointer_tag,
+    CODE_VERSION_TAG, DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG, NULL_EVENT_POINTER,
+    CachingStaleStatusResolver, StaleStatus, get_input_data_version_tag, get_input_event_pointer_tag,
 )
 from dagster._core.definitions.data_version import DEFAULT_DATA_VERSION as _DEFAULT_DATA_VERSION  # noqa: E402
-# The resolver caches its reads in a loading context; Dagster's plain one outside a workspace is named for tests.
+# The resolver caches its reads in a loading context; Dagster's plain one outside a workspace is named for
+# tests.
 from dagster._core.loader import LoadingContextForTest  # noqa: E402
 
 DEFAULT_DATA_VERSION = _DEFAULT_DATA_VERSION.value  # what Dagster assumes of an input it has no version of
@@ -393,18 +380,18 @@ class StaleStatuses:
         return [cause.reason for cause in self._resolver.get_stale_root_causes(key, partition)]
 
 
-# A run's check evaluations, for the CLI's summary of what regressed: the instance has no
-# public reader of a run's events (``ExecuteInProcessResult`` has them for its own run only).
+# A run's check evaluations, for the CLI's summary of what regressed: the instance has no public reader of a
+# run's events (``ExecuteInProcessResult`` has them for its own run only).
 def run_check_evaluations(instance: dg.DagsterInstance, run_id: str) -> list[dg.AssetCheckEvaluation]:
     return [entry.dagster_event.event_specific_data
             for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
             if entry.dagster_event is not None]
 
 
-# A run launcher that forks each run's worker from a warm process (orchestration/run_launcher.py):
-# Dagster's ``RunLauncher`` base and ``ConfigurableClass`` (how dagster.yaml names a launcher)
-# are not exported, and what a run worker does (``dagster api execute_run``: the run's engine
-# events, its execution, its exit code) is the body of Dagster's internal CLI command.
+# A run launcher that forks each run's worker from a warm process (orchestration/run_launcher.py): Dagster's
+# ``RunLauncher`` base and ``ConfigurableClass`` (how dagster.yaml names a launcher) are not exported, and what
+# a run worker does (``dagster api execute_run``: the run's engine events, its execution, its exit code) is the
+# body of Dagster's internal CLI command.
 from dagster._core.launcher import LaunchRunContext, RunLauncher  # noqa: E402, F401 - re-exported
 from dagster._core.instance import InstanceRef  # noqa: E402, F401 - re-exported
 from dagster._serdes import ConfigurableClass, ConfigurableClassData  # noqa: E402, F401 - re-exported

@@ -35,12 +35,7 @@ import dagster as dg
 
 from ..runtime.processes import is_running
 from .dagster_internals import (
-    RUN_WORKER_MODULES,
-    ConfigurableClass,
-    ConfigurableClassData,
-    InstanceRef,
-    LaunchRunContext,
-    RunLauncher,
+    RUN_WORKER_MODULES, ConfigurableClass, ConfigurableClassData, InstanceRef, LaunchRunContext, RunLauncher,
     execute_launched_run,
 )
 
