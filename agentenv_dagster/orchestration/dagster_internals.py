@@ -131,7 +131,6 @@ class ThreadedExecutor(dg.Executor):
                         item = events.get_nowait()
                     except queue.Empty:
                         break
-            capture.close()
 
     def _run_step(self, step_context, events: queue.Queue) -> None:
         try:
@@ -197,10 +196,8 @@ def _attribute(target) -> str:
 
 def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str],
              location: LocationJob | None = None, run_id: str | None = None) -> str:
-    """Create a run of ``job_def`` (of ``location``'s job, with its origins, when given) and
-    execute it in this process with the job's executor; its id."""
-    if location is not None:
-        job_def = location.job_def
+    """Create a run of ``job_def`` (``location``'s job, with its origins, when given) and execute it
+    in this process with the job's executor; its id."""
     plan = create_execution_plan(job_def, run_config, tags=tags)
     origins = {} if location is None else {
         "remote_job_origin": location.remote_origin,

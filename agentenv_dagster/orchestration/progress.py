@@ -1,9 +1,6 @@
-"""What a person sees while ``agentenv-dagster run`` works, and the addresses it leaves.
-
-A live line per run on a terminal, an occasional line elsewhere, none with ``--quiet``, Dagster's own event
-lines with ``--verbose``; then each run's status, UI page and assets. All of it is read back from the run's
-event log (``run_tally.py``), so it says no more than the UI would.
-"""
+"""What a person sees while ``agentenv-dagster run`` works, and the addresses it leaves: a live line per run on
+a terminal, an occasional line elsewhere, none with ``--quiet``, Dagster's event lines with ``--verbose``; then
+each run's status, UI page and assets, all read back from the run's event log (``run_tally.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from enum import StrEnum
 from typing import IO, Any
@@ -253,12 +250,10 @@ def console_config(job_def: dg.JobDefinition | None = None) -> Mapping[str, Any]
     return {} if reporter.mode == Mode.VERBOSE else QUIET_CONSOLE
 
 
-@contextmanager
-def watching(instance: dg.DagsterInstance, label: str, rows: int) -> Iterator[str]:
+def watching(instance: dg.DagsterInstance, label: str, rows: int) -> AbstractContextManager[str]:
     """The id to give the run about to execute, its progress shown when the command reports progress."""
     reporter = _REPORTER.get()
-    with reporter.watch(instance, label, rows) if reporter is not None else nullcontext(str(uuid.uuid4())) as run_id:
-        yield run_id
+    return reporter.watch(instance, label, rows) if reporter is not None else nullcontext(str(uuid.uuid4()))
 
 
 def noted(instance: dg.DagsterInstance, run_id: str, label: str) -> None:

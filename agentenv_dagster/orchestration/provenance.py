@@ -1,9 +1,6 @@
-"""What a task asset's materialization was made from, in the tags Dagster reads staleness from.
-
-The ops log each row's materializations themselves, so they stamp what Dagster would: the node's code
-version and each upstream's data version, so that Dagster shows a score stale exactly when its code version
-or an upstream artifact changed (unstamped, every upstream counts as new).
-"""
+"""What a task asset's materialization was made from, in the tags Dagster reads staleness from: the ops log
+each row's materializations themselves, so they stamp the node's code version and each upstream's data version
+as Dagster would (unstamped, every upstream counts as new)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Reap what killed runs left behind, and prune old run folders.
 
-A run killed hard (``kill -9`` of the CLI, a lost run worker) never closes its ledger: its
-containers may still run and its Dagster run stays ``STARTED``. :func:`reap_dead_runs`, run when
-the CLI starts and when the code location loads, ends what such runs of this machine left, marks
-them failed, and removes run folders older than ``[stores] keep_runs_days``.
+A run killed hard (``kill -9`` of the CLI, a lost run worker) never closes its ledger: its containers may
+still run and its Dagster run stays ``STARTED``. :func:`reap_dead_runs`, run when the CLI starts and when
+the code location loads, ends what such runs of this machine left, marks them failed, and removes run
+folders older than ``[stores] keep_runs_days``.
 """
 
 from __future__ import annotations

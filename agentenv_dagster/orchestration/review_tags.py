@@ -1,11 +1,10 @@
-"""Review decisions from the Dagster UI: a run tag becomes the decision file a waiting
-``review`` step polls for (``runtime/review.py``; the step itself never sees Dagster).
+"""Review decisions from the Dagster UI: a run tag becomes the decision file a waiting ``review`` step polls
+for (``runtime/review.py``; the step itself never sees Dagster).
 
-On the run's page add the tag ``agentenv/review=approved`` (or ``rejected``), optionally
-``agentenv/review_note=<why>``; the ``agentenv_review_tags`` sensor (running by default)
-decides every review awaiting in that run on its next tick. One tag decides all of a run's
-reviews, those awaiting later included; to decide several gates one by one use
-``agentenv-dagster review RUN_ID approve|reject --step STEP``.
+The tag ``agentenv/review=approved`` (or ``rejected``), optionally with ``agentenv/review_note=<why>``, on a
+run's page decides every review awaiting in that run, those awaiting later included, on the next tick of the
+``agentenv_review_tags`` sensor (running by default); ``agentenv-dagster review RUN_ID approve|reject --step
+STEP`` decides gates one by one.
 """
 
 from __future__ import annotations

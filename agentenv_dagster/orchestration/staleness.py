@@ -1,8 +1,5 @@
-"""Which of a task's scores are stale, by Dagster's own account, and the runs that refresh them.
-
-A row needs running again when one of its task assets is ``STALE`` or ``MISSING``, as the UI shows;
-``run --stale-only`` runs just those rows, the ``agentenv_stale_scores`` sensor launches them.
-"""
+"""Which of a task's rows are stale (a task asset ``STALE`` or ``MISSING``, as the UI shows), and the runs that
+refresh them: ``run --stale-only`` runs just those rows, the ``agentenv_stale_scores`` sensor launches them."""
 
 from __future__ import annotations
 

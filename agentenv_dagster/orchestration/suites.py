@@ -1,8 +1,5 @@
-"""The suite asset of a dataset task: its row partitions' verifications rolled up.
-
-It aggregates each row's latest verification per criterion and gates ``suite_thresholds`` as blocking
-checks; under an experiment a suite is one variant's rows, so the asset is partitioned by variant.
-"""
+"""The suite asset of a dataset task: each row's latest verification rolled up per criterion, with
+``suite_thresholds`` as blocking checks; under an experiment a suite is one variant's rows (a partition)."""
 
 from __future__ import annotations
 
