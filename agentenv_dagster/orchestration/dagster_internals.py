@@ -115,22 +115,19 @@ class ThreadedExecutor(dg.Executor):
                         break
                     active.sleep_til_ready()
                     continue
-                try:
+                try:  # the next event, then any others already there
                     item = events.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                while True:
-                    if isinstance(item, str):
-                        running.pop(item).join()
-                        active.verify_complete(job_context, item)
-                        yield from active.plan_events_iterator(job_context)
-                    else:
-                        yield item
-                        active.handle_event(item)
-                    try:
+                    while True:
+                        if isinstance(item, str):
+                            running.pop(item).join()
+                            active.verify_complete(job_context, item)
+                            yield from active.plan_events_iterator(job_context)
+                        else:
+                            yield item
+                            active.handle_event(item)
                         item = events.get_nowait()
-                    except queue.Empty:
-                        break
+                except queue.Empty:
+                    pass
 
     def _run_step(self, step_context, events: queue.Queue) -> None:
         try:

@@ -89,8 +89,7 @@ class _Lines(_View):
 
 
 class _Live(_View):
-    """A terminal: a ``rich`` progress display, a line per run, left on screen when it ends; it leaves
-    stdout and stderr alone, so what the run prints goes where Dagster's log capture sends it."""
+    """A terminal: a ``rich`` progress display, a line per run, left on screen; stdout and stderr left alone."""
 
     def __init__(self, stream: IO[str]) -> None:
         self.progress = Progress(
@@ -141,21 +140,17 @@ class _Live(_View):
 
 def _width(stream: IO[str]) -> int | None:
     """The terminal's width, read once (while a run's logs are captured rich cannot find it); None: rich guesses."""
-    try:
+    with suppress(AttributeError, OSError, ValueError):
         return os.get_terminal_size(stream.fileno()).columns or None
-    except (AttributeError, OSError, ValueError):
-        return None
+    return None
 
 
 def _own_handle(stream: IO[str]) -> IO[str]:
-    """A duplicate descriptor of ``stream``'s file: while a run executes, Dagster points stdout and stderr
-    at the run's captured logs, and the progress belongs on the terminal, not in them."""
-    try:
-        descriptor = os.dup(stream.fileno())
-    except (AttributeError, OSError, ValueError):  # no file behind it (a test's buffer)
-        return stream
-    return open(descriptor, "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
-                errors="replace")
+    """A duplicate descriptor of ``stream``'s file: during a run Dagster points stdout and stderr at its logs."""
+    with suppress(AttributeError, OSError, ValueError):  # else no file behind it (a test's buffer)
+        return open(os.dup(stream.fileno()), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
+                    errors="replace")
+    return stream
 
 
 class Reporter:
@@ -242,8 +237,8 @@ def reporting(mode: Mode, stream: IO[str]) -> Iterator[Reporter]:
 
 
 def console_config(job_def: dg.JobDefinition | None = None) -> Mapping[str, Any]:
-    """What a run's config says of Dagster's console logger: quiet in a command that reports progress,
-    unless ``--verbose``; else nothing (Dagster's default), as for a job with loggers of its own and no console."""
+    """Run config quietening Dagster's console logger while the command reports progress (not ``--verbose``),
+    unless the job has loggers of its own and no console; else nothing (Dagster's default)."""
     reporter = _REPORTER.get()
     if reporter is None or (job_def is not None and job_def.loggers and "console" not in job_def.loggers):
         return {}

@@ -69,13 +69,6 @@ def artifact_tags(version: int) -> dict[str, str]:
     return {DATA_VERSION_TAG: str(version), DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
 
 
-def written_version(ctx: TaskStepContext, artifact_id: str) -> int | None:
-    """The newest version of a stored artifact the row's own steps wrote (an env snapshot)."""
-    versions = [u["version"] for u in (ctx.metadata.get("env_snapshotted_universes") or {}).values()
-                if isinstance(u, dict) and u.get("id") == artifact_id and isinstance(u.get("version"), int)]
-    return max(versions, default=None)
-
-
 @dataclass(frozen=True)
 class Provenance:
     """How one node stamps its task asset's materializations: code version, deps and their data versions."""
@@ -120,8 +113,9 @@ class Provenance:
         if kind == PRODUCER:
             entry = produced_entry(ctx, name)
             return collection_version(entry) if entry is not None else DEFAULT_DATA_VERSION
-        written = written_version(ctx, name)
-        return str(written) if written is not None else self.current.get(dep, DEFAULT_DATA_VERSION)
+        written = [u["version"] for u in (ctx.metadata.get("env_snapshotted_universes") or {}).values()
+                   if isinstance(u, dict) and u.get("id") == name and isinstance(u.get("version"), int)]
+        return str(max(written)) if written else self.current.get(dep, DEFAULT_DATA_VERSION)  # the row's own snapshot
 
 
 def _current_version(instance: dg.DagsterInstance, key: dg.AssetKey) -> str:

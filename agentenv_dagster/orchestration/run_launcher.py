@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import suppress
 
 import dagster as dg
 
@@ -138,11 +139,9 @@ class _Zygote:
         return self._process.poll() is None
 
     def fork(self, run_id: str) -> int:
-        try:
+        with suppress(BrokenPipeError):  # then the reply below is empty
             self._send.write(run_id + "\n")
             self._send.flush()
-        except BrokenPipeError:
-            pass  # read the (empty) reply below
         reply = self._receive.readline()
         if not reply:
             raise dg.DagsterInvariantViolationError(

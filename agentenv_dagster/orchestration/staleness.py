@@ -77,8 +77,8 @@ def stale_rows(
 
 def stale_scores_sensor(plans: list[TaskPlan], jobs: list[dg.JobDefinition],
                         translator: TaskTranslator) -> dg.SensorDefinition:
-    """Each tick, each task's stale or missing (selected) rows launched as one run a task and variant; the run
-    key names the code versions and rows, so a failed run is not launched again until something changes."""
+    """Each tick, launches each task's and variant's stale or missing (selected) rows as one run, keyed by the code
+    versions and rows: a failed run is not launched again until something changes."""
     from .schedules import task_run_requests  # schedules -> task_job -> ... -> this module
 
     by_name = {job.name: job for job in jobs}

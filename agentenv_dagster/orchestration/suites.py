@@ -37,11 +37,9 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
     thresholds = [c.get("suite_thresholds") for c in step.criteria]  # a variant cannot change the criteria
     key = translator.get_suite_asset_key(plan.task_id)
     names = _check_names(thresholds)
-    checks = [
-        dg.AssetCheckSpec(names[index, metric], asset=key, blocking=True,
-                          description=f"suite {metric} of criterion {index + 1} >= {minimum}")
-        for index, gate in enumerate(thresholds) for metric, minimum in (gate or {}).items()
-    ]
+    checks = [dg.AssetCheckSpec(name, asset=key, blocking=True,
+                                description=f"suite {metric} of criterion {index + 1} >= {thresholds[index][metric]}")
+              for (index, metric), name in names.items()]
     gate = regression if regression is not None and regression.enabled else None
     checks += [suite_check_spec(key, gate)] if gate is not None else []
     variants = list(document.variant_steps or ())
@@ -127,8 +125,8 @@ def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, s
 def latest_row_results(
     plan: TaskPlan, instance: dg.DagsterInstance, rows: list[str], task_id: str, variant: str | None = None,
 ) -> list[EvaluationResult]:
-    """What the suite asset counts for ``rows`` (partition keys): each one's latest verification, as the
-    result of row-task ``<task_id>/<row>``; ``run --failed-only`` counts the rows it does not run again so."""
+    """What the suite asset counts for ``rows`` (partition keys): each one's latest verification as the result
+    of row-task ``<task_id>/<row>``; ``run --failed-only`` counts the rows it does not run again so."""
     criteria = _criteria(plan, TaskTranslator())
     if criteria is None:
         return []
