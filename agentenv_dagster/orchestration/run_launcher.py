@@ -1,22 +1,16 @@
-"""A run launcher that forks each run's worker from a warm process, a *zygote* with Dagster and
-agentenv_dagster imported already.
-
-Dagster's default launcher has the code server spawn a new Python per run, which imports Dagster and
-this package before the run begins: for a short task, most of what a launch from the UI adds
-(docs/performance.md, ``bench/overhead.py``). The zygote is started on the first launch by the process
-owning the launcher (the webserver, or the daemon when runs are queued); each forked child runs what
-``dagster api execute_run`` runs, loading the run's code location from its origin, so code reloaded in
-the UI is what runs. The project's instance (``.dagster_home/dagster.yaml``, written by the CLI) names it:
+"""A run launcher that forks each run's worker from a warm process (a *zygote*, started by the launcher's
+owner on its first launch) that has Dagster and agentenv_dagster imported, instead of a new Python per run
+(docs/concepts.md, docs/performance.md). The child runs what ``dagster api execute_run`` runs, so code
+reloaded in the UI is what runs. The project's instance (``.dagster_home/dagster.yaml``) names it:
 
     run_launcher:
       module: agentenv_dagster.orchestration.run_launcher
       class: ForkingRunLauncher
 
-A run of a code location served by another Python goes through Dagster's default launcher. The UI's
-*Terminate* marks the run ``CANCELING``; its worker sees it and interrupts itself (``terminate`` returns
-False when the worker is gone, and the UI offers to mark the run failed). The zygote ends with the
-process that started it; runs already forked go on to their end, as Dagster's run workers outlive
-their code server.
+A code location served by another Python goes through Dagster's default launcher. The UI's *Terminate*
+marks the run ``CANCELING`` and its worker interrupts itself (``terminate`` returns False when the worker is
+gone: the UI offers to mark the run failed). Forked runs outlive the zygote, as Dagster's outlive their code
+server.
 """
 
 from __future__ import annotations
