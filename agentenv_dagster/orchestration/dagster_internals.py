@@ -1,9 +1,7 @@
 """The one module that uses Dagster's private API, each use with why no public one does.
 
-Everything else in the package, and the tests and benchmarks, import ``dagster`` (public
-names) only (``tests/orchestration/test_dagster_internals.py`` checks it). When Dagster
-changes one of these, this file is where the port happens; the tests of the executor, the
-step events and the retries cover each name.
+Everything else (package, tests, benchmarks) imports public ``dagster`` names only, as
+``tests/orchestration/test_dagster_internals.py`` checks: a Dagster change is ported here.
 """
 
 from __future__ import annotations
@@ -20,10 +18,9 @@ from typing import Callable, Iterator
 
 import dagster as dg
 
-# A concurrent in-process executor: Dagster ships an in-process executor that runs one step at
-# a time and a multiprocess one that starts a process per step (~0.5-2 s before a step starts);
-# running a job's streamed ops side by side in one process needs the plan-execution loop both
-# are built from, which is not public.
+# A concurrent in-process executor: Dagster ships an in-process executor that runs one step at a time and a
+# multiprocess one that starts a process per step; running a job's streamed ops side by side in one process
+# needs the plan-execution loop both are built from, which is not public.
 from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.execution.api import ExecuteRunWithPlanIterable
 from dagster._core.execution.compute_logs import create_compute_log_file_key
@@ -36,19 +33,13 @@ from dagster._core.execution.retries import RetryMode
 from dagster._core.execution.step_dependency_config import StepDependencyConfig
 
 
-@dataclass(frozen=True)
-class _StepEnded:
-    key: str
-
-
 STOP_GRACE_SECONDS = 30  # how long an interrupted run waits for its steps to stop
 
 
 class ThreadedExecutor(dg.Executor):
-    """Runs each step of a run in a thread of the run's process, every step as soon as the
-    outputs it reads exist (``require_upstream_step_success: false``): streamed ops
-    (``streams.py``) then run side by side, each row going on as soon as its own upstream
-    steps are done. ``in_step_thread`` runs first in each step's thread."""
+    """Runs each step in a thread of the run's process as soon as the outputs it reads exist
+    (``require_upstream_step_success: false``), so streamed ops (``streams.py``) run side by
+    side. ``in_step_thread`` runs first in each step's thread."""
 
     def __init__(self, retries: RetryMode, in_step_thread: Callable[[], None],
                  on_interrupt: Callable[[str], None]) -> None:
@@ -83,7 +74,7 @@ class ThreadedExecutor(dg.Executor):
 
     def _steps_in_threads(self, job_context: PlanExecutionContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
         """In-process execution (``inner_plan_execution_iterator``), each step in a thread."""
-        events: queue.Queue[DagsterEvent | _StepEnded] = queue.Queue()
+        events: queue.Queue[DagsterEvent | str] = queue.Queue()  # a step key: that step's thread ended
         running: dict[str, threading.Thread] = {}
         manager = job_context.instance.compute_log_manager
         step_keys = [step.key for step in execution_plan.get_steps_to_execute_in_topo_order()]
@@ -124,23 +115,19 @@ class ThreadedExecutor(dg.Executor):
                         break
                     active.sleep_til_ready()
                     continue
-                try:
+                try:  # the next event, then any others already there
                     item = events.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                while True:
-                    if isinstance(item, _StepEnded):
-                        running.pop(item.key).join()
-                        active.verify_complete(job_context, item.key)
-                        yield from active.plan_events_iterator(job_context)
-                    else:
-                        yield item
-                        active.handle_event(item)
-                    try:
+                    while True:
+                        if isinstance(item, str):
+                            running.pop(item).join()
+                            active.verify_complete(job_context, item)
+                            yield from active.plan_events_iterator(job_context)
+                        else:
+                            yield item
+                            active.handle_event(item)
                         item = events.get_nowait()
-                    except queue.Empty:
-                        break
-            capture.close()
+                except queue.Empty:
+                    pass
 
     def _run_step(self, step_context, events: queue.Queue) -> None:
         try:
@@ -150,15 +137,14 @@ class ThreadedExecutor(dg.Executor):
         except BaseException:  # noqa: BLE001 - the step's own errors become its failure event
             print(f"step {step_context.step.key} ended abnormally", sys.exc_info()[1], file=sys.stderr)
         finally:
-            events.put(_StepEnded(step_context.step.key))
+            events.put(step_context.step.key)
 
 
-# Executing a run in this process with the job's own executor: ``execute_in_process`` always
-# swaps in Dagster's one-step-at-a-time executor, and ``execute_job`` needs a job another
-# process could import again; a job built here from a task file is neither. And a run of the
-# code location's job carries the location's origin, as a launch from the UI does, so the UI
-# lists it under its job and can re-execute it: Dagster makes those origins from a workspace
-# file only inside its workspace loading, which starts a code server.
+# Executing a run in this process with the job's own executor: ``execute_in_process`` always swaps in Dagster's
+# one-step-at-a-time executor, and ``execute_job`` needs a job another process could import again; a job built
+# here from a task file is neither. And a run of the code location's job carries the location's origin, as a
+# launch from the UI does, so the UI lists it under its job and can re-execute it: Dagster makes those origins
+# from a workspace file only inside its workspace loading, which starts a code server.
 from dagster._core.definitions.job_base import InMemoryJob  # noqa: E402
 from dagster._core.definitions.reconstruct import ReconstructableRepository  # noqa: E402
 from dagster._core.execution.api import create_execution_plan, execute_run  # noqa: E402
@@ -177,8 +163,7 @@ class LocationJob:
 
 
 def location_job(workspace: str, job_name: str) -> LocationJob | None:
-    """The job named ``job_name`` of the code locations a workspace file lists (their
-    definitions loaded here, as a code server loads them); None when none has it."""
+    """The job ``job_name`` of the workspace file's code locations, loaded here as a code server loads them."""
     for origin in location_origins_from_yaml_paths([workspace]):
         target = getattr(origin, "loadable_target_origin", None)
         if target is None or not (target.python_file or target.module_name):
@@ -196,8 +181,7 @@ def location_job(workspace: str, job_name: str) -> LocationJob | None:
 
 
 def _attribute(target) -> str:
-    """The module attribute holding the location's definitions (what Dagster's autodiscovery
-    finds, without the imports of its other cases)."""
+    """The module attribute holding the location's definitions, as Dagster's autodiscovery finds it."""
     module = (load_python_file(target.python_file, target.working_directory) if target.python_file
               else load_python_module(target.module_name, target.working_directory))
     found = [name for name, value in vars(module).items() if isinstance(value, (dg.Definitions, dg.RepositoryDefinition))]
@@ -209,11 +193,8 @@ def _attribute(target) -> str:
 
 def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str],
              location: LocationJob | None = None, run_id: str | None = None) -> str:
-    """Create a run of ``job_def`` (of the code location's job, with its origins, when
-    ``location`` is given), with id ``run_id`` when given, and execute it in this process with
-    the job's executor; its id."""
-    if location is not None:
-        job_def = location.job_def
+    """Create a run of ``job_def`` (``location``'s job, with its origins, when given) and execute it
+    in this process with the job's executor; its id."""
     plan = create_execution_plan(job_def, run_config, tags=tags)
     origins = {} if location is None else {
         "remote_job_origin": location.remote_origin,
@@ -229,9 +210,9 @@ def execute_here(job_def: dg.JobDefinition, run: dg.DagsterRun, instance: dg.Dag
     execute_run(InMemoryJob(job_def), run, instance)
 
 
-# A partition's check evaluation names the materialization it judged (else Dagster does not
-# count it as that materialization's check); a run over a range of partitions cannot use
-# ``AssetCheckResult``, which resolves only the step's own single partition.
+# A partition's check evaluation names the materialization it judged (else Dagster does not count it as that
+# materialization's check); a run over a range of partitions cannot use ``AssetCheckResult``, which resolves
+# only the step's own single partition.
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (  # noqa: E402
     AssetCheckEvaluationTargetMaterializationData,
 )
@@ -243,21 +224,19 @@ def evaluation_target(record: dg.EventLogRecord) -> AssetCheckEvaluationTargetMa
         storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
 
 
-# The rows a step stopped will never reach the assets after it: reported as planned
-# materializations (and planned check evaluations), which open source storage then shows as
-# failed partitions, the way it shows a step that failed before materializing. Dagster's run
-# planning reports those events; no public API reports them from a running op.
+# The rows a step stopped will never reach the assets after it: reported as planned materializations (and
+# planned check evaluations), which open source storage then shows as failed partitions, the way it shows a step
+# that failed before materializing. Dagster's run planning reports those events; no public API reports them from
+# a running op.
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationPlanned  # noqa: E402
 from dagster._core.events import AssetMaterializationPlannedData  # noqa: E402
 
 
 def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKey, list[str]]],
                    rows: list[str | None], partitions: dg.PartitionsDefinition | None) -> None:
-    """Report, from ``context``'s op, ``rows`` (of ``partitions``; None: the whole asset) of
-    each of ``assets`` as planned materializations, and each asset's checks as planned
-    evaluations of those rows, as Dagster's run planning reports them. Check evaluations the
-    run's planning already reported are left out: the storage holds one planned evaluation of a
-    partition a run (an implicit asset job's run plans its checks by partition)."""
+    """Report ``rows`` (None: the whole asset) of each of ``assets`` as planned materializations and
+    their checks as planned evaluations, leaving out those the run's planning reported already (the
+    storage holds one planned evaluation of a partition a run)."""
     step_key = str(context.op_handle)
     planned = _planned_checks(context) if any(checks for _, checks in assets) else {}
     events = []
@@ -281,8 +260,7 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
 
 
 def _planned_checks(context: dg.OpExecutionContext) -> dict[tuple[dg.AssetKey, str], set[str | None] | None]:
-    """The check evaluations the run has planned so far: the partitions of each check, None
-    when it was planned for the whole asset."""
+    """The partitions of each check the run has planned so far (None: the whole asset)."""
     planned: dict[tuple[dg.AssetKey, str], set[str | None] | None] = {}
     records = context.instance.get_records_for_run(
         context.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED).records
@@ -296,18 +274,14 @@ def _planned_checks(context: dg.OpExecutionContext) -> dict[tuple[dg.AssetKey, s
     return planned
 
 
-# A retry_config retry is a re-execution of the failed run's span, created by the run-failure
-# sensor and handed to the run queue, or executed by the CLI in its process. Dagster's public
-# re-execution (``ReexecutionOptions`` with ``execute_job``) executes at once and needs a job
-# another process can import again, and ``instance.create_reexecuted_run`` needs a code
-# location loaded from a workspace. The tags a child run drops from its parent's, and those
-# naming the sensor that launched a run (the UI reads them), are Dagster's storage constants.
+# A retry_config retry is a re-execution of the failed run's span, created by the run-failure sensor and handed
+# to the run queue, or executed by the CLI in its process. Dagster's public re-execution (``ReexecutionOptions``
+# with ``execute_job``) executes at once and needs a job another process can import again, and
+# ``instance.create_reexecuted_run`` needs a code location loaded from a workspace. The tags a child run drops
+# from its parent's, and those naming the sensor that launched a run (the UI reads them), are Dagster's storage
+# constants.
 from dagster._core.execution.plan.state import KnownExecutionState  # noqa: E402
-from dagster._core.storage.tags import (  # noqa: E402, F401 - re-exported
-    RUN_KEY_TAG,
-    SENSOR_NAME_TAG,
-    TAGS_TO_MAYBE_OMIT_ON_RETRY,
-)
+from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG, TAGS_TO_MAYBE_OMIT_ON_RETRY  # noqa: E402, F401
 
 
 def create_reexecution(instance: dg.DagsterInstance, job_def: dg.JobDefinition, parent: dg.DagsterRun,
@@ -324,10 +298,9 @@ def create_reexecution(instance: dg.DagsterInstance, job_def: dg.JobDefinition, 
     )
 
 
-# What a code server sends the webserver and the daemon for a repository: its snapshot, then
-# each job's, each under gRPC's message limit (the tests and bench/load.py watch their size).
-# Dagster builds and serializes them only inside its code server. (Imported when asked: a run
-# worker never needs them.)
+# What a code server sends the webserver and the daemon for a repository: its snapshot, then each job's, each
+# under gRPC's message limit (the tests and bench/load.py watch their size). Dagster builds and serializes them
+# only inside its code server. (Imported when asked: a run worker never needs them.)
 
 def repository_snapshot_bytes(repo: dg.RepositoryDefinition) -> int:
     """The size of the repository's snapshot, its jobs' deferred, as a code server sends it."""
@@ -350,9 +323,9 @@ def grpc_message_limit() -> int:
     return min(max_rx_bytes(), max_send_bytes())
 
 
-# For the tests: a code location loaded in the test's own process, and a run launcher that
-# executes a launched run there, so a test drives the run queue as the daemon does without a
-# code server; Dagster ships both with its test utilities only.
+# For the tests: a code location loaded in the test's own process, and a run launcher that executes a launched
+# run there, so a test drives the run queue as the daemon does without a code server; Dagster ships both with
+# its test utilities only.
 IN_PROCESS_RUN_LAUNCHER = {"module": "dagster._core.launcher.sync_in_memory_run_launcher",
                            "class": "SyncInMemoryRunLauncher"}
 
@@ -370,59 +343,29 @@ def workspace_in_this_process(instance: dg.DagsterInstance, python_file: str, at
         yield workspace
 
 
-# Staleness. Dagster stamps the provenance of an asset (code version, the data version of each
-# input, its own data version) on materializations of the outputs it stores, with tags whose
-# names are not public; the ops log each row's materialization themselves, so they stamp it
-# with the same tags (``provenance.py``). Reading staleness back goes through the resolver the
-# UI's GraphQL ``staleStatus`` uses: no public API answers it, short of a sensor's
-# ``RunRequest(stale_assets_only=True)``, which skips partitioned assets.
+# Staleness. Dagster stamps the provenance of an asset (code version, the data version of each input, its own
+# data version) on materializations of the outputs it stores, with tags whose names are not public; the ops log
+# each row's materialization themselves, so they stamp it with the same tags (``provenance.py``). Reading
+# staleness back goes through the resolver the UI's GraphQL ``staleStatus`` uses: no public API answers it,
+# short of a sensor's ``RunRequest(stale_assets_only=True)``, which skips partitioned assets.
 from dagster._core.definitions.data_version import (  # noqa: E402, F401 - re-exported
-    CODE_VERSION_TAG,
-    DATA_VERSION_IS_USER_PROVIDED_TAG,
-    DATA_VERSION_TAG,
-    NULL_EVENT_POINTER,
-    CachingStaleStatusResolver,
-    StaleStatus,
-    get_input_data_version_tag,
-    get_input_event_pointer_tag,
+    CODE_VERSION_TAG, DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG, NULL_EVENT_POINTER,
+    CachingStaleStatusResolver, StaleStatus, get_input_data_version_tag, get_input_event_pointer_tag,
 )
 from dagster._core.definitions.data_version import DEFAULT_DATA_VERSION as _DEFAULT_DATA_VERSION  # noqa: E402
-from dagster._core.loader import LoadingContext  # noqa: E402
+# The resolver caches its reads in a loading context; Dagster's plain one outside a workspace is named for
+# tests.
+from dagster._core.loader import LoadingContextForTest  # noqa: E402
 
 DEFAULT_DATA_VERSION = _DEFAULT_DATA_VERSION.value  # what Dagster assumes of an input it has no version of
-STALE, MISSING, FRESH = StaleStatus.STALE.value, StaleStatus.MISSING.value, StaleStatus.FRESH.value
-
-
-def input_data_version_tag(key: dg.AssetKey) -> str:
-    return get_input_data_version_tag(key)
-
-
-def input_event_pointer_tag(key: dg.AssetKey) -> str:
-    return get_input_event_pointer_tag(key)
-
-
-class _Loading(LoadingContext):
-    """The loading context the resolver caches its reads in, for one question."""
-
-    def __init__(self, instance: dg.DagsterInstance) -> None:
-        self._instance = instance
-        self._loaders: dict = {}
-
-    @property
-    def instance(self) -> dg.DagsterInstance:
-        return self._instance
-
-    @property
-    def loaders(self) -> dict:
-        return self._loaders
+MISSING, FRESH = StaleStatus.MISSING.value, StaleStatus.FRESH.value
 
 
 class StaleStatuses:
-    """Dagster's stale status of assets (of one partition each), as the UI shows it:
-    ``STALE``, ``MISSING`` or ``FRESH``, and the stale causes' reasons."""
+    """Assets' stale status (``STALE``, ``MISSING``, ``FRESH``) and causes, as the UI shows them."""
 
     def __init__(self, instance: dg.DagsterInstance, asset_graph) -> None:
-        self._resolver = CachingStaleStatusResolver(instance, asset_graph, _Loading(instance))
+        self._resolver = CachingStaleStatusResolver(instance, asset_graph, LoadingContextForTest(instance))
 
     def status(self, key: dg.AssetKey, partition: str | None = None) -> str:
         return self._resolver.get_status(key, partition).value
@@ -431,18 +374,18 @@ class StaleStatuses:
         return [cause.reason for cause in self._resolver.get_stale_root_causes(key, partition)]
 
 
-# A run's check evaluations, for the CLI's summary of what regressed: the instance has no
-# public reader of a run's events (``ExecuteInProcessResult`` has them for its own run only).
+# A run's check evaluations, for the CLI's summary of what regressed: the instance has no public reader of a
+# run's events (``ExecuteInProcessResult`` has them for its own run only).
 def run_check_evaluations(instance: dg.DagsterInstance, run_id: str) -> list[dg.AssetCheckEvaluation]:
     return [entry.dagster_event.event_specific_data
             for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION)
             if entry.dagster_event is not None]
 
 
-# A run launcher that forks each run's worker from a warm process (orchestration/run_launcher.py):
-# Dagster's ``RunLauncher`` base and ``ConfigurableClass`` (how dagster.yaml names a launcher)
-# are not exported, and what a run worker does (``dagster api execute_run``: the run's engine
-# events, its execution, its exit code) is the body of Dagster's internal CLI command.
+# A run launcher that forks each run's worker from a warm process (orchestration/run_launcher.py): Dagster's
+# ``RunLauncher`` base and ``ConfigurableClass`` (how dagster.yaml names a launcher) are not exported, and what
+# a run worker does (``dagster api execute_run``: the run's engine events, its execution, its exit code) is the
+# body of Dagster's internal CLI command.
 from dagster._core.launcher import LaunchRunContext, RunLauncher  # noqa: E402, F401 - re-exported
 from dagster._core.instance import InstanceRef  # noqa: E402, F401 - re-exported
 from dagster._serdes import ConfigurableClass, ConfigurableClassData  # noqa: E402, F401 - re-exported
@@ -451,8 +394,7 @@ RUN_WORKER_MODULES = ("dagster", "dagster._cli.api", "dagster._utils.interrupts"
 
 
 def execute_launched_run(run_id: str, instance: dg.DagsterInstance) -> int:
-    """Execute the launched run ``run_id`` in this process as ``dagster api execute_run``
-    does, interrupts delivered as Dagster's run workers take them. The worker's exit code."""
+    """Execute the launched run here as ``dagster api execute_run`` does; the worker's exit code."""
     from dagster._cli.api import _execute_run_command_body
     from dagster._utils.interrupts import capture_interrupts
 

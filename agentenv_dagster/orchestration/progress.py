@@ -1,9 +1,6 @@
-"""What a person sees while ``agentenv-dagster run`` works, and the addresses it leaves.
-
-A live line per run on a terminal, an occasional line elsewhere, none with ``--quiet``, Dagster's own event
-lines with ``--verbose``; then each run's status, UI page and assets. All of it is read back from the run's
-event log (``run_tally.py``), so it says no more than the UI would.
-"""
+"""What a person sees while ``agentenv-dagster run`` works, and the addresses it leaves: a live line per run on
+a terminal, an occasional line elsewhere, none with ``--quiet``, Dagster's event lines with ``--verbose``; then
+each run's status, UI page and assets, all read back from the run's event log (``run_tally.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from contextvars import ContextVar
 from enum import StrEnum
 from typing import IO, Any
@@ -92,8 +89,7 @@ class _Lines(_View):
 
 
 class _Live(_View):
-    """A terminal: a ``rich`` progress display, a line per run, left on screen when it ends; it leaves
-    stdout and stderr alone, so what the run prints goes where Dagster's log capture sends it."""
+    """A terminal: a ``rich`` progress display, a line per run, left on screen; stdout and stderr left alone."""
 
     def __init__(self, stream: IO[str]) -> None:
         self.progress = Progress(
@@ -144,21 +140,17 @@ class _Live(_View):
 
 def _width(stream: IO[str]) -> int | None:
     """The terminal's width, read once (while a run's logs are captured rich cannot find it); None: rich guesses."""
-    try:
+    with suppress(AttributeError, OSError, ValueError):
         return os.get_terminal_size(stream.fileno()).columns or None
-    except (AttributeError, OSError, ValueError):
-        return None
+    return None
 
 
 def _own_handle(stream: IO[str]) -> IO[str]:
-    """A duplicate descriptor of ``stream``'s file: while a run executes, Dagster points stdout and stderr
-    at the run's captured logs, and the progress belongs on the terminal, not in them."""
-    try:
-        descriptor = os.dup(stream.fileno())
-    except (AttributeError, OSError, ValueError):  # no file behind it (a test's buffer)
-        return stream
-    return open(descriptor, "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
-                errors="replace")
+    """A duplicate descriptor of ``stream``'s file: during a run Dagster points stdout and stderr at its logs."""
+    with suppress(AttributeError, OSError, ValueError):  # else no file behind it (a test's buffer)
+        return open(os.dup(stream.fileno()), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
+                    errors="replace")
+    return stream
 
 
 class Reporter:
@@ -245,20 +237,18 @@ def reporting(mode: Mode, stream: IO[str]) -> Iterator[Reporter]:
 
 
 def console_config(job_def: dg.JobDefinition | None = None) -> Mapping[str, Any]:
-    """What a run's config says of Dagster's console logger: quiet in a command that reports progress,
-    unless ``--verbose``; else nothing (Dagster's default), as for a job with loggers of its own and no console."""
+    """Run config quietening Dagster's console logger while the command reports progress (not ``--verbose``),
+    unless the job has loggers of its own and no console; else nothing (Dagster's default)."""
     reporter = _REPORTER.get()
     if reporter is None or (job_def is not None and job_def.loggers and "console" not in job_def.loggers):
         return {}
     return {} if reporter.mode == Mode.VERBOSE else QUIET_CONSOLE
 
 
-@contextmanager
-def watching(instance: dg.DagsterInstance, label: str, rows: int) -> Iterator[str]:
+def watching(instance: dg.DagsterInstance, label: str, rows: int) -> AbstractContextManager[str]:
     """The id to give the run about to execute, its progress shown when the command reports progress."""
     reporter = _REPORTER.get()
-    with reporter.watch(instance, label, rows) if reporter is not None else nullcontext(str(uuid.uuid4())) as run_id:
-        yield run_id
+    return reporter.watch(instance, label, rows) if reporter is not None else nullcontext(str(uuid.uuid4()))
 
 
 def noted(instance: dg.DagsterInstance, run_id: str, label: str) -> None:

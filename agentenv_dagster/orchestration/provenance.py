@@ -1,9 +1,6 @@
-"""What a task asset's materialization was made from, in the tags Dagster reads staleness from.
-
-The ops log each row's materializations themselves, so they stamp what Dagster would: the node's code
-version and each upstream's data version, so that Dagster shows a score stale exactly when its code version
-or an upstream artifact changed (unstamped, every upstream counts as new).
-"""
+"""What a task asset's materialization was made from, in the tags Dagster reads staleness from: the ops log
+each row's materializations themselves, so they stamp the node's code version and each upstream's data version
+as Dagster would (unstamped, every upstream counts as new)."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from ..steps.base import ARTIFACT, PRODUCER, VERIFICATION
 from ..steps.scoring import verification_passed
 from .dagster_internals import (
     CODE_VERSION_TAG, DATA_VERSION_IS_USER_PROVIDED_TAG, DATA_VERSION_TAG, DEFAULT_DATA_VERSION, NULL_EVENT_POINTER,
-    input_data_version_tag, input_event_pointer_tag,
+    get_input_data_version_tag, get_input_event_pointer_tag,
 )
 from .rows import node_assets, op_graph
 from .translator import TAG_CODE_VERSION
@@ -72,13 +69,6 @@ def artifact_tags(version: int) -> dict[str, str]:
     return {DATA_VERSION_TAG: str(version), DATA_VERSION_IS_USER_PROVIDED_TAG: "true"}
 
 
-def written_version(ctx: TaskStepContext, artifact_id: str) -> int | None:
-    """The newest version of a stored artifact the row's own steps wrote (an env snapshot)."""
-    versions = [u["version"] for u in (ctx.metadata.get("env_snapshotted_universes") or {}).values()
-                if isinstance(u, dict) and u.get("id") == artifact_id and isinstance(u.get("version"), int)]
-    return max(versions, default=None)
-
-
 @dataclass(frozen=True)
 class Provenance:
     """How one node stamps its task asset's materializations: code version, deps and their data versions."""
@@ -110,9 +100,9 @@ class Provenance:
             return {}
         tags = {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version}
         for dep in self.deps:
-            tags[input_data_version_tag(dep)] = self._dep_version(dep, ctx)
+            tags[get_input_data_version_tag(dep)] = self._dep_version(dep, ctx)
             # Dagster reads only a partitioned input's pointer (the row's own upstream): no event to point at
-            tags[input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
+            tags[get_input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
         return tags
 
     def _dep_version(self, dep: dg.AssetKey, ctx: TaskStepContext) -> str:
@@ -123,8 +113,9 @@ class Provenance:
         if kind == PRODUCER:
             entry = produced_entry(ctx, name)
             return collection_version(entry) if entry is not None else DEFAULT_DATA_VERSION
-        written = written_version(ctx, name)
-        return str(written) if written is not None else self.current.get(dep, DEFAULT_DATA_VERSION)
+        written = [u["version"] for u in (ctx.metadata.get("env_snapshotted_universes") or {}).values()
+                   if isinstance(u, dict) and u.get("id") == name and isinstance(u.get("version"), int)]
+        return str(max(written)) if written else self.current.get(dep, DEFAULT_DATA_VERSION)  # the row's own snapshot
 
 
 def _current_version(instance: dg.DagsterInstance, key: dg.AssetKey) -> str:

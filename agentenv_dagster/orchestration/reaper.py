@@ -1,9 +1,9 @@
 """Reap what killed runs left behind, and prune old run folders.
 
-A run killed hard (``kill -9`` of the CLI, a lost run worker) never closes its ledger: its
-containers may still run and its Dagster run stays ``STARTED``. :func:`reap_dead_runs`, run when
-the CLI starts and when the code location loads, ends what such runs of this machine left, marks
-them failed, and removes run folders older than ``[stores] keep_runs_days``.
+A run killed hard (``kill -9`` of the CLI, a lost run worker) never closes its ledger: its containers may
+still run and its Dagster run stays ``STARTED``. :func:`reap_dead_runs`, run when the CLI starts and when
+the code location loads, ends what such runs of this machine left, marks them failed, and removes run
+folders older than ``[stores] keep_runs_days``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ DAY_SECONDS = 86400
 
 
 def reap_dead_runs(instance: dg.DagsterInstance, config: AgentEnvConfig) -> list[str]:
-    """End what runs whose owner process is gone left running, mark those Dagster runs
-    failed, and prune old run folders; the ids of the runs reaped."""
+    """End what runs whose owner process is gone left running, fail them, prune old run folders; the ids reaped."""
     runs_dir = config.state_dir / "runs"
     reaped = []
     for run_dir in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else ():
@@ -45,8 +44,7 @@ def reap_dead_runs(instance: dg.DagsterInstance, config: AgentEnvConfig) -> list
 
 
 def prune_old_runs(runs_dir: Path, keep_days: float) -> list[str]:
-    """Remove run folders untouched for ``keep_days`` (0 keeps them all) whose run is over
-    (its ledger closed, or its owner gone); the ids removed."""
+    """Remove the folders of runs over and untouched for ``keep_days`` (0 keeps them all); the ids removed."""
     if keep_days <= 0 or not runs_dir.is_dir():
         return []
     cutoff = time.time() - keep_days * DAY_SECONDS

@@ -1,10 +1,8 @@
-"""The regression gate: the asset check ``no_regression`` of every verification asset and suite.
-
-Where a score is materialized it is compared with the median of the ``window`` earlier scores of the same
-asset and partition, failing when more than ``max_drop`` below (passing, without a baseline, under
-``min_history``). Earlier scores of any code version count unless ``same_code_version``: a change of agent,
-model or judge that costs score is what the gate is for. Settings: ``[regression]`` in ``.agentenv/config.toml``.
-"""
+"""The regression gate (``[regression]`` in ``.agentenv/config.toml``): the asset check ``no_regression`` of
+every verification asset and suite. A score fails it when more than ``max_drop`` below the median of the
+``window`` earlier scores of its asset and partition (no baseline under ``min_history``: it passes); earlier
+scores of any code version count unless ``same_code_version``, since a change of agent, model or judge that
+costs score is what the gate is for."""
 
 from __future__ import annotations
 
@@ -24,6 +22,8 @@ from .translator import TaskTranslator
 
 REGRESSION_CHECK = "no_regression"
 SCORE = "score"
+SUITE_TABLE_COLUMNS = (("metric", "string"), ("value", "float"), ("baseline_median", "float"), ("drop", "float"),
+                       ("regressed", "bool"))
 PAGES = 20  # pages of earlier materializations a baseline reads at most (other code versions, ungraded skipped)
 
 
@@ -173,17 +173,14 @@ def suite_check_result(
     earlier = earlier_values(instance, key, partition, list(metrics), settings, judged_run=None, code_version=None)
     comparisons = compare(metrics, earlier, settings)
     regressed = [c for c in comparisons if c.regressed]
-    rows = [dg.TableRecord({"metric": c.metric, "value": c.value,
-                            "baseline_median": c.baseline, "drop": c.drop, "regressed": c.regressed})
-            for c in comparisons]
+    rows = [dg.TableRecord({"metric": c.metric, "value": c.value, "baseline_median": c.baseline, "drop": c.drop,
+                            "regressed": c.regressed}) for c in comparisons]
     return dg.AssetCheckResult(
         check_name=REGRESSION_CHECK, passed=not regressed, severity=dg.AssetCheckSeverity.ERROR,
         description="; ".join(map(str, regressed)) or f"no metric more than {settings.max_drop:g} below its baseline",
         metadata={
-            "metrics": dg.MetadataValue.table(rows, schema=dg.TableSchema(columns=[
-                dg.TableColumn("metric", "string"), dg.TableColumn("value", "float"),
-                dg.TableColumn("baseline_median", "float"), dg.TableColumn("drop", "float"),
-                dg.TableColumn("regressed", "bool")])),
+            "metrics": dg.MetadataValue.table(rows, schema=dg.TableSchema(
+                columns=[dg.TableColumn(name, kind) for name, kind in SUITE_TABLE_COLUMNS])),
             "regressed": dg.MetadataValue.json([c.metric for c in regressed]),
             "baseline_runs": dg.MetadataValue.json([run for run, _ in earlier]),
             "window": settings.window, "max_drop": settings.max_drop,

@@ -42,8 +42,8 @@ log = logging.getLogger("agentenv_dagster")
 # -- compile time ---------------------------------------------------------------------------
 
 def retry_span(plan: TaskPlan, step_id: str) -> list[str]:
-    """The steps a retry of ``step_id`` re-executes, in list order: ``retry_from`` and its
-    dependents, plus every ancestor that deployed something a member uses (and so on)."""
+    """The steps a retry of ``step_id`` re-executes, in list order: ``retry_from``, its dependents
+    and, transitively, every ancestor that deployed something a member uses."""
     selected = {plan.step_by_id[step_id].retry_config.retry_from_step_id}
     while True:
         grown = selected | {s.id for s in plan.steps if plan.ancestors(s.id) & selected}
@@ -101,7 +101,9 @@ def plan_retry(
     done = instance.get_run_ids(dg.RunsFilter(tags={TAG_RETRY_OF: run.run_id}), limit=1)
     if done:
         return f"run {run.run_id} was already retried by run {done[0]}"
-    chain = _chain(instance, run)
+    chain = [run]  # and its parents, up to the root
+    while chain[-1].parent_run_id and (parent := instance.get_run_by_id(chain[-1].parent_run_id)):
+        chain.append(parent)
     retries = [r for r in chain if r.parent_run_id and r.tags.get(TAG_RETRY_OF) == r.parent_run_id]
     used = sum(1 for r in retries if r.tags.get(TAG_RETRY_STEP) == step_id)
     if used >= span["max_retries"]:
@@ -179,14 +181,6 @@ def retry_in_process(
         children.append(run_id)
 
 
-def _chain(instance: dg.DagsterInstance, run: dg.DagsterRun) -> list[dg.DagsterRun]:
-    """The run and its parents, up to the root."""
-    chain = [run]
-    while chain[-1].parent_run_id and (parent := instance.get_run_by_id(chain[-1].parent_run_id)):
-        chain.append(parent)
-    return chain
-
-
 def _rolled_back(io: ContextIOManagerBase, chain: list[dg.DagsterRun], job_def: dg.JobDefinition,
                  replayed: set[str]) -> dict[str, list[dict]]:
     """Deployments the failed attempt held that the outputs the child reuses do not."""
@@ -213,7 +207,7 @@ def self_retry_pending(context: dg.OpExecutionContext, step: TaskStep) -> bool:
 def retries_carried(context: dg.OpExecutionContext, step: TaskStep,
                     io: ContextIOManagerBase) -> Callable[[str, TaskStepContext], None] | None:
     """What a retried attempt writes into each row's context before the step runs (None: no retry): the chain's
-    resets and the failed attempt's fatal records (the parent run's, or a self-retry's own), read once."""
+    resets and the failed attempt's fatal records (the parent run's, or a self-retry's own)."""
     resets = json.loads(context.run.tags.get(TAG_RETRY_RESETS) or "[]")
     parent = context.run.parent_run_id
     if not (resets and parent) and not context.retry_number:

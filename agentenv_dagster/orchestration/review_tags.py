@@ -1,11 +1,10 @@
-"""Review decisions from the Dagster UI: a run tag becomes the decision file a waiting
-``review`` step polls for (``runtime/review.py``; the step itself never sees Dagster).
+"""Review decisions from the Dagster UI: a run tag becomes the decision file a waiting ``review`` step polls
+for (``runtime/review.py``; the step itself never sees Dagster).
 
-On the run's page add the tag ``agentenv/review=approved`` (or ``rejected``), optionally
-``agentenv/review_note=<why>``; the ``agentenv_review_tags`` sensor (running by default)
-decides every review awaiting in that run on its next tick. One tag decides all of a run's
-reviews, those awaiting later included; to decide several gates one by one use
-``agentenv-dagster review RUN_ID approve|reject --step STEP``.
+The tag ``agentenv/review=approved`` (or ``rejected``), optionally with ``agentenv/review_note=<why>``, on a
+run's page decides every review awaiting in that run, those awaiting later included, on the next tick of the
+``agentenv_review_tags`` sensor (running by default); ``agentenv-dagster review RUN_ID approve|reject --step
+STEP`` decides gates one by one.
 """
 
 from __future__ import annotations
@@ -28,28 +27,26 @@ log = logging.getLogger("agentenv_dagster")
 
 def apply_review_tags(instance: dg.DagsterInstance, resource: AgentEnvResource,
                       logger: logging.Logger | None = None) -> list[tuple[str, str, str]]:
-    """Decide the awaiting reviews of every started run tagged ``agentenv/review``;
-    (run id, step id, decision) of each decision written."""
+    """Decide the awaiting reviews of every started run tagged ``agentenv/review``; (run, step, decision) of each."""
     written = []
-    for value in _TAG_VALUES:
-        runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_REVIEW: value}))
-        for run in runs:
-            run_dir = resource_of_run(resource, run).run_dir(run.run_id)
-            if not run_dir.is_dir():
-                continue
-            reviews = RunReviews.of_run(run_dir)
-            for awaiting in reviews.awaiting():
-                step_id, instance_id = awaiting["step_id"], awaiting["instance_id"]
-                if reviews.get(step_id, instance_id) is not None:
-                    continue  # decided already; the step has not noticed yet
-                record = reviews.decide(
-                    value, step_id=step_id, instance_id=instance_id, note=run.tags.get(TAG_REVIEW_NOTE),
-                    decided_by=f"dagster run tag {TAG_REVIEW}={value}", source="dagster-tag",
-                )
-                written.append((run.run_id, step_id, record["decision"]))
-                message = f"agentenv: review '{step_id}' {value} by the run tag {TAG_REVIEW}"
-                (logger or log).info(f"run {run.run_id}: {message}")
-                instance.report_engine_event(message, dagster_run=run)
+    tagged = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_REVIEW: list(_TAG_VALUES)})
+    for run in instance.get_runs(filters=tagged):
+        run_dir = resource_of_run(resource, run).run_dir(run.run_id)
+        if not run_dir.is_dir():
+            continue
+        reviews, value = RunReviews.of_run(run_dir), run.tags[TAG_REVIEW]
+        for awaiting in reviews.awaiting():
+            step_id, instance_id = awaiting["step_id"], awaiting["instance_id"]
+            if reviews.get(step_id, instance_id) is not None:
+                continue  # decided already; the step has not noticed yet
+            record = reviews.decide(
+                value, step_id=step_id, instance_id=instance_id, note=run.tags.get(TAG_REVIEW_NOTE),
+                decided_by=f"dagster run tag {TAG_REVIEW}={value}", source="dagster-tag",
+            )
+            written.append((run.run_id, step_id, record["decision"]))
+            message = f"agentenv: review '{step_id}' {value} by the run tag {TAG_REVIEW}"
+            (logger or log).info(f"run {run.run_id}: {message}")
+            instance.report_engine_event(message, dagster_run=run)
     return written
 
 
@@ -60,8 +57,7 @@ def review_tag_sensor() -> dg.SensorDefinition:
                     "waiting review steps.",
     )
     def _sensor(context: dg.SensorEvaluationContext, agentenv: AgentEnvResource):  # the RESOURCE_KEY resource
-        decided = apply_review_tags(context.instance, agentenv, context.log)
-        if not decided:
+        if not apply_review_tags(context.instance, agentenv, context.log):
             return dg.SkipReason("no tagged run has a review awaiting a decision")
         return None
 

@@ -1,26 +1,16 @@
-"""A run launcher that forks each run's worker from a process that has Dagster and
-agentenv_dagster imported already.
-
-Dagster's default launcher asks the code server to spawn a new Python for every run, which
-imports Dagster and this package before the run can begin: for a task of a few seconds that
-is most of what a launch from the UI adds to the task itself (docs/performance.md,
-``bench/overhead.py``). ``ForkingRunLauncher`` keeps one such process ready, a *zygote*
-started on the launcher's first launch by the process that owns the launcher (the webserver,
-or the daemon when runs are queued), and forks it for each run; the child runs exactly what
-``dagster api execute_run`` runs, loading the run's code location from its origin as that
-command does, so code reloaded in the UI is what runs. The project's instance
-(``.dagster_home/dagster.yaml``, written by the CLI) names it:
+"""A run launcher that forks each run's worker from a warm process (a *zygote*, started by the launcher's
+owner on its first launch) that has Dagster and agentenv_dagster imported, instead of a new Python per run
+(docs/concepts.md, docs/performance.md). The child runs what ``dagster api execute_run`` runs, so code
+reloaded in the UI is what runs. The project's instance (``.dagster_home/dagster.yaml``) names it:
 
     run_launcher:
       module: agentenv_dagster.orchestration.run_launcher
       class: ForkingRunLauncher
 
-A run of a code location served by another Python (its ``executable_path``) goes through
-Dagster's default launcher. A run is cancelled through the instance (the UI's *Terminate*):
-its worker sees the run ``CANCELING`` and interrupts itself, as Dagster's run workers take
-an interrupt (when its worker is gone, ``terminate`` says so by returning False, and the UI
-offers to mark the run failed). The zygote ends when the process that started it does; a run already forked
-goes on to its end, as a run worker of the default launcher outlives its code server.
+A code location served by another Python goes through Dagster's default launcher. The UI's *Terminate*
+marks the run ``CANCELING`` and its worker interrupts itself (``terminate`` returns False when the worker is
+gone: the UI offers to mark the run failed). Forked runs outlive the zygote, as Dagster's outlive their code
+server.
 """
 
 from __future__ import annotations
@@ -34,17 +24,13 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import suppress
 
 import dagster as dg
 
 from ..runtime.processes import is_running
 from .dagster_internals import (
-    RUN_WORKER_MODULES,
-    ConfigurableClass,
-    ConfigurableClassData,
-    InstanceRef,
-    LaunchRunContext,
-    RunLauncher,
+    RUN_WORKER_MODULES, ConfigurableClass, ConfigurableClassData, InstanceRef, LaunchRunContext, RunLauncher,
     execute_launched_run,
 )
 
@@ -120,8 +106,7 @@ def _worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
 
 
 def _runs_on_this_python(run: dg.DagsterRun) -> bool:
-    """Whether the run's code location is served by this interpreter (else the zygote, this
-    Python with this package, is not what should run it)."""
+    """Whether the run's code location is served by this interpreter, which the zygote is."""
     origin = run.job_code_origin
     try:
         return origin is not None and os.path.samefile(origin.executable_path, sys.executable)
@@ -130,10 +115,8 @@ def _runs_on_this_python(run: dg.DagsterRun) -> bool:
 
 
 class _Zygote:
-    """The warm process: a first line in (the launcher's instance, which it opens once: its
-    storage imported and checked before any run, and shared by every worker it forks), then a
-    line in (the id of a run to fork a worker for) and a line out (the worker's pid) per run.
-    Its pipes are its own; its output and the workers' go where ours does."""
+    """The warm process: a first line in (the launcher's instance, opened once and shared by every
+    worker it forks), then per run a line in (its id) and a line out (its worker's pid)."""
 
     def __init__(self, instance_ref: str) -> None:
         requests_in, self._requests = os.pipe()
@@ -150,11 +133,9 @@ class _Zygote:
         return self._process.poll() is None
 
     def fork(self, run_id: str) -> int:
-        try:
+        with suppress(BrokenPipeError):  # then the reply below is empty
             self._send.write(run_id + "\n")
             self._send.flush()
-        except BrokenPipeError:
-            pass  # read the (empty) reply below
         reply = self._receive.readline()
         if not reply:
             raise dg.DagsterInvariantViolationError(
@@ -174,11 +155,11 @@ class _Zygote:
 
 def serve(requests_fd: int, replies_fd: int) -> None:
     """The zygote's loop: import what a run worker needs, then fork a worker per request until
-    the launcher's end of the pipe closes. It reaps its workers as they end."""
+    the launcher's end of the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is for the runs
     for module in PRELOADED:
         importlib.import_module(module)
-    signal.signal(signal.SIGCHLD, _reap)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # its workers are reaped as they end
     with os.fdopen(requests_fd, "r") as requests, os.fdopen(replies_fd, "w") as replies, \
             dg.DagsterInstance.from_ref(dg.deserialize_value(requests.readline(), InstanceRef)) as instance:
         instance.get_run_by_id("")  # its storage imported, opened and checked once, here
@@ -190,16 +171,6 @@ def serve(requests_fd: int, replies_fd: int) -> None:
                 _work(line.strip(), instance)
             replies.write(f"{pid}\n")
             replies.flush()
-
-
-def _reap(_signum: int, _frame: object) -> None:
-    while True:
-        try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 def _work(run_id: str, instance: dg.DagsterInstance) -> None:
@@ -219,8 +190,7 @@ def _work(run_id: str, instance: dg.DagsterInstance) -> None:
 
 
 def _watch_for_cancel(instance: dg.DagsterInstance, run_id: str) -> None:
-    """Interrupt this worker once its run is being cancelled (the launcher's ``terminate``
-    marks it in the instance, from whichever process holds the launcher)."""
+    """Interrupt this worker once the launcher's ``terminate`` marks its run cancelling."""
 
     def watch() -> None:
         while True:

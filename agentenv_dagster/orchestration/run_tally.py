@@ -1,6 +1,5 @@
 """One Dagster run's progress as its event log tells it (rows done by ``outcome``, steps, assets, how it
-ended), and the run's and assets' pages in the Dagster UI: what ``progress.py`` shows and sums up.
-"""
+ended), and the run's and assets' pages in the Dagster UI: what ``progress.py`` shows and sums up."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import quote
 
 import dagster as dg
@@ -68,7 +66,7 @@ class RunTally:
         elif kind == dg.DagsterEventType.ASSET_MATERIALIZATION:
             materialization = entry.asset_materialization
             self.assets.setdefault(materialization.asset_key.to_user_string())
-            outcome = _value(materialization.metadata.get("outcome"))
+            outcome = getattr(materialization.metadata.get("outcome"), "value", None)
             if step == FINAL_STEP and outcome in OUTCOMES:
                 self.outcomes[materialization.partition or ""] = outcome
         elif kind in _RUN_ENDS:
@@ -151,10 +149,6 @@ def _first_line(text: str) -> str:
     """A message's first line, short, with every known secret masked."""
     line = redact_text(text.strip().splitlines()[0] if text.strip() else "")
     return line if len(line) <= FAILURE_CHARS else line[:FAILURE_CHARS - 1] + "…"
-
-
-def _value(metadata_value: Any) -> Any:
-    return getattr(metadata_value, "value", metadata_value)
 
 
 def clock(seconds: float) -> str:

@@ -1,8 +1,5 @@
-"""Which of a task's scores are stale, by Dagster's own account, and the runs that refresh them.
-
-A row needs running again when one of its task assets is ``STALE`` or ``MISSING``, as the UI shows;
-``run --stale-only`` runs just those rows, the ``agentenv_stale_scores`` sensor launches them.
-"""
+"""Which of a task's rows are stale (a task asset ``STALE`` or ``MISSING``, as the UI shows), and the runs that
+refresh them: ``run --stale-only`` runs just those rows, the ``agentenv_stale_scores`` sensor launches them."""
 
 from __future__ import annotations
 
@@ -57,8 +54,7 @@ def stale_rows(
     instance: dg.DagsterInstance, asset_graph, plan: TaskPlan, keys: list[str],
     translator: TaskTranslator | None = None,
 ) -> StaleRows:
-    """Which of ``keys`` (partition keys, or ``[""]`` for a task without rows) are stale or missing in
-    ``instance``, read against ``asset_graph`` (the code location's, or ``plan_asset_graph``)."""
+    """Which of ``keys`` (partition keys; ``[""]``: no rows) are stale or missing, against ``asset_graph``."""
     translator = translator or TaskTranslator()
     statuses = StaleStatuses(instance, asset_graph)
     found = StaleRows()
@@ -81,8 +77,8 @@ def stale_rows(
 
 def stale_scores_sensor(plans: list[TaskPlan], jobs: list[dg.JobDefinition],
                         translator: TaskTranslator) -> dg.SensorDefinition:
-    """Each tick, each task's stale or missing (selected) rows launched as one run a task and variant; the run
-    key names the code versions and rows, so a failed run is not launched again until something changes."""
+    """Each tick, launches each task's and variant's stale or missing (selected) rows as one run, keyed by the code
+    versions and rows: a failed run is not launched again until something changes."""
     from .schedules import task_run_requests  # schedules -> task_job -> ... -> this module
 
     by_name = {job.name: job for job in jobs}

@@ -1,8 +1,5 @@
-"""The suite asset of a dataset task: its row partitions' verifications rolled up.
-
-It aggregates each row's latest verification per criterion and gates ``suite_thresholds`` as blocking
-checks; under an experiment a suite is one variant's rows, so the asset is partitioned by variant.
-"""
+"""The suite asset of a dataset task: each row's latest verification rolled up per criterion, with
+``suite_thresholds`` as blocking checks; under an experiment a suite is one variant's rows (a partition)."""
 
 from __future__ import annotations
 
@@ -40,11 +37,9 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
     thresholds = [c.get("suite_thresholds") for c in step.criteria]  # a variant cannot change the criteria
     key = translator.get_suite_asset_key(plan.task_id)
     names = _check_names(thresholds)
-    checks = [
-        dg.AssetCheckSpec(names[index, metric], asset=key, blocking=True,
-                          description=f"suite {metric} of criterion {index + 1} >= {minimum}")
-        for index, gate in enumerate(thresholds) for metric, minimum in (gate or {}).items()
-    ]
+    checks = [dg.AssetCheckSpec(name, asset=key, blocking=True,
+                                description=f"suite {metric} of criterion {index + 1} >= {thresholds[index][metric]}")
+              for (index, metric), name in names.items()]
     gate = regression if regression is not None and regression.enabled else None
     checks += [suite_check_spec(key, gate)] if gate is not None else []
     variants = list(document.variant_steps or ())
@@ -91,8 +86,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
 
 
 def suites_sensor(suites: list[dg.AssetsDefinition]) -> list[dg.AutomationConditionSensorDefinition]:
-    """Keeps the suites current: whatever updated the rows (a run, a backfill, a schedule's tick), the daemon
-    materializes the suite after it."""
+    """Keeps the suites current: whatever updated the rows, the daemon materializes the suite after it."""
     if not suites:
         return []
     return [dg.AutomationConditionSensorDefinition(
@@ -117,8 +111,7 @@ def _gated_metrics(suite: dict[str, Any]) -> dict[str, float]:
 
 
 def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, str], str]:
-    """A check name per gate, unique on the asset: a metric's label (``f1.case-management``) may hold characters
-    Dagster names cannot."""
+    """A check name per gate, unique on the asset (a label like ``f1.case-management`` is no Dagster name)."""
     names: dict[tuple[int, str], str] = {}
     for index, gate in enumerate(thresholds):
         for metric in gate or {}:
@@ -132,8 +125,8 @@ def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, s
 def latest_row_results(
     plan: TaskPlan, instance: dg.DagsterInstance, rows: list[str], task_id: str, variant: str | None = None,
 ) -> list[EvaluationResult]:
-    """What the suite asset counts for ``rows`` (partition keys): each one's latest verification, as the
-    result of row-task ``<task_id>/<row>``; ``run --failed-only`` counts the rows it does not run again so."""
+    """What the suite asset counts for ``rows`` (partition keys): each one's latest verification as the result
+    of row-task ``<task_id>/<row>``; ``run --failed-only`` counts the rows it does not run again so."""
     criteria = _criteria(plan, TaskTranslator())
     if criteria is None:
         return []

@@ -1,6 +1,5 @@
-"""Tokens and cost behind a verification, as metadata on its asset: the agent's turns, a
-simulated user's, and the judge's calls, each priced by ``[model] prices`` where it knows the
-model (an unpriced bucket shows its tokens and no cost, since unpriced is not free)."""
+"""Tokens and cost behind a verification, as metadata on its asset: the agent's, a simulated user's and the
+judge's, priced by ``[model] prices`` where it knows the model (unpriced shows tokens and no cost: not free)."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from ..reports.telemetry import TokenUsage
 def usage_metadata(
     ctx: TaskStepContext, entry: dict[str, Any], prices: dict[str, dict[str, float]], prompt_id: str | None = None,
 ) -> dict[str, Any]:
-    """The buckets of one verification: the agent and user turns of the prompt it grades
-    (``prompt_id``; every prompt of the run for a verifier of an env's end state) and its judge."""
+    """One verification's buckets: the turns of the prompt it grades (None: every prompt) and its judge."""
     buckets = {"agent": TokenUsage(), "user": TokenUsage(), "judge": TokenUsage()}
     for response in ctx.prompt_responses:
         if prompt_id is not None and response.prompt_id != prompt_id:
