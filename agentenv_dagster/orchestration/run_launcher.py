@@ -15,6 +15,7 @@ server.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import re
@@ -163,6 +164,7 @@ def serve(requests_fd: int, replies_fd: int) -> None:
     with os.fdopen(requests_fd, "r") as requests, os.fdopen(replies_fd, "w") as replies, \
             dg.DagsterInstance.from_ref(dg.deserialize_value(requests.readline(), InstanceRef)) as instance:
         instance.get_run_by_id("")  # its storage imported, opened and checked once, here
+        gc.freeze()  # what the workers inherit is left out of their collections: its pages stay shared
         for line in requests:
             pid = os.fork()
             if pid == 0:
