@@ -124,7 +124,8 @@ class AgentEnvResource(dg.ConfigurableResource):
         return ctx
 
     def live_rows_bound(self, task_bound: int | None) -> int:
-        """How many rows may hold their deployments at once: ``max_sandboxes``, else the task's own (field above)."""
+        """How many rows may hold their deployments at once: ``max_sandboxes``, else the task's own, else
+        twice ``rows_in_flight``, so that grading rows never idle an agent lane."""
         return self.max_sandboxes or task_bound or 2 * self.rows_in_flight
 
     def step_runtime(

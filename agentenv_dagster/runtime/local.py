@@ -211,7 +211,8 @@ class LocalProvider:
         overrides: dict[str, Any] | None = None, tools_env: dict[str, str] | None = None,
     ) -> DeployedAgent:
         """Deploy agent ``agent_id`` (its registry entry, ``overrides`` on top) into the run's agent host. With
-        a ``workspace`` it works there with Bash/Write/Read/Skill tools (Bash in the sandbox's ``container``)."""
+        a ``workspace`` it works there with Bash/Write/Read/Skill tools (Bash in the sandbox's ``container``),
+        whose environment is an allowlist plus ``tools_env``: never the run's keys."""
         request = self._hosted_request(agent_id, agent_name, ttl_seconds, env_vars, workspace, container, overrides,
                                        tools_env)
         try:
