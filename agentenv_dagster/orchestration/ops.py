@@ -29,6 +29,7 @@ from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import live_deployers, retries_carried, self_retry_pending
 from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
+from .run_tally import STEP_ENDS
 from .step_events import (
     asset_events, asset_provenance, check_evaluations, report_unreached, result_materialization, row_page_link,
 )
@@ -333,7 +334,6 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
 
 
 ONE_STEP_AT_A_TIME = ("in_process", "execute_in_process_executor")  # Dagster's in-process executors
-_STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
 
 
 def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, failing: bool) -> bool:
@@ -342,7 +342,7 @@ def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, f
     plan = plan_of(context)
     if plan is None:  # (a job not built from a task plan: nothing to wait for is known)
         return failing
-    ends = context.instance.get_records_for_run(context.run_id, of_type=_STEP_ENDS).records
+    ends = context.instance.get_records_for_run(context.run_id, of_type=STEP_ENDS).records
     ended = {r.event_log_entry.step_key: r.event_log_entry.dagster_event_type for r in ends}
     key = step_keys(context)
     failed = {s for s, k in key.items() if ended.get(k) == dg.DagsterEventType.STEP_FAILURE}

@@ -33,8 +33,8 @@ FAILURE_CHARS = 300  # of a failure's message in the summary
 OUTCOMES = ("passed", "failed", "errored", "not graded")  # a row's, as its results materialization says
 _RUN_ENDS = {dg.DagsterEventType.RUN_SUCCESS: "SUCCESS", dg.DagsterEventType.RUN_FAILURE: "FAILURE",
              dg.DagsterEventType.RUN_CANCELED: "CANCELED"}
-_STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
-WATCHED = {*_RUN_ENDS, *_STEP_ENDS, dg.DagsterEventType.STEP_START, dg.DagsterEventType.ASSET_MATERIALIZATION}
+STEP_ENDS = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
+WATCHED = {*_RUN_ENDS, *STEP_ENDS, dg.DagsterEventType.STEP_START, dg.DagsterEventType.ASSET_MATERIALIZATION}
 
 
 @dataclass
@@ -59,7 +59,7 @@ class RunTally:
         step = entry.step_key.rsplit(".", 1)[-1] if entry.step_key else None
         if kind == dg.DagsterEventType.STEP_START and step:
             self.steps[step] = False
-        elif kind in _STEP_ENDS and step:
+        elif kind in STEP_ENDS and step:
             self.steps[step] = True
             if kind == dg.DagsterEventType.STEP_FAILURE and self.failure is None:
                 self.failure = f"step {step}: {_failure_message(entry)}"
