@@ -9,24 +9,19 @@ from __future__ import annotations
 import io
 import tarfile
 from contextlib import closing, suppress
-from dataclasses import dataclass
 from pathlib import Path
 
 import docker
 import docker.errors
 import requests.exceptions
 
-from .containers import ContainerSandboxError, ExecResult, _client, _name_part, create_started, image_config
+from .containers import (
+    ContainerSandbox, ContainerSandboxError, ExecResult, _client, _name_part, create_started, image_config,
+)
 
 KEEP_ALIVE = "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"  # PID 1 for execs; TERM ends it
 LOCAL_NETWORKS = ("bridge", "none", "host")
-
-
-@dataclass(frozen=True)
-class StartedContainer:
-    container_id: str
-    working_dir: str
-    port_urls: dict[str, str]  # container port -> URL on 127.0.0.1
+MAX_FILE_BYTES = 10 * 2**20  # the largest file read_container_file takes out of a container
 
 
 def build_image(context_dir: Path, dockerfile: str, tag: str, *, build_args: dict[str, str] | None = None,
@@ -60,10 +55,8 @@ def run_container(
     ports: list[int] | None = None, network: str | None = None, labels: dict[str, str] | None = None,
     privileged: bool = False, cap_add: list[str] | None = None, devices: list[str] | None = None,
     shm_size: str | None = None,
-) -> StartedContainer:
-    """``docker run -d``, its ports published on 127.0.0.1 at ports the engine picks (runs never clash over one)."""
-    if network is not None and network not in LOCAL_NETWORKS:
-        raise ValueError(f"network must be one of {', '.join(LOCAL_NETWORKS)} locally, not {network!r}")
+) -> ContainerSandbox:
+    """``docker run -d``, its ports published on 127.0.0.1 at ports the engine picks; its handle, disconnected."""
     with closing(_client()) as client:
         image_config(client, image)
         container, port_urls = create_started(
@@ -72,7 +65,7 @@ def run_container(
             network_mode=network or "bridge", labels=labels or {}, privileged=privileged,
             cap_add=cap_add or None, devices=devices or None, shm_size=shm_size,
         )
-        return StartedContainer(container.id, container.attrs["Config"].get("WorkingDir") or "/", port_urls)
+        return ContainerSandbox(client, container.id, container.attrs["Config"].get("WorkingDir") or "/", port_urls)
 
 
 def wait_container(container_id: str, timeout: float) -> ExecResult:
@@ -102,24 +95,24 @@ def container_state(container_id: str) -> dict:
             return {}
 
 
-def container_logs(container_id: str, tail: int = 50) -> str:
-    """The last ``tail`` lines the container printed; ``""`` when it is gone."""
+def container_logs(container_id: str) -> str:
+    """The last 50 lines the container printed; ``""`` when it is gone."""
     with closing(_client()) as client:
         try:
-            return client.api.logs(container_id, tail=tail).decode("utf-8", "replace")
+            return client.api.logs(container_id, tail=50).decode("utf-8", "replace")
         except docker.errors.NotFound:
             return ""
 
 
-def read_container_file(container_id: str, path: str, max_bytes: int = 10 * 2**20) -> bytes:
+def read_container_file(container_id: str, path: str) -> bytes:
     """One regular file out of a container, running or stopped (``docker cp``)."""
     with closing(_client()) as client:
         try:
             stream, stat = client.api.get_archive(container_id, path)
         except docker.errors.NotFound:
             raise FileNotFoundError(f"{path} not found in the container") from None
-        if stat.get("size", 0) > max_bytes:
-            raise ValueError(f"{path} is {stat['size']} bytes, over the {max_bytes}-byte limit")
+        if stat.get("size", 0) > MAX_FILE_BYTES:
+            raise ValueError(f"{path} is {stat['size']} bytes, over the {MAX_FILE_BYTES}-byte limit")
         data = b"".join(stream)
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         member = next((m for m in archive.getmembers() if m.isfile()), None)
