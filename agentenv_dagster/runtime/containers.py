@@ -43,7 +43,6 @@ while [ "$round" -lt 5 ]; do
   kill -KILL $found 2>/dev/null
 done
 """
-_KILL_GRACE_SECONDS = 10.0  # how long a killed exec gets to close its output before its result is given up
 
 
 class ContainerSandboxError(RuntimeError):
@@ -177,7 +176,7 @@ class ContainerSandbox:
         timed_out = not done
         if timed_out:
             await self._kill_marked(f"{_MARKER_VAR}={token}", exec_id)
-            done, _ = await asyncio.wait({output}, timeout=_KILL_GRACE_SECONDS)
+            done, _ = await asyncio.wait({output}, timeout=10.0)  # its time to close its output, else given up
         stdout, stderr = output.result() if done else (None, None)
         exit_code = (await asyncio.to_thread(api.exec_inspect, exec_id))["ExitCode"]
         return ExecResult(exit_code, (stdout or b"").decode("utf-8", errors="replace"),

@@ -76,11 +76,10 @@ class Ledger:
         return (self.folder / ".closed").exists()
 
     def record(self, instance_id: str, kind: str, *, pid: int | None = None, container_id: str | None = None,
-               url: str | None = None, host: str | None = None, started: int | None = None,
-               workdir: str | None = None) -> None:
+               url: str | None = None, started: int | None = None, workdir: str | None = None) -> None:
         """What the run must end: a server process (``pid`` started at ``started``, at ``url``; before
-        it exists, its ``workdir``), a container, or an agent at ``url`` in the run's agent ``host``."""
-        self._write(instance_id, _ledger_entry(kind, pid, container_id, url, host, started=started, workdir=workdir))
+        it exists, its ``workdir``) or a container (agents in the run's host: :meth:`record_hosted`)."""
+        self._write(instance_id, _ledger_entry(kind, pid, container_id, url, started=started, workdir=workdir))
 
     def token(self, *, create: bool = True) -> str | None:
         """The run's bearer token, made on first use (None without ``create`` until then)."""
@@ -234,9 +233,8 @@ class LocalProvider:
         if request is None:
             # finding or starting the host blocks: off the loop, and once (the rows behind find it known)
             async with self._host_starting:
-                request = self._hosted_request(*args, start_host=False)
-                if request is None:
-                    request = await asyncio.to_thread(self._hosted_request, *args)
+                request = (self._hosted_request(*args, start_host=False)
+                           or await asyncio.to_thread(self._hosted_request, *args))
         batch = self._batches.get(request.host_url)
         if batch is None:
             batch = self._batches[request.host_url] = HostBatch(
@@ -264,7 +262,7 @@ class LocalProvider:
         host_id = agent_host_id(process_env, model_api)
         if not start_host and host_id not in self._hosts:
             return None
-        host_id, host_url = self._agent_host(process_env, model_api, ttl_seconds)
+        host_url = self._agent_host(host_id, process_env, model_api, ttl_seconds)
         return HostedRequest(agent_id, agent_name, host_id, host_url,
                              {"id": instance_id, "sandbox": str(sandbox), "config": settings})
 
@@ -278,8 +276,8 @@ class LocalProvider:
             return
         env, model_api = dict(env_vars or {}), self._model_api(agent_id, entry, None)
         async with self._host_starting:
-            if agent_host_id(env, model_api) not in self._hosts:
-                await asyncio.to_thread(self._agent_host, env, model_api, ttl_seconds)
+            if (host_id := agent_host_id(env, model_api)) not in self._hosts:
+                await asyncio.to_thread(self._agent_host, host_id, env, model_api, ttl_seconds)
 
     def _agent_entry(self, agent_id: str, overrides: dict[str, Any] | None) -> AgentEntry:
         """The registry entry of ``agent_id``, with a step's inline settings on top."""
@@ -327,12 +325,11 @@ class LocalProvider:
             a2a_agent_id=request.agent_id, a2a_card=answer.get("card"),
         )
 
-    def _agent_host(self, env: dict[str, str], model_api: dict[str, Any], ttl_seconds: int) -> tuple[str, str]:
-        """The run's agent host for this process environment and model API (a key is per process),
-        started on first use; a file lock keeps other processes of the run from starting a second."""
-        host_id = agent_host_id(env, model_api)
+    def _agent_host(self, host_id: str, env: dict[str, str], model_api: dict[str, Any], ttl_seconds: int) -> str:
+        """The URL of the run's agent host ``host_id`` for this process environment and model API (a key is per
+        process), started on first use; a file lock keeps other processes of the run from starting a second."""
         if host_id in self._hosts:  # this process found or started it already (a dead host fails the POST)
-            return host_id, self._hosts[host_id]
+            return self._hosts[host_id]
         self.ledger.folder.mkdir(parents=True, exist_ok=True)
         with FileLock(self.ledger.folder / f"{host_id}.lock"):
             entry = self.ledger.entry(host_id)
@@ -343,7 +340,7 @@ class LocalProvider:
                 url = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env,
                                   secrets_for_server={"model_api": model_api}).url
         self._hosts[host_id] = url
-        return host_id, url
+        return url
 
     def deploy_sandbox(
         self, sandbox_name: str, *, step_id: str, sandbox_mode: str, ttl_seconds: int,

@@ -151,12 +151,9 @@ def _wait_until_ready(ready_file: Path, module: str, proc: subprocess.Popen) -> 
     """The URL in the ready file once written; :class:`ServerStartError` if the server exits or times out."""
     deadline = time.monotonic() + READY_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
-        try:
-            url = json.loads(ready_file.read_text()).get("url")
-        except (OSError, ValueError):  # not written yet (the server renames it in place)
-            url = None
-        if url:
-            return url
+        with contextlib.suppress(OSError, ValueError):  # not written yet (the server renames it in place)
+            if url := json.loads(ready_file.read_text()).get("url"):
+                return url
         if proc.poll() is not None:
             raise ServerStartError(f"{module} exited with code {proc.returncode} before it was ready: "
                                    f"{_tail(ready_file.parent / LOG_FILE)}")

@@ -35,15 +35,14 @@ class LocalSandbox:
         if ".." in parts:
             raise SandboxPathError(f"path {container_path!r} leaves the sandbox")
         host = self.root.joinpath(*parts)
-        resolved = os.path.realpath(host)  # symlinks followed: a link out of the root is refused
-        if resolved != self._real_root and not resolved.startswith(self._real_root.rstrip(os.sep) + os.sep):
+        if not Path(os.path.realpath(host)).is_relative_to(self._real_root):  # a symlink out of the root is refused
             raise SandboxPathError(f"path {container_path!r} leaves the sandbox")
         return host
 
     @cached_property
-    def _real_root(self) -> str:
+    def _real_root(self) -> Path:
         """The root with its symlinks resolved, once (every file an agent writes resolves a path)."""
-        return os.path.realpath(self.root)
+        return Path(os.path.realpath(self.root))
 
 
 @dataclass(frozen=True)
