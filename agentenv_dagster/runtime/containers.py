@@ -138,7 +138,6 @@ class ContainerSandbox:
             workspace = Path(workspace).resolve()
             if not workspace.is_dir():
                 raise ContainerSandboxError(f"workspace {workspace} is not a directory")
-            working_dir = working_dir or "/work"
             volumes[str(workspace)] = {"bind": working_dir, "mode": "rw"}
         labels = {key: value for key, value in {"agentenv.run_id": run_id, "agentenv.instance_id": instance_id}.items()
                   if value is not None}

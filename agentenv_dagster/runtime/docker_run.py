@@ -72,18 +72,17 @@ def wait_container(container_id: str, timeout: float) -> ExecResult:
     """Wait up to ``timeout`` for the container's main process; past it, kill the container.
     Either way its output so far is returned (the container itself stays, for teardown)."""
     with closing(_client(timeout=max(timeout, 1) + 30)) as client:
-        timed_out = False
         try:
             exit_code = client.api.wait(container_id, timeout=timeout)["StatusCode"]
         except docker.errors.NotFound:
             raise ContainerSandboxError(f"container {container_id[:12]} is gone") from None
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            timed_out, exit_code = True, None  # (the SDK surfaces its read timeout as a transport error)
+            exit_code = None  # timed out (the SDK surfaces its read timeout as a transport error)
             with suppress(docker.errors.APIError):  # it exited meanwhile
                 client.api.kill(container_id)
-        stdout = client.api.logs(container_id, stdout=True, stderr=False)
-        stderr = client.api.logs(container_id, stdout=False, stderr=True)
-        return ExecResult(exit_code, stdout.decode("utf-8", "replace"), stderr.decode("utf-8", "replace"), timed_out)
+        stdout = client.api.logs(container_id, stdout=True, stderr=False).decode("utf-8", "replace")
+        stderr = client.api.logs(container_id, stdout=False, stderr=True).decode("utf-8", "replace")
+        return ExecResult(exit_code, stdout, stderr, exit_code is None)
 
 
 def container_state(container_id: str) -> dict:

@@ -31,9 +31,6 @@ from .processes import READY_FILE, ProcessIdentity, run_owner, spawn_server, sti
 from .sandbox import LocalSandbox
 from .server_auth import RunServerAuth
 
-ENV_SERVER_MODULE = "agentenv_dagster.builtin.envs"
-AGENT_SERVER_MODULE = "agentenv_dagster.builtin.agents"
-
 
 class DeploymentError(RuntimeError):
     """An env, agent or sandbox could not be deployed (or kept: the run is tearing down)."""
@@ -201,7 +198,7 @@ class LocalProvider:
         roots = [self.config.state_dir / "artifacts", self.config.state_dir / "cache",  # its data plane's file:// roots
                  *(self.config.path(d) for d in self.config.stores.artifact_dirs)]
         args = [entry.kind or env_id, *(a for root in roots for a in ("--file-root", str(root)))]
-        server = self._spawn(ENV_SERVER_MODULE, args, instance_id, "env", ttl_seconds)
+        server = self._spawn("agentenv_dagster.builtin.envs", args, instance_id, "env", ttl_seconds)
         return DeployedEnv(**record, env_provider_type="local", instance_id=instance_id, mcp_url=f"{server.url}/mcp")
 
     def deploy_agent(
@@ -337,8 +334,8 @@ class LocalProvider:
             if server is not None and still_running(server.pid, server.started):
                 url = entry["url"]
             else:
-                url = self._spawn(AGENT_SERVER_MODULE, ["host"], host_id, "agent", ttl_seconds, env=env,
-                                  secrets_for_server={"model_api": model_api}).url
+                url = self._spawn("agentenv_dagster.builtin.agents", ["host"], host_id, "agent", ttl_seconds,
+                                  env=env, secrets_for_server={"model_api": model_api}).url
         self._hosts[host_id] = url
         return url
 
