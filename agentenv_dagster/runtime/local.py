@@ -476,13 +476,10 @@ class LocalProvider:
 
     def _providers(self) -> dict[str, dict[str, Any]]:
         """Every provider as the agent host sees it: URLs resolved, keys read from its environment (model_key_env)."""
-        providers = {}
-        for name in sorted({*BUILTIN_PROVIDERS, *self.config.model.providers}):
-            settings = self.config.model.provider(name)
-            url = settings.resolved_base_url()
-            if url or name in BUILTIN_PROVIDERS:  # (a provider of ours without its URL cannot be used)
-                providers[name] = {**settings.model_dump(), "base_url": url, "api_key": f"env:{model_key_env(name)}"}
-        return providers
+        named = {name: self.config.model.provider(name) for name in {*BUILTIN_PROVIDERS, *self.config.model.providers}}
+        return {name: {**settings.model_dump(), "base_url": url, "api_key": f"env:{model_key_env(name)}"}
+                for name, settings in sorted(named.items())  # (a provider of ours without its URL cannot be used)
+                if (url := settings.resolved_base_url()) or name in BUILTIN_PROVIDERS}
 
     def _spawn(self, module, args, instance_id, kind, ttl_seconds, env=None, secrets_for_server=None):
         """Start a server of the run bound to its token and owner, in the ledger before it exists, the

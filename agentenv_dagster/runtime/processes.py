@@ -23,20 +23,19 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Callable
 
-from .shell import HOST_ENV_KEYS, passed_through
+from .shell import SANDBOX_ENV_KEYS, passed_through
 
 READY_FILE = "ready.json"  # {"url": ..., "pid": ...}, written by the server once it listens
 LOG_FILE = "server.log"
 READY_TIMEOUT_SECONDS = 60.0
 
-# What a server gets of this process's environment: what Python and its tools need (locale,
-# Docker, the coding CLIs' homes, proxies, CA bundles), none of our keys.
+# What a server gets of this process's environment: a sandbox shell's, and what Python and its tools need
+# (Docker, the coding CLIs' homes, proxies, CA bundles), none of our keys.
 SERVER_ENV_KEYS = (
-    *HOST_ENV_KEYS, "LC_CTYPE", "TZ", "USER", "LOGNAME", "SHELL", "TERM", "PYTHONPATH", "PYTHONHOME",
-    "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE", "DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
-    "DOCKER_CONFIG", "CODEX_HOME", "CLAUDE_CONFIG_DIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
-    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
-    "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED",
+    *SANDBOX_ENV_KEYS, "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE", "DOCKER_HOST",
+    "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "DOCKER_CONFIG", "CODEX_HOME", "CLAUDE_CONFIG_DIR", "SSL_CERT_FILE",
+    "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+    "no_proxy", "OTEL_INSTRUMENTATION_A2A_SDK_ENABLED",
 )
 RUN_OWNER_VARIABLE = "AGENTENV_RUN_OWNER_PID"  # set by a process that owns runs other than itself
 
