@@ -99,8 +99,7 @@ class Ledger:
 
     def _once(self, name: str, make: Callable[[], str]) -> str:
         """The content of ``name``, written whole and owner-only by whichever process of the run comes first."""
-        found = self._read(name)
-        if found:
+        if found := self._read(name):
             return found
         self.folder.mkdir(parents=True, exist_ok=True)
         os.chmod(self.folder, 0o700)
@@ -501,7 +500,6 @@ class LocalProvider:
         return server
 
     def _auth(self) -> dict[str, str]:
-        """The header every request to the run's agent host carries."""
         return {"Authorization": f"Bearer {self.ledger.token()}"}
 
 
@@ -616,7 +614,6 @@ os.register_at_fork(after_in_child=_http.cache_clear)  # a forked process opens 
 
 
 def _lifetime(ttl_seconds: int) -> dict[str, str]:
-    """A deployment's ``created_at_utc`` and ``expires_at_utc``, ``ttl_seconds`` apart."""
     created = datetime.now(timezone.utc).replace(microsecond=0)
     return {"created_at_utc": created.isoformat(),
             "expires_at_utc": (created + timedelta(seconds=ttl_seconds)).isoformat()}

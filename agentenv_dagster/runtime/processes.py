@@ -70,8 +70,7 @@ class ProcessIdentity:
 def run_owner() -> ProcessIdentity:
     """The process a run's servers must not outlive: ``AGENTENV_RUN_OWNER_PID`` when set, else this
     process's ``multiprocessing`` parent (a step process of Dagster's executor ends with its step), else itself."""
-    named = os.environ.get(RUN_OWNER_VARIABLE)
-    if named and named.isdigit():
+    if (named := os.environ.get(RUN_OWNER_VARIABLE)) and named.isdigit():
         return ProcessIdentity.of(int(named))
     parent = multiprocessing.parent_process()
     return ProcessIdentity.of(parent.pid if parent is not None and parent.pid else os.getpid())
