@@ -47,7 +47,6 @@ class StepRuntime:
         self.provider = LocalProvider(config, run.run_dir)
         self.artifacts = artifacts or artifact_store(config)
         self.objects = objects or object_store(config)
-        self.http: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> "StepRuntime":
         self._connect(http_client())

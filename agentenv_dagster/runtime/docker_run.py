@@ -24,14 +24,14 @@ LOCAL_NETWORKS = ("bridge", "none", "host")
 MAX_FILE_BYTES = 10 * 2**20  # the largest file read_container_file takes out of a container
 
 
-def build_image(context_dir: Path, dockerfile: str, tag: str, *, build_args: dict[str, str] | None = None,
-                labels: dict[str, str] | None = None) -> str:
+def build_image(context_dir: Path, dockerfile: str, tag: str, *, build_args: dict[str, str] | None,
+                labels: dict[str, str]) -> str:
     """Build ``tag`` from ``context_dir`` (never pulling); the image id."""
     with closing(_client(timeout=600)) as client:
         try:
             image, _ = client.images.build(
                 path=str(context_dir), dockerfile=dockerfile, tag=tag, buildargs=build_args or {},
-                labels=labels or {}, rm=True, forcerm=True, pull=False,
+                labels=labels, rm=True, forcerm=True, pull=False,
             )
             return image.id
         except docker.errors.BuildError as exc:
@@ -50,19 +50,18 @@ def image_command(image: str) -> list[str]:
 
 
 def run_container(
-    image: str, *, name: str, command: list[str] | None = None, entrypoint: list[str] | None = None,
-    environment: dict[str, str] | None = None, binds: dict[str, dict[str, str]] | None = None,
-    ports: list[int] | None = None, network: str | None = None, labels: dict[str, str] | None = None,
-    privileged: bool = False, cap_add: list[str] | None = None, devices: list[str] | None = None,
-    shm_size: str | None = None,
+    image: str, *, name: str, command: list[str] | None, entrypoint: list[str] | None,
+    environment: dict[str, str] | None, binds: dict[str, dict[str, str]], ports: list[int] | None,
+    network: str | None, labels: dict[str, str], privileged: bool, cap_add: list[str], devices: list[str],
+    shm_size: str | None,
 ) -> ContainerSandbox:
     """``docker run -d``, its ports published on 127.0.0.1 at ports the engine picks; its handle, disconnected."""
     with closing(_client()) as client:
         image_config(client, image)
         container, port_urls = create_started(
             client, image, (ports or []) if network != "host" else [], command=command, entrypoint=entrypoint,
-            name=_name_part(name), detach=True, environment=environment or {}, volumes=binds or {},
-            network_mode=network or "bridge", labels=labels or {}, privileged=privileged,
+            name=_name_part(name), detach=True, environment=environment or {}, volumes=binds,
+            network_mode=network or "bridge", labels=labels, privileged=privileged,
             cap_add=cap_add or None, devices=devices or None, shm_size=shm_size,
         )
         return ContainerSandbox(client, container.id, container.attrs["Config"].get("WorkingDir") or "/", port_urls)

@@ -503,9 +503,9 @@ class LocalProvider:
         return {"Authorization": f"Bearer {self.ledger.token()}"}
 
 
-def agent_host_id(env: dict[str, str], model_api: dict[str, Any] | None = None) -> str:
+def agent_host_id(env: dict[str, str], model_api: dict[str, Any]) -> str:
     """The agent host of a process environment and model API (a key is per process, so per host)."""
-    given = json.dumps([env, model_api or {}], sort_keys=True)
+    given = json.dumps([env, model_api], sort_keys=True)
     return "agent-host-" + hashlib.sha256(given.encode()).hexdigest()[:8]
 
 
