@@ -165,8 +165,7 @@ class Ledger:
         _HOSTED_HERE.pop(self.folder, None)
         _TOKENS.pop(self.folder, None)
         ended = {iid: _end(entry, token) for iid, entry in entries.items() if entry.get("host") not in entries}
-        hosted = [iid for iid, entry in entries.items() if entry.get("host") in ended and ended[entry["host"]]]
-        return sorted([iid for iid, was_running in ended.items() if was_running] + hosted)
+        return sorted(iid for iid, entry in entries.items() if ended.get(iid) or ended.get(entry.get("host")))
 
 
 class LocalProvider:
