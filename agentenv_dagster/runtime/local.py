@@ -80,8 +80,7 @@ class Ledger:
 
     def token(self, *, create: bool = True) -> str | None:
         """The run's bearer token, made on first use (None without ``create`` until then)."""
-        token = _TOKENS.get(self.folder)
-        if token is None:
+        if (token := _TOKENS.get(self.folder)) is None:
             token = self._once(TOKEN_FILE, lambda: secrets.token_urlsafe(32)) if create else self._read(TOKEN_FILE)
             if token is not None:
                 remember_secret(token)  # never to be recorded anywhere
@@ -184,8 +183,7 @@ class LocalProvider:
         self._host_starting = asyncio.Lock()
 
     def deploy_env(self, env_id: str, *, step_id: str, ttl_seconds: int) -> DeployedEnv:
-        entry = self.config.env_entry(env_id)
-        if entry is None:
+        if (entry := self.config.env_entry(env_id)) is None:
             known = sorted({*self.config.envs.registry, "email", "item-store"})
             raise DeploymentError(f"Env '{env_id}' is not registered (known envs: {known})")
         record = dict(env_id=env_id, env_version=entry.version, metadata={"deploy_step_id": step_id},
@@ -230,8 +228,7 @@ class LocalProvider:
             async with self._host_starting:
                 request = (self._hosted_request(*args, start_host=False)
                            or await asyncio.to_thread(self._hosted_request, *args))
-        batch = self._batches.get(request.host_url)
-        if batch is None:
+        if (batch := self._batches.get(request.host_url)) is None:
             batch = self._batches[request.host_url] = HostBatch(
                 request.host_url, functools.partial(self._record_hosted, request.host_id), headers=self._auth())
         try:
@@ -276,8 +273,7 @@ class LocalProvider:
 
     def _agent_entry(self, agent_id: str, overrides: dict[str, Any] | None) -> AgentEntry:
         """The registry entry of ``agent_id``, with a step's inline settings on top."""
-        entry = self.config.agent_entry(agent_id)
-        if entry is None:
+        if (entry := self.config.agent_entry(agent_id)) is None:
             known = sorted({*self.config.agents.registry, *BUILTIN_AGENTS})
             raise DeploymentError(f"A2A agent '{agent_id}' is not registered (known agents: {known})")
         if overrides:
@@ -296,8 +292,7 @@ class LocalProvider:
             model = self.config.model.resolve(ref)
         except ValueError as exc:
             raise DeploymentError(f"A2A agent '{agent_id}': {exc}") from None
-        missing = model.missing_setting()
-        if missing:
+        if missing := model.missing_setting():
             raise DeploymentError(f"A2A agent '{agent_id}' is the tool-use agent of model '{ref}' and needs "
                                   f"{'an API key' if 'api_key' in missing else 'a base URL'}: {missing}")
         return {model.provider: {"base_url": model.base_url(), "api_key": model.api_key(), "protocol": model.protocol}}
@@ -403,8 +398,7 @@ class LocalProvider:
 
     def sandbox_of(self, agent: DeployedAgent) -> LocalSandbox:
         """The sandbox folder a record names: one of this project's runs (a saved context may be older) only."""
-        root = getattr(agent, "sandbox_root", None)  # an extra field of the record
-        if not root:
+        if not (root := getattr(agent, "sandbox_root", None)):  # an extra field of the record
             raise DeploymentError(f"agent '{agent.agent_name}' has no local sandbox")
         try:
             path_under(self.run_dir.parent, os.path.relpath(root, self.run_dir.parent))
@@ -440,15 +434,13 @@ class LocalProvider:
             if not (api_key or (codex_home / "auth.json").is_file()):
                 raise DeploymentError(f"{where} needs an API key: set OPENAI_API_KEY (or CODEX_API_KEY), or run 'codex login'")
             return {"openai": {"base_url": os.environ.get("CODEX_BASE_URL"), "api_key": api_key}} if api_key else {}
-        spec = importlib.util.find_spec("claude_agent_sdk")
-        if spec is None:
+        if (spec := importlib.util.find_spec("claude_agent_sdk")) is None:
             raise DeploymentError(f"{where} needs the claude-agent-sdk package: pip install 'agentenv-dagster[agents]'")
         bundled = [Path(folder) / "_bundled" / "claude" for folder in spec.submodule_search_locations or []]
         if not (shutil.which(entry.cli_path or "claude") or any(p.is_file() for p in bundled)):
             raise DeploymentError(f"{where} needs the Claude Code CLI ('{entry.cli_path or 'claude'}' is not on PATH "
                                   "and claude-agent-sdk bundles none): npm install -g @anthropic-ai/claude-code")
-        api_key = self.config.model.resolved_api_key()
-        if not api_key:
+        if not (api_key := self.config.model.resolved_api_key()):
             raise DeploymentError(f"{where} needs an API key: set [model] api_key in .agentenv/config.toml or ANTHROPIC_API_KEY")
         return {"anthropic": {"base_url": self.config.model.resolved_base_url(), "api_key": api_key}}
 
