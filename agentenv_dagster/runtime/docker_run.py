@@ -113,7 +113,6 @@ def read_container_file(container_id: str, path: str) -> bytes:
             raise ValueError(f"{path} is {stat['size']} bytes, over the {MAX_FILE_BYTES}-byte limit")
         data = b"".join(stream)
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        member = next((m for m in archive.getmembers() if m.isfile()), None)
-        if member is None:
+        if (member := next((m for m in archive.getmembers() if m.isfile()), None)) is None:
             raise IsADirectoryError(f"{path} is not a regular file")
         return archive.extractfile(member).read()

@@ -203,8 +203,7 @@ def _ended_within(pid: int, seconds: float) -> bool:
         ends = None
     try:
         while is_running(pid):
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if (left := deadline - time.monotonic()) <= 0:
                 return False
             if ends is None:
                 time.sleep(min(left, 0.02))
