@@ -55,7 +55,7 @@ def run_container(
     network: str | None, labels: dict[str, str], privileged: bool, cap_add: list[str], devices: list[str],
     shm_size: str | None,
 ) -> ContainerSandbox:
-    """``docker run -d``, its ports published on 127.0.0.1 at ports the engine picks; its handle, disconnected."""
+    """``docker run -d``, its ports on 127.0.0.1 at ports the engine picks (no two runs clash); a closed handle."""
     with closing(_client()) as client:
         image_config(client, image)
         container, port_urls = create_started(
