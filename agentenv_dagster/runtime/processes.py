@@ -223,8 +223,8 @@ def _signal_group(pid: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def _tail(path: Path, limit: int = 2000) -> str:
+def _tail(path: Path) -> str:
     try:
-        return path.read_text(errors="replace")[-limit:].strip() or "(no output)"
+        return path.read_text(errors="replace")[-2000:].strip() or "(no output)"
     except OSError:
         return "(no log)"
