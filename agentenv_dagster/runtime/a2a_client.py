@@ -1,11 +1,9 @@
-"""Talk to a deployed A2A agent: read its card, call its extensions, send a prompt and wait.
+"""Talk to a deployed A2A agent: read its card, call its extensions (whose URIs are defined here), prompt it.
 
-Prompts go through a2a-sdk's ``ClientFactory``, which picks the transport (JSON-RPC, HTTP+JSON or gRPC)
-and protocol version (1.0 or 0.3) from the card, over the step runtime's ``httpx.AsyncClient`` (so the
-run's bearer token reaches our own agents). A prompt is one blocking ``SendMessage``; past the deadline
-the context's unfinished tasks are cancelled; an unfinished reply (``input-required``) is polled.
-Extension payloads ride in ``message.metadata[uri]``; those asked of the reply (``A2A-Extensions``
-header) come back in the reply's. The agentenv extension URIs are defined here.
+a2a-sdk's ``ClientFactory`` picks the transport and protocol version (1.0 or 0.3) from the card; HTTP goes over
+the step runtime's ``httpx.AsyncClient``, so the run's bearer token reaches our own agents. A prompt is one
+blocking ``SendMessage``, polled while unfinished and cancelled past its deadline. Extension payloads ride in
+``message.metadata[uri]``; those asked of the reply (``A2A-Extensions`` header) come back in the reply's.
 """
 
 from __future__ import annotations
@@ -131,16 +129,13 @@ class A2AClient:
             return ClientCallContext(timeout=max(deadline - time.monotonic(), least), service_parameters=parameters)
 
         try:
-            response = None
             async for response in client.send_message(SendMessageRequest(message=message), context=call(0.001)):
-                pass  # not streaming: one response, the task as it stands or the agent's message
+                pass  # not streaming: exactly one response (or an error), the task as it stands or the agent's message
         except A2AClientTimeoutError:
             task_ids = await self._cancel(client, context_id) or ["(unknown)"]
             raise TimeoutError(f"A2A task {task_ids[0]} did not complete within {timeout_seconds:g}s") from None
         except (SDKError, ValueError, NotImplementedError) as exc:
             raise _transport_error(exc) or A2AError(f"A2A message/send failed: {exc}") from None
-        if response is None:
-            raise A2AError("A2A message/send succeeded but returned nothing")
         if response.HasField("message"):  # the agent answered directly, without a task
             status = {"state": "TASK_STATE_COMPLETED", "message": MessageToDict(response.message)}
             return _reply({"status": status})
@@ -224,8 +219,7 @@ class A2AClient:
 
 
 def _transport_error(exc: Exception) -> httpx.TransportError | None:
-    """The connection failure under an SDK error, if that is what it is: a lost or refused
-    connection stays httpx's ``TransportError``, as for every other request of a step."""
+    """The connection failure under an SDK error: a lost connection stays httpx's, as for every request of a step."""
     cause = exc.__cause__
     return cause if isinstance(cause, httpx.TransportError) else None
 
