@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import ipaddress
 import json
 import time
@@ -37,8 +38,6 @@ TRIGGERS_DECIDE_ENDPOINT = "/ext/triggers/decide"  # the triggers extension's se
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected"})
 TRANSPORTS = ("JSONRPC", "HTTP+JSON", "GRPC")  # what this client speaks, in the SDK's names
-MAX_POLL_FAILURES = 5
-CANCEL_SECONDS = 5.0
 
 
 class A2AError(RuntimeError):
@@ -58,8 +57,7 @@ class A2AReply:
 
 
 class A2AClient:
-    """One step runtime's way to its agents, over its ``httpx.AsyncClient``. The SDK client of
-    each agent is made on the first prompt and kept (by agent URL) until :meth:`aclose`."""
+    """A step runtime's way to its agents, over its ``httpx.AsyncClient``; their SDK clients live until aclose."""
 
     def __init__(self, http: httpx.AsyncClient) -> None:
         self._http = http
@@ -90,11 +88,18 @@ class A2AClient:
                 return params.get("endpoint") or DEFAULT_ENDPOINTS.get(uri)
         return None
 
-    async def post_extension(self, url: str, card: dict, uri: str, body: dict) -> dict:
-        return await self._extension_request("POST", url, card, uri, body)
+    async def _extension_request(self, method: str, url: str, card: dict, uri: str, body: dict | None) -> dict:
+        """The JSON answer of the endpoint the card declares for extension ``uri`` (``{}`` when it answers nothing)."""
+        endpoint = self.extension_endpoint(card, uri)
+        if endpoint is None:
+            raise A2AError(f"agent at {url} does not advertise the extension {uri}")
+        target = endpoint if endpoint.startswith(("http://", "https://")) else _join(url, endpoint)
+        response = await self._http.request(method, target, json=body)
+        _raise_for_status(method, response)
+        return response.json() if response.content else {}
 
-    async def get_extension(self, url: str, card: dict, uri: str) -> dict:
-        return await self._extension_request("GET", url, card, uri, None)
+    post_extension = functools.partialmethod(_extension_request, "POST")  # (url, card, uri, body)
+    get_extension = functools.partialmethod(_extension_request, "GET", body=None)  # (url, card, uri)
 
     async def get_trajectory(self, url: str, card: dict, task_id: str) -> Any:
         """The agent-defined trajectory of one task; None (not fatal) when the card has no trajectory extension."""
@@ -153,8 +158,8 @@ class A2AClient:
                 failures = 0
             except SDKError as exc:
                 dropped = _transport_error(exc)
-                failures += 1  # a dropped poll is retried; an agent that is gone, or says no, is not
-                if dropped is None or failures >= MAX_POLL_FAILURES:
+                failures += 1  # a dropped poll is retried (5 times in a row); an agent that is gone, or says no, is not
+                if dropped is None or failures >= 5:
                     raise dropped or A2AError(f"A2A GetTask failed: {exc}") from None
         return _reply(task)
 
@@ -196,7 +201,7 @@ class A2AClient:
 
         async def quietly(call, request):
             try:
-                return await call(request, context=ClientCallContext(timeout=CANCEL_SECONDS))
+                return await call(request, context=ClientCallContext(timeout=5.0))
             except (SDKError, NotImplementedError):
                 return None
 
@@ -207,15 +212,6 @@ class A2AClient:
         for task_id in task_ids:
             await quietly(client.cancel_task, CancelTaskRequest(id=task_id))
         return task_ids
-
-    async def _extension_request(self, method: str, url: str, card: dict, uri: str, body: dict | None) -> dict:
-        endpoint = self.extension_endpoint(card, uri)
-        if endpoint is None:
-            raise A2AError(f"agent at {url} does not advertise the extension {uri}")
-        target = endpoint if endpoint.startswith(("http://", "https://")) else _join(url, endpoint)
-        response = await self._http.request(method, target, json=body)
-        _raise_for_status(method, response)
-        return response.json() if response.content else {}
 
 
 def _transport_error(exc: Exception) -> httpx.TransportError | None:
