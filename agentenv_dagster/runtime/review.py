@@ -104,9 +104,8 @@ ReviewDecisions = RunReviews  # the name the review step knows them by
 
 def find_run_dir(runs_dir: Path, run_id: str) -> Path:
     """The folder of run ``run_id``, or of the one run whose id starts with it (the Dagster UI shows 8 characters)."""
-    exact = runs_dir / run_id
-    if run_id and exact.is_dir():
-        return exact
+    if run_id and (runs_dir / run_id).is_dir():
+        return runs_dir / run_id
     matches = sorted(p for p in runs_dir.glob(f"{_part(run_id)}*") if p.is_dir()) if run_id else []
     if len(matches) == 1:
         return matches[0]
