@@ -116,14 +116,14 @@ class A2AClient:
         message carries by URI, ``requested_extensions`` are asked of the reply; ``card`` saves reading it."""
         from a2a.client import A2AClientTimeoutError, ClientCallContext
         from a2a.client.service_parameters import ServiceParametersFactory, with_a2a_extensions
-        from a2a.types import GetTaskRequest, Message, Part, Role, SendMessageRequest
+        from a2a.types import CancelTaskRequest, GetTaskRequest, ListTasksRequest, Message, Part, SendMessageRequest
         from a2a.utils.errors import A2AError as SDKError
         from google.protobuf.json_format import MessageToDict
 
         deadline = time.monotonic() + timeout_seconds
         client = await self._client(url, card)
         context_id = context_id or uuid.uuid4().hex  # ours, so a timed-out task can be found
-        message = Message(message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=[Part(text=text)],
+        message = Message(message_id=uuid.uuid4().hex, role="ROLE_USER", parts=[Part(text=text)],
                           context_id=context_id)
         if extensions:
             message.extensions.extend(extensions)
@@ -133,11 +133,27 @@ class A2AClient:
         def call(least: float) -> ClientCallContext:  # a blocking send ends at the deadline, a poll may take a second
             return ClientCallContext(timeout=max(deadline - time.monotonic(), least), service_parameters=parameters)
 
+        async def quietly(method, request):  # best effort: an agent that cannot cancel (or list: 0.3) is let be
+            try:
+                return await method(request, context=ClientCallContext(timeout=5.0))
+            except (SDKError, NotImplementedError):
+                return None
+
+        async def cancel(task_ids: list[str] | None = None) -> list[str]:
+            """Cancel ``task_ids``, by default the unfinished tasks of ``context_id``; returns their ids."""
+            if task_ids is None:
+                listed = await quietly(client.list_tasks, ListTasksRequest(context_id=context_id))
+                tasks = (MessageToDict(listed).get("tasks") or []) if listed is not None else []
+                task_ids = [t["id"] for t in tasks if _state(t) not in TERMINAL_STATES]
+            for task_id in task_ids:
+                await quietly(client.cancel_task, CancelTaskRequest(id=task_id))
+            return task_ids
+
         try:
             async for response in client.send_message(SendMessageRequest(message=message), context=call(0.001)):
                 pass  # not streaming: exactly one response (or an error), the task as it stands or the agent's message
         except A2AClientTimeoutError:
-            task_ids = await self._cancel(client, context_id) or ["(unknown)"]
+            task_ids = await cancel() or ["(unknown)"]
             raise TimeoutError(f"A2A task {task_ids[0]} did not complete within {timeout_seconds:g}s") from None
         except (SDKError, ValueError, NotImplementedError) as exc:
             raise _transport_error(exc) or A2AError(f"A2A message/send failed: {exc}") from None
@@ -150,7 +166,7 @@ class A2AClient:
         failures = 0
         while _state(task) not in TERMINAL_STATES:
             if time.monotonic() + poll_interval >= deadline:
-                await self._cancel(client, context_id, [task_id])
+                await cancel([task_id])
                 raise TimeoutError(f"A2A task {task_id} did not complete within {timeout_seconds:g}s")
             await asyncio.sleep(poll_interval)
             try:
@@ -189,29 +205,6 @@ class A2AClient:
         factory.register("GRPC", _grpc_transport)
         self._clients[url] = factory.create(parsed)
         return self._clients[url]
-
-    @staticmethod
-    async def _cancel(client: "Client", context_id: str, task_ids: list[str] | None = None) -> list[str]:
-        """Cancel ``task_ids``, by default the unfinished tasks of ``context_id``; returns their ids.
-        Best effort: an agent that cannot list or cancel tasks (an 0.3 one cannot list) is let be."""
-        from a2a.client import ClientCallContext
-        from a2a.types import CancelTaskRequest, ListTasksRequest
-        from a2a.utils.errors import A2AError as SDKError
-        from google.protobuf.json_format import MessageToDict
-
-        async def quietly(call, request):
-            try:
-                return await call(request, context=ClientCallContext(timeout=5.0))
-            except (SDKError, NotImplementedError):
-                return None
-
-        if task_ids is None:
-            listed = await quietly(client.list_tasks, ListTasksRequest(context_id=context_id))
-            tasks = (MessageToDict(listed).get("tasks") or []) if listed is not None else []
-            task_ids = [t["id"] for t in tasks if _state(t) not in TERMINAL_STATES]
-        for task_id in task_ids:
-            await quietly(client.cancel_task, CancelTaskRequest(id=task_id))
-        return task_ids
 
 
 def _transport_error(exc: Exception) -> httpx.TransportError | None:
