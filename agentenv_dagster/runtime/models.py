@@ -24,8 +24,7 @@ STOP_REASONS = {"tool_calls": "tool_use", "function_call": "tool_use", "stop": "
 
 
 class ModelAPIError(RuntimeError):
-    """The API refused or failed the call past the SDK's retries: ``kind`` is its error type, ``retryable`` says if
-    another attempt may help."""
+    """The API refused or failed the call past the SDK's retries (``retryable``: another attempt may help)."""
 
     def __init__(self, message: str, *, status: int | None = None, kind: str = "", detail: str = "",
                  retryable: bool = False):
@@ -116,8 +115,7 @@ class ModelClient(contextlib.AbstractAsyncContextManager):
         raise NotImplementedError
 
     async def _send(self, create: Any, request: dict[str, Any]) -> Any:
-        """``create(**request)``: what the SDK raises past its own retries is a :class:`ModelAPIError`, a reply it
-        cannot read an :class:`UnreadableReply`."""
+        """``create(**request)``; what fails past the SDK's retries is a ModelAPIError, a bad reply UnreadableReply."""
         try:
             return await create(**request)
         except self._sdk.APIStatusError as exc:
@@ -215,10 +213,8 @@ def chat_messages(system: str | None, messages: list[dict[str, Any]]) -> list[di
                      for b in blocks if b.get("type") == "tool_use"]
             chat.append({"role": "assistant", "content": texts or None, **({"tool_calls": calls} if calls else {})})
             continue
-        for block in blocks:
-            if block.get("type") == "tool_result":
-                chat.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                             "content": _result_text(block.get("content"))})
+        chat += [{"role": "tool", "tool_call_id": block["tool_use_id"], "content": _result_text(block.get("content"))}
+                 for block in blocks if block.get("type") == "tool_result"]
         if texts:
             chat.append({"role": "user", "content": texts})
     return chat
