@@ -9,6 +9,7 @@ blocking ``SendMessage``, polled while unfinished and cancelled past its deadlin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import ipaddress
@@ -230,11 +231,10 @@ def _grpc_channel(target: str):
     import grpc
 
     host = urlsplit(f"//{target}").hostname or ""
-    try:
-        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        local = False
-    return grpc.aio.insecure_channel(target) if local else grpc.aio.secure_channel(target, grpc.ssl_channel_credentials())
+    with contextlib.suppress(ValueError):  # a host name, not an address
+        if host == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return grpc.aio.insecure_channel(target)
+    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials())
 
 
 def trajectory_metadata(events: list[dict[str, Any]]) -> dict[str, Any]:

@@ -97,19 +97,16 @@ _KNOWN: dict[str, S3Location] = {}
 
 def read_url(url: str) -> bytes:
     """The bytes of ``s3://bucket/key``."""
-    parsed = urlparse(url)
-    location = _KNOWN.get(parsed.netloc) or _configured_location(parsed.netloc) or S3Location(parsed.netloc)
-    return location.get_bytes(parsed.path.lstrip("/"))
-
-
-def _configured_location(bucket: str) -> S3Location | None:
     from ..config import load_config
 
-    with contextlib.suppress(Exception):  # no usable project config here: boto3's defaults decide
-        config = load_config()
-        if config.stores.backend == "s3" and (location := s3_location(config)).bucket == bucket:
-            return location
-    return None
+    parsed = urlparse(url)
+    location = _KNOWN.get(parsed.netloc)
+    if location is None:
+        with contextlib.suppress(Exception):  # no usable project config here: boto3's defaults decide
+            config = load_config()
+            if config.stores.backend == "s3" and (configured := s3_location(config)).bucket == parsed.netloc:
+                location = configured
+    return (location or S3Location(parsed.netloc)).get_bytes(parsed.path.lstrip("/"))
 
 
 def _safe_key(key: str) -> str:
