@@ -81,8 +81,7 @@ class A2AClient:
 
     @staticmethod
     def extension_endpoint(card: dict, uri: str) -> str | None:
-        """The endpoint the card declares for ``uri`` (``config`` is an accepted alias of
-        ``params``); the standard default when it names none; None when not advertised."""
+        """The endpoint the card gives ``uri`` (in ``params`` or ``config``), else the default; None if not offered."""
         for extension in card.get("capabilities", {}).get("extensions", []):
             if extension.get("uri") == uri:
                 params = extension.get("params") or extension.get("config") or {}

@@ -1,6 +1,5 @@
 """The LLM judge: one forced ``submit_verdict`` call to the configured model of any provider (``runtime.models``).
-A judge without a key or base URL is *unavailable*: callers record the verification as not graded, so offline
-nothing invents a verdict.
+A judge without a key or base URL is *unavailable*: callers record the verification as not graded, inventing nothing.
 """
 
 from __future__ import annotations
