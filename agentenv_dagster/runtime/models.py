@@ -179,15 +179,13 @@ class ChatCompletionsModel(ModelClient):
             raise UnreadableReply(f"the {self.reply} has no choices")
         choice = completion.choices[0]
         text = choice.message.content or ""
-        content: list[TextBlock | ToolUseBlock]
         if as_schema:  # the schema-constrained response is the forced call's input, whole
-            content = [ToolUseBlock(f"call_{completion.id}", tool_choice["name"], _json_or_text(text))]
-            stop_reason = "tool_use"
-        else:
-            calls = [c for c in choice.message.tool_calls or [] if getattr(c, "function", None) is not None]
-            content = ([TextBlock(text)] if text else []) + [
-                ToolUseBlock(c.id, c.function.name, _json_or_text(c.function.arguments)) for c in calls]
-            stop_reason = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
+            call = ToolUseBlock(f"call_{completion.id}", tool_choice["name"], _json_or_text(text))
+            return ModelReply([call], "tool_use", chat_usage(completion.usage))
+        calls = [c for c in choice.message.tool_calls or [] if getattr(c, "function", None) is not None]
+        content = ([TextBlock(text)] if text else []) + [
+            ToolUseBlock(c.id, c.function.name, _json_or_text(c.function.arguments)) for c in calls]
+        stop_reason = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
         return ModelReply(content, stop_reason, chat_usage(completion.usage))
 
 
