@@ -158,8 +158,7 @@ class A2AClient:
         except (SDKError, ValueError, NotImplementedError) as exc:
             raise _transport_error(exc) or A2AError(f"A2A message/send failed: {exc}") from None
         if response.HasField("message"):  # the agent answered directly, without a task
-            status = {"state": "TASK_STATE_COMPLETED", "message": MessageToDict(response.message)}
-            return _reply({"status": status})
+            return _reply({"status": {"state": "TASK_STATE_COMPLETED", "message": MessageToDict(response.message)}})
         task = MessageToDict(response.task)
         if not (task_id := task.get("id")):
             raise A2AError(f"A2A message/send succeeded but returned no task id: {str(task)[:2000]}")
