@@ -123,8 +123,7 @@ class A2AClient:
         deadline = time.monotonic() + timeout_seconds
         client = await self._client(url, card)
         context_id = context_id or uuid.uuid4().hex  # ours, so a timed-out task can be found
-        message = Message(message_id=uuid.uuid4().hex, role="ROLE_USER", parts=[Part(text=text)],
-                          context_id=context_id)
+        message = Message(message_id=uuid.uuid4().hex, role="ROLE_USER", parts=[Part(text=text)], context_id=context_id)
         if extensions:
             message.extensions.extend(extensions)
             message.metadata.update(extensions)
