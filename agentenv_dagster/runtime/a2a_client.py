@@ -1,17 +1,17 @@
-"""Talk to a deployed A2A agent: read its card, call its extensions, send a prompt and wait.
+"""Talk to a deployed A2A agent: read its card, call its extensions (whose URIs are defined here), prompt it.
 
-Prompts go through a2a-sdk's ``ClientFactory``, which picks the transport (JSON-RPC, HTTP+JSON or gRPC)
-and protocol version (1.0 or 0.3) from the card, over the step runtime's ``httpx.AsyncClient`` (so the
-run's bearer token reaches our own agents). A prompt is one blocking ``SendMessage``; past the deadline
-the context's unfinished tasks are cancelled; an unfinished reply (``input-required``) is polled.
-Extension payloads ride in ``message.metadata[uri]``; those asked of the reply (``A2A-Extensions``
-header) come back in the reply's. The agentenv extension URIs are defined here.
+a2a-sdk's ``ClientFactory`` picks the transport and protocol version (1.0 or 0.3) from the card; HTTP goes over
+the step runtime's ``httpx.AsyncClient``, so the run's bearer token reaches our own agents. A prompt is one
+blocking ``SendMessage``, polled while unfinished and cancelled past its deadline. Extension payloads ride in
+``message.metadata[uri]``; those asked of the reply (``A2A-Extensions`` header) come back in the reply's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import functools
 import ipaddress
 import json
 import time
@@ -39,8 +39,6 @@ TRIGGERS_DECIDE_ENDPOINT = "/ext/triggers/decide"  # the triggers extension's se
 CARD_PATHS = ("/.well-known/agent-card.json", "/.well-known/agent.json")
 TERMINAL_STATES = frozenset({"completed", "failed", "canceled", "rejected"})
 TRANSPORTS = ("JSONRPC", "HTTP+JSON", "GRPC")  # what this client speaks, in the SDK's names
-MAX_POLL_FAILURES = 5
-CANCEL_SECONDS = 5.0
 
 
 class A2AError(RuntimeError):
@@ -60,8 +58,7 @@ class A2AReply:
 
 
 class A2AClient:
-    """One step runtime's way to its agents, over its ``httpx.AsyncClient``. The SDK client of
-    each agent is made on the first prompt and kept (by agent URL) until :meth:`aclose`."""
+    """A step runtime's way to its agents, over its ``httpx.AsyncClient``; their SDK clients live until aclose."""
 
     def __init__(self, http: httpx.AsyncClient) -> None:
         self._http = http
@@ -84,19 +81,25 @@ class A2AClient:
 
     @staticmethod
     def extension_endpoint(card: dict, uri: str) -> str | None:
-        """The endpoint the card declares for ``uri`` (``config`` is an accepted alias of
-        ``params``); the standard default when it names none; None when not advertised."""
+        """The endpoint the card gives ``uri`` (in ``params`` or ``config``), else the default; None if not offered."""
         for extension in card.get("capabilities", {}).get("extensions", []):
             if extension.get("uri") == uri:
                 params = extension.get("params") or extension.get("config") or {}
                 return params.get("endpoint") or DEFAULT_ENDPOINTS.get(uri)
         return None
 
-    async def post_extension(self, url: str, card: dict, uri: str, body: dict) -> dict:
-        return await self._extension_request("POST", url, card, uri, body)
+    async def _extension_request(self, method: str, url: str, card: dict, uri: str, body: dict | None) -> dict:
+        """The JSON answer of the endpoint the card declares for extension ``uri`` (``{}`` when it answers nothing)."""
+        endpoint = self.extension_endpoint(card, uri)
+        if endpoint is None:
+            raise A2AError(f"agent at {url} does not advertise the extension {uri}")
+        target = endpoint if endpoint.startswith(("http://", "https://")) else _join(url, endpoint)
+        response = await self._http.request(method, target, json=body)
+        _raise_for_status(method, response)
+        return response.json() if response.content else {}
 
-    async def get_extension(self, url: str, card: dict, uri: str) -> dict:
-        return await self._extension_request("GET", url, card, uri, None)
+    post_extension = functools.partialmethod(_extension_request, "POST")  # (url, card, uri, body)
+    get_extension = functools.partialmethod(_extension_request, "GET", body=None)  # (url, card, uri)
 
     async def get_trajectory(self, url: str, card: dict, task_id: str) -> Any:
         """The agent-defined trajectory of one task; None (not fatal) when the card has no trajectory extension."""
@@ -113,15 +116,14 @@ class A2AClient:
         message carries by URI, ``requested_extensions`` are asked of the reply; ``card`` saves reading it."""
         from a2a.client import A2AClientTimeoutError, ClientCallContext
         from a2a.client.service_parameters import ServiceParametersFactory, with_a2a_extensions
-        from a2a.types import GetTaskRequest, Message, Part, Role, SendMessageRequest
+        from a2a.types import CancelTaskRequest, GetTaskRequest, ListTasksRequest, Message, Part, SendMessageRequest
         from a2a.utils.errors import A2AError as SDKError
         from google.protobuf.json_format import MessageToDict
 
         deadline = time.monotonic() + timeout_seconds
         client = await self._client(url, card)
         context_id = context_id or uuid.uuid4().hex  # ours, so a timed-out task can be found
-        message = Message(message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=[Part(text=text)],
-                          context_id=context_id)
+        message = Message(message_id=uuid.uuid4().hex, role="ROLE_USER", parts=[Part(text=text)], context_id=context_id)
         if extensions:
             message.extensions.extend(extensions)
             message.metadata.update(extensions)
@@ -130,27 +132,39 @@ class A2AClient:
         def call(least: float) -> ClientCallContext:  # a blocking send ends at the deadline, a poll may take a second
             return ClientCallContext(timeout=max(deadline - time.monotonic(), least), service_parameters=parameters)
 
+        async def quietly(method, request):  # best effort: an agent that cannot cancel (or list: 0.3) is let be
+            try:
+                return await method(request, context=ClientCallContext(timeout=5.0))
+            except (SDKError, NotImplementedError):
+                return None
+
+        async def cancel(task_ids: list[str] | None = None) -> list[str]:
+            """Cancel ``task_ids``, by default the unfinished tasks of ``context_id``; returns their ids."""
+            if task_ids is None:
+                listed = await quietly(client.list_tasks, ListTasksRequest(context_id=context_id))
+                tasks = (MessageToDict(listed).get("tasks") or []) if listed is not None else []
+                task_ids = [t["id"] for t in tasks if _state(t) not in TERMINAL_STATES]
+            for task_id in task_ids:
+                await quietly(client.cancel_task, CancelTaskRequest(id=task_id))
+            return task_ids
+
         try:
-            response = None
             async for response in client.send_message(SendMessageRequest(message=message), context=call(0.001)):
-                pass  # not streaming: one response, the task as it stands or the agent's message
+                pass  # not streaming: exactly one response (or an error), the task as it stands or the agent's message
         except A2AClientTimeoutError:
-            task_ids = await self._cancel(client, context_id) or ["(unknown)"]
+            task_ids = await cancel() or ["(unknown)"]
             raise TimeoutError(f"A2A task {task_ids[0]} did not complete within {timeout_seconds:g}s") from None
         except (SDKError, ValueError, NotImplementedError) as exc:
             raise _transport_error(exc) or A2AError(f"A2A message/send failed: {exc}") from None
-        if response is None:
-            raise A2AError("A2A message/send succeeded but returned nothing")
         if response.HasField("message"):  # the agent answered directly, without a task
-            status = {"state": "TASK_STATE_COMPLETED", "message": MessageToDict(response.message)}
-            return _reply({"status": status})
+            return _reply({"status": {"state": "TASK_STATE_COMPLETED", "message": MessageToDict(response.message)}})
         task = MessageToDict(response.task)
         if not (task_id := task.get("id")):
             raise A2AError(f"A2A message/send succeeded but returned no task id: {str(task)[:2000]}")
         failures = 0
         while _state(task) not in TERMINAL_STATES:
             if time.monotonic() + poll_interval >= deadline:
-                await self._cancel(client, context_id, [task_id])
+                await cancel([task_id])
                 raise TimeoutError(f"A2A task {task_id} did not complete within {timeout_seconds:g}s")
             await asyncio.sleep(poll_interval)
             try:
@@ -158,8 +172,8 @@ class A2AClient:
                 failures = 0
             except SDKError as exc:
                 dropped = _transport_error(exc)
-                failures += 1  # a dropped poll is retried; an agent that is gone, or says no, is not
-                if dropped is None or failures >= MAX_POLL_FAILURES:
+                failures += 1  # a dropped poll is retried (5 times in a row); an agent that is gone, or says no, is not
+                if dropped is None or failures >= 5:
                     raise dropped or A2AError(f"A2A GetTask failed: {exc}") from None
         return _reply(task)
 
@@ -190,42 +204,9 @@ class A2AClient:
         self._clients[url] = factory.create(parsed)
         return self._clients[url]
 
-    @staticmethod
-    async def _cancel(client: "Client", context_id: str, task_ids: list[str] | None = None) -> list[str]:
-        """Cancel ``task_ids``, by default the unfinished tasks of ``context_id``; returns their ids.
-        Best effort: an agent that cannot list or cancel tasks (an 0.3 one cannot list) is let be."""
-        from a2a.client import ClientCallContext
-        from a2a.types import CancelTaskRequest, ListTasksRequest
-        from a2a.utils.errors import A2AError as SDKError
-        from google.protobuf.json_format import MessageToDict
-
-        async def quietly(call, request):
-            try:
-                return await call(request, context=ClientCallContext(timeout=CANCEL_SECONDS))
-            except (SDKError, NotImplementedError):
-                return None
-
-        if task_ids is None:
-            listed = await quietly(client.list_tasks, ListTasksRequest(context_id=context_id))
-            tasks = (MessageToDict(listed).get("tasks") or []) if listed is not None else []
-            task_ids = [t["id"] for t in tasks if _state(t) not in TERMINAL_STATES]
-        for task_id in task_ids:
-            await quietly(client.cancel_task, CancelTaskRequest(id=task_id))
-        return task_ids
-
-    async def _extension_request(self, method: str, url: str, card: dict, uri: str, body: dict | None) -> dict:
-        endpoint = self.extension_endpoint(card, uri)
-        if endpoint is None:
-            raise A2AError(f"agent at {url} does not advertise the extension {uri}")
-        target = endpoint if endpoint.startswith(("http://", "https://")) else _join(url, endpoint)
-        response = await self._http.request(method, target, json=body)
-        _raise_for_status(method, response)
-        return response.json() if response.content else {}
-
 
 def _transport_error(exc: Exception) -> httpx.TransportError | None:
-    """The connection failure under an SDK error, if that is what it is: a lost or refused
-    connection stays httpx's ``TransportError``, as for every other request of a step."""
+    """The connection failure under an SDK error: a lost connection stays httpx's, as for every request of a step."""
     cause = exc.__cause__
     return cause if isinstance(cause, httpx.TransportError) else None
 
@@ -247,11 +228,10 @@ def _grpc_channel(target: str):
     import grpc
 
     host = urlsplit(f"//{target}").hostname or ""
-    try:
-        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        local = False
-    return grpc.aio.insecure_channel(target) if local else grpc.aio.secure_channel(target, grpc.ssl_channel_credentials())
+    with contextlib.suppress(ValueError):  # a host name, not an address
+        if host == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return grpc.aio.insecure_channel(target)
+    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials())
 
 
 def trajectory_metadata(events: list[dict[str, Any]]) -> dict[str, Any]:

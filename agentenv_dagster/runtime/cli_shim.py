@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-CALLS_LOG = "calls.jsonl"
 SHIM = """#!{python}
 import sys
 from agentenv_dagster.runtime.cli_shim import answer
@@ -45,7 +44,7 @@ def answer(spec: str, argv: list[str], shim_path: str) -> int:
     except Exception as exc:  # a broken rule is the task's fault: cli_called reports it as ERROR
         record["rule_error"] = f"{type(exc).__name__}: {exc}"
     record["exit"] = code = int(reply.get("exit_code", 1))
-    with open(Path(shim_path).parent / CALLS_LOG, "a") as log:
+    with open(Path(shim_path).parent / "calls.jsonl", "a") as log:
         log.write(json.dumps(record) + "\n")
     sys.stdout.write(reply.get("stdout", ""))
     sys.stderr.write(reply.get("stderr", ""))

@@ -1,6 +1,5 @@
 """The LLM judge: one forced ``submit_verdict`` call to the configured model of any provider (``runtime.models``).
-A judge without a key or base URL is *unavailable*: callers record the verification as not graded, so offline
-nothing invents a verdict.
+A judge without a key or base URL is *unavailable*: callers record the verification as not graded, inventing nothing.
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..config import AgentEnvConfig, ResolvedModel
-from .models import MissingKey, ModelAPIError, ModelClient, ModelReply, UnreadableReply, Usage, model_client
+from .models import ModelAPIError, ModelClient, ModelReply, UnreadableReply, Usage, model_client
 
 VERDICT_TOOL = "submit_verdict"
 
@@ -53,7 +52,6 @@ class LLMJudge:
     base_url: str | None = None  # instead of the provider's
     attempts: int = 3
     usage: JudgeUsage = field(default_factory=JudgeUsage)
-    max_retries: int = 2  # the SDK's own retries of 429 / 5xx / connection errors, per call
 
     @property
     def model(self) -> str:
@@ -61,12 +59,9 @@ class LLMJudge:
         return self.resolved.ref
 
     def client(self) -> ModelClient:
-        """A fresh client for one grading (a conversation reuses it); close it after."""
-        try:
-            return model_client(self.resolved, api_key=self.api_key, base_url=self.base_url,
-                                max_retries=self.max_retries)
-        except MissingKey as exc:
-            raise JudgeUnavailable(f"no judge configured: {exc}") from None
+        """A fresh client for one grading (a conversation reuses it; the SDK retries 429 / 5xx twice); close it after.
+        :func:`llm_judge` has checked that the model's settings are there."""
+        return model_client(self.resolved, api_key=self.api_key, base_url=self.base_url)
 
     async def create(self, client: ModelClient, **request: Any) -> ModelReply:
         """One request with this judge's model, its usage counted. What the SDK's retries leave (a 4xx, exhausted

@@ -24,8 +24,7 @@ STOP_REASONS = {"tool_calls": "tool_use", "function_call": "tool_use", "stop": "
 
 
 class ModelAPIError(RuntimeError):
-    """The API refused or failed the call past the SDK's retries: ``kind`` is its error type, ``retryable`` says if
-    another attempt may help."""
+    """The API refused or failed the call past the SDK's retries (``retryable``: another attempt may help)."""
 
     def __init__(self, message: str, *, status: int | None = None, kind: str = "", detail: str = "",
                  retryable: bool = False):
@@ -116,8 +115,7 @@ class ModelClient(contextlib.AbstractAsyncContextManager):
         raise NotImplementedError
 
     async def _send(self, create: Any, request: dict[str, Any]) -> Any:
-        """``create(**request)``: what the SDK raises past its own retries is a :class:`ModelAPIError`, a reply it
-        cannot read an :class:`UnreadableReply`."""
+        """``create(**request)``; what fails past the SDK's retries is a ModelAPIError, a bad reply UnreadableReply."""
         try:
             return await create(**request)
         except self._sdk.APIStatusError as exc:
@@ -181,15 +179,13 @@ class ChatCompletionsModel(ModelClient):
             raise UnreadableReply(f"the {self.reply} has no choices")
         choice = completion.choices[0]
         text = choice.message.content or ""
-        content: list[TextBlock | ToolUseBlock]
         if as_schema:  # the schema-constrained response is the forced call's input, whole
-            content = [ToolUseBlock(f"call_{completion.id}", tool_choice["name"], _json_or_text(text))]
-            stop_reason = "tool_use"
-        else:
-            calls = [c for c in choice.message.tool_calls or [] if getattr(c, "function", None) is not None]
-            content = ([TextBlock(text)] if text else []) + [
-                ToolUseBlock(c.id, c.function.name, _json_or_text(c.function.arguments)) for c in calls]
-            stop_reason = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
+            call = ToolUseBlock(f"call_{completion.id}", tool_choice["name"], _json_or_text(text))
+            return ModelReply([call], "tool_use", chat_usage(completion.usage))
+        calls = [c for c in choice.message.tool_calls or [] if getattr(c, "function", None) is not None]
+        content = ([TextBlock(text)] if text else []) + [
+            ToolUseBlock(c.id, c.function.name, _json_or_text(c.function.arguments)) for c in calls]
+        stop_reason = STOP_REASONS.get(choice.finish_reason or "", choice.finish_reason)
         return ModelReply(content, stop_reason, chat_usage(completion.usage))
 
 
@@ -215,10 +211,8 @@ def chat_messages(system: str | None, messages: list[dict[str, Any]]) -> list[di
                      for b in blocks if b.get("type") == "tool_use"]
             chat.append({"role": "assistant", "content": texts or None, **({"tool_calls": calls} if calls else {})})
             continue
-        for block in blocks:
-            if block.get("type") == "tool_result":
-                chat.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                             "content": _result_text(block.get("content"))})
+        chat += [{"role": "tool", "tool_call_id": block["tool_use_id"], "content": _result_text(block.get("content"))}
+                 for block in blocks if block.get("type") == "tool_result"]
         if texts:
             chat.append({"role": "user", "content": texts})
     return chat

@@ -58,13 +58,13 @@ class RunReviews:
         return cls(run_dir / "reviews")
 
     def put_awaiting(self, step_id: str, instance_id: str, record: dict[str, Any]) -> None:
-        _write(self._awaiting(step_id, instance_id), {"step_id": step_id, "instance_id": instance_id, **record})
+        _write(self._path("awaiting", step_id, instance_id), {"step_id": step_id, "instance_id": instance_id, **record})
 
     def clear_awaiting(self, step_id: str, instance_id: str) -> None:
-        self._awaiting(step_id, instance_id).unlink(missing_ok=True)
+        self._path("awaiting", step_id, instance_id).unlink(missing_ok=True)
 
     def get(self, step_id: str, instance_id: str) -> dict[str, Any] | None:
-        for path in (self._decision(step_id, instance_id), self._decision(step_id)):
+        for path in (self._path("decisions", step_id, instance_id), self._path("decisions", step_id)):
             record = _read(path)
             if record and record.get("decision") in (CONTINUE, ABORT):
                 return record
@@ -91,15 +91,12 @@ class RunReviews:
             step_id = steps[0]
         record = {"decision": state, "step_id": step_id, "instance_id": instance_id, "note": note,
                   "decided_by": decided_by, "decided_at_utc": now_utc(), "source": source}
-        _write(self._decision(step_id, instance_id), record)
+        _write(self._path("decisions", step_id, instance_id), record)
         return record
 
-    def _awaiting(self, step_id: str, instance_id: str) -> Path:
-        return self.folder / "awaiting" / f"{_part(step_id)}__{_part(instance_id)}.json"
-
-    def _decision(self, step_id: str, instance_id: str | None = None) -> Path:
+    def _path(self, kind: str, step_id: str, instance_id: str | None = None) -> Path:
         name = _part(step_id) + (f"__{_part(instance_id)}" if instance_id else "")
-        return self.folder / "decisions" / f"{name}.json"
+        return self.folder / kind / f"{name}.json"
 
 
 ReviewDecisions = RunReviews  # the name the review step knows them by
@@ -107,9 +104,8 @@ ReviewDecisions = RunReviews  # the name the review step knows them by
 
 def find_run_dir(runs_dir: Path, run_id: str) -> Path:
     """The folder of run ``run_id``, or of the one run whose id starts with it (the Dagster UI shows 8 characters)."""
-    exact = runs_dir / run_id
-    if run_id and exact.is_dir():
-        return exact
+    if run_id and (runs_dir / run_id).is_dir():
+        return runs_dir / run_id
     matches = sorted(p for p in runs_dir.glob(f"{_part(run_id)}*") if p.is_dir()) if run_id else []
     if len(matches) == 1:
         return matches[0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -30,7 +31,6 @@ from .artifacts import MANIFEST, Artifact, ObjectStore, VersionedStore, write_ve
 if TYPE_CHECKING:
     from ..config import AgentEnvConfig
 
-_CLAIMS = "_versions"
 _COMPLETE = ".complete"  # marks a version's files as fully downloaded to the local cache
 
 
@@ -90,27 +90,23 @@ def _client(endpoint_url: str | None, region: str | None):
 os.register_at_fork(after_in_child=_client.cache_clear)  # a forked process opens its own connections
 
 
-# The endpoint of each bucket a store in this process was built for, so a bare ``s3://`` URL (ObjectStore.read
-# is static) reaches the same server. A cache, not state: without it the project's config decides, then boto3's
-# defaults (AWS_ENDPOINT_URL_S3). dict.setdefault is atomic: no lock.
+# The endpoint of each bucket a store in this process was built for, so a bare ``s3://`` URL (ObjectStore.read is
+# static) reaches the same server. A cache, not state: without it the config decides, then boto3. setdefault is atomic.
 _KNOWN: dict[str, S3Location] = {}
 
 
 def read_url(url: str) -> bytes:
     """The bytes of ``s3://bucket/key``."""
-    parsed = urlparse(url)
-    location = _KNOWN.get(parsed.netloc) or _configured_location(parsed.netloc) or S3Location(parsed.netloc)
-    return location.get_bytes(parsed.path.lstrip("/"))
-
-
-def _configured_location(bucket: str) -> S3Location | None:
     from ..config import load_config
 
-    with contextlib.suppress(Exception):  # no usable project config here: boto3's defaults decide
-        config = load_config()
-        if config.stores.backend == "s3" and (location := s3_location(config)).bucket == bucket:
-            return location
-    return None
+    parsed = urlparse(url)
+    location = _KNOWN.get(parsed.netloc)
+    if location is None:
+        with contextlib.suppress(Exception):  # no usable project config here: boto3's defaults decide
+            config = load_config()
+            if config.stores.backend == "s3" and (configured := s3_location(config)).bucket == parsed.netloc:
+                location = configured
+    return (location or S3Location(parsed.netloc)).get_bytes(parsed.path.lstrip("/"))
 
 
 def _safe_key(key: str) -> str:
@@ -167,7 +163,7 @@ class S3ArtifactStore(VersionedStore):
         return {int(name): size for name, size in sizes.items() if name.isdigit()}
 
     def _claim(self, artifact_id: str, version: int | str) -> str:
-        return f"{self._base(artifact_id)}/{_CLAIMS}/{version}"
+        return f"{self._base(artifact_id)}/_versions/{version}"
 
     def versions(self, artifact_id: str) -> list[int]:
         return sorted(v for v, size in self._claims(artifact_id).items() if size > 0)
@@ -177,8 +173,7 @@ class S3ArtifactStore(VersionedStore):
         writers anywhere get distinct versions), upload the files, then the manifest."""
         from botocore.exceptions import ClientError
 
-        version = max(self._claims(artifact_id), default=0) + 1
-        while True:
+        for version in itertools.count(max(self._claims(artifact_id), default=0) + 1):
             claim = self._claim(artifact_id, version)
             try:
                 self.location.put_bytes(claim, b"", IfNoneMatch="*")
@@ -186,26 +181,22 @@ class S3ArtifactStore(VersionedStore):
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") not in ("PreconditionFailed", "ConditionalRequestConflict"):
                     raise
-                version += 1
         base = self._base(artifact_id, version)
         for relpath, data in files.items():
             self.location.put_bytes(f"{base}/files/{_safe_key(relpath)}", data)
         manifest = {"type": artifact_type, **meta}
         self.location.put_bytes(claim, json.dumps(manifest, indent=2).encode(), ContentType="application/json")
-        folder = self._cache_folder(artifact_id, version)  # what was written is what a read fetches
+        folder = self.root / self.location.bucket / base  # the local cache: what was written is what a read fetches
         write_version(folder, files, manifest)
         (folder / _COMPLETE).touch()
         return self.get(artifact_id, version)
 
-    def _cache_folder(self, artifact_id: str, version: int) -> Path:
-        return self.root / self.location.bucket / self._base(artifact_id, version)
-
     def _read(self, artifact_id: str, version: int) -> Artifact:
-        folder = self._cache_folder(artifact_id, version)
+        folder = self.root / self.location.bucket / (base := self._base(artifact_id, version))
         cached = folder / MANIFEST  # else the claim object, which holds the manifest once complete
         stored = cached.read_text() if cached.is_file() else self.location.get_bytes(self._claim(artifact_id, version))
         return S3Artifact.from_manifest(artifact_id, version, folder, json.loads(stored), location=self.location,
-                                        base_key=self._base(artifact_id, version))
+                                        base_key=base)
 
 
 class S3ObjectStore:

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from .local import Ledger
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def origin(url: str | httpx.URL) -> tuple[str, str, int] | None:
@@ -25,15 +24,14 @@ def origin(url: str | httpx.URL) -> tuple[str, str, int] | None:
     if not parts.hostname:
         return None
     try:
-        port = parts.port or _DEFAULT_PORTS.get(parts.scheme, 0)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme, 0)
     except ValueError:
         return None
     return parts.scheme, parts.hostname, port
 
 
 class RunServerAuth(httpx.Auth):
-    """Adds the run's token to requests for the servers the run's ledger lists; the ledger is
-    read again when it changed and an unlisted loopback origin is asked about."""
+    """Adds the run's token to requests for the servers the run's ledger lists (read again when it has changed)."""
 
     def __init__(self, ledger: "Ledger") -> None:
         self.ledger = ledger

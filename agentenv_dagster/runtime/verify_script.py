@@ -8,16 +8,15 @@ and writes the rows as JSON to RESULT — not to stdout, which is the script's o
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import json
+import runpy
 import sys
 import tempfile
 from pathlib import Path
 
 from .shell import host_env, run_argv
 
-RESULT_FILE = "rows.json"
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # where ``agentenv_dagster`` imports from
 
 
@@ -29,7 +28,7 @@ async def run_verify_script(script: Path, mcp_url: str, timeout_seconds: float) 
     """The script's rows, or :class:`VerifyScriptError` naming why there are none. The script
     runs in a scratch folder with only :data:`~.shell.HOST_ENV_KEYS` of the environment."""
     with tempfile.TemporaryDirectory(prefix="agentenv-verify-") as scratch:
-        result = Path(scratch) / RESULT_FILE
+        result = Path(scratch) / "rows.json"
         env = host_env(PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=PACKAGE_PARENT)
         argv = [sys.executable, "-m", __name__, str(script), mcp_url, str(result)]
         done = await run_argv(argv, cwd=Path(scratch), env=env, timeout=timeout_seconds)
@@ -48,10 +47,7 @@ async def run_verify_script(script: Path, mcp_url: str, timeout_seconds: float) 
 
 
 def _main(script: str, mcp_url: str, result: str) -> None:
-    spec = importlib.util.spec_from_file_location("agentenv_verify_script", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    verify = getattr(module, "verify", None)
+    verify = runpy.run_path(script, run_name="agentenv_verify_script").get("verify")
     if not callable(verify):
         raise SystemExit(f"{Path(script).name} defines no verify(mcp_url)")
     rows = verify(mcp_url)
