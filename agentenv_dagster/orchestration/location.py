@@ -35,12 +35,7 @@ def build_repository(
     """``build_definitions(tasks_dir)`` as a lazily built repository. Named like the
     repository of a ``Definitions`` so runs, sensor and schedule state carry over."""
     data = TaskRepositoryData(tasks_dir, project_dir=project_dir, translator=translator, strict=strict)
-
-    @dg.repository(name=name, description=f"agent-env tasks in `{data.tasks_dir}`")
-    def _tasks():
-        return data
-
-    return _tasks
+    return dg.RepositoryDefinition(name, repository_data=data, description=f"agent-env tasks in `{data.tasks_dir}`")
 
 
 def _whole_location(read: Callable[[dg.RepositoryDefinition], Any]) -> Callable[[TaskRepositoryData], Any]:
