@@ -8,7 +8,6 @@ so **Materialize** runs the task and code versions flag stale scores. A backfill
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import dagster as dg
 
@@ -55,8 +54,7 @@ def build_task(plan: TaskPlan, translator: TaskTranslator, executor_def: dg.Exec
     )
     job = dg.define_asset_job(
         translator.get_job_name(plan), selection=dg.AssetSelection.assets(assets).without_checks(),
-        tags=translator.get_job_tags(plan),
-        executor_def=executor_def, description=translator.get_job_description(plan),
+        tags=translator.get_job_tags(plan), executor_def=executor_def, description=translator.get_job_description(plan),
     )
     return TaskDefinitions(assets, job)
 
@@ -157,14 +155,13 @@ def graph_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping
         ROWS: dg.Field(dg.Array(str), is_required=False,
                        description="the rows (partition keys) to run, when not the run's partitions"),
     }
-    return dg.ConfigMapping(config_fn=partial(_node_configs, defaults, roots), config_schema=schema)
 
+    def node_configs(config: dict) -> dict:
+        rows = config.get(ROWS)
+        return {node: {"config": {"step": fields, **({ROWS: rows} if rows and node in roots else {})}}
+                for node, fields in {**defaults, **(config.get(STEPS) or {})}.items()}
 
-def _node_configs(defaults: dict[str, dict], roots: set[str], config: dict) -> dict:
-    steps = {**defaults, **(config.get(STEPS) or {})}
-    rows = config.get(ROWS)
-    return {node: {"config": {"step": fields, **({ROWS: rows} if rows and node in roots else {})}}
-            for node, fields in steps.items()}
+    return dg.ConfigMapping(config_fn=node_configs, config_schema=schema)
 
 
 def run_config(plan: TaskPlan, translator: TaskTranslator, rows: list[str] | None = None) -> dict:
