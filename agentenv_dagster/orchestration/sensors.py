@@ -167,10 +167,9 @@ def task_file_sensor(
             context.log.info(line)
         if report.errors:
             waiting.append(f"{len(report.errors)} problem(s) in task files, e.g. {report.errors[0]}")
+        skip_reason = None if requests else ("; ".join(waiting) or "no new or changed task")
         cursor = json.dumps(launched, sort_keys=True)
-        if requests:
-            return dg.SensorResult(run_requests=requests, cursor=cursor)
-        return dg.SensorResult(skip_reason="; ".join(waiting) or "no new or changed task", cursor=cursor)
+        return dg.SensorResult(run_requests=requests, skip_reason=skip_reason, cursor=cursor)
 
     return _sensor
 
