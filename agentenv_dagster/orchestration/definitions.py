@@ -182,8 +182,6 @@ def broken_task_jobs(errors: list[SpecError], taken: set[str]) -> list[dg.JobDef
             raise dg.Failure(description=f"This task file does not compile:\n{_text}")
 
         jobs.append(dg.JobDefinition(
-            graph_def=dg.GraphDefinition(name=name, node_defs=[_explain]),
-            description=f"INVALID task file `{file}`:\n\n" + "\n".join(f"- {p}" for p in problems),
-            tags={"agentenv/invalid": "true"},
-        ))
+            graph_def=dg.GraphDefinition(name=name, node_defs=[_explain]), tags={"agentenv/invalid": "true"},
+            description=f"INVALID task file `{file}`:\n\n" + "\n".join(f"- {p}" for p in problems)))
     return jobs

@@ -92,8 +92,7 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
             tags={
                 **translator.get_op_tags(step), TAG_STEP_ID: step.id,
                 STEP_ASSETS_TAG: translator.get_step_assets_tag(plan, step),
-                TAG_CONTENT_HASH: plan.document.content_hash,
-                **versioned.get(node, {}),
+                TAG_CONTENT_HASH: plan.document.content_hash, **versioned.get(node, {}),
                 **(regression_tag(regression) if regression is not None and produces_verification(
                     translator, plan, step) else {}),
                 **({POOL_TAG: pool} if (pool := translator.get_pool(plan, step)) else {}),
