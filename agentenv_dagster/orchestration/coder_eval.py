@@ -106,18 +106,18 @@ def run_coder_eval_tasks(
     skipped = [{"path": str(t.source), "reason": "skip: true"} for t in tasks if t.task.skip and not include_skipped]
     registry = step_registry(config)
     prepared = [  # every task resolved (variants, -D, rows) before any runs: a problem stops them all
-        _prepare(loaded, config, registry, instance, overrides=overrides, grade_only_from=grade_only_from, split=split,
-                 sample=sample, sample_seed=sample_seed, experiment=experiment, failed_only=failed_only,
-                 stale_only=stale_only)
+        (loaded, _prepare(loaded, config, registry, instance, overrides=overrides, grade_only_from=grade_only_from,
+                          split=split, sample=sample, sample_seed=sample_seed, experiment=experiment,
+                          failed_only=failed_only, stale_only=stale_only))
         for loaded in tasks if include_skipped or not loaded.task.skip
     ]
     results: list[EvaluationResult] = []
     suites: list[dict[str, Any]] = []
     run_ids: list[str] = []
-    for task_run in prepared:
-        task_results = _rows_runs(task_run, config, out, instance, rows_in_flight=rows_in_flight,
+    for loaded, variants in prepared:
+        task_results = _rows_runs(loaded, variants, config, out, instance, rows_in_flight=rows_in_flight,
                                   max_sandboxes=max_sandboxes, run_ids=run_ids)
-        suites += _task_suites(task_run, config, out, instance, task_results, run_ids)
+        suites += _task_suites(loaded.task, variants, config, out, instance, task_results, run_ids)
         results += task_results
     summary = RunSummary.from_results(run_id, started, _now(), results, skipped=skipped)
     reports = write_reports(out, summary, results, task_jsons_written=True)
@@ -129,7 +129,7 @@ def run_coder_eval_tasks(
         for variant_id, aggregate in report["variant_aggregates"].items():
             (out / variant_id).mkdir(parents=True, exist_ok=True)
             (out / variant_id / "variant.json").write_text(json.dumps(aggregate, indent=2))
-    notes = [note for t in prepared for v in t.variants for note in v.notes]
+    notes = [note for _, variants in prepared for v in variants for note in v.notes]
     return CoderEvalRun(summary, results, reports, suites, notes, run_ids)
 
 
@@ -164,18 +164,12 @@ class _VariantRun:
     notes: tuple[str, ...] = ()  # what of it does not run and why (and why the rest does, --stale-only)
 
 
-@dataclass(frozen=True)
-class _TaskRun:
-    loaded: LoadedCoderEvalTask
-    variants: list[_VariantRun]  # under an experiment each runs in its group's job (partitions variant x row)
-
-
 def _prepare(
     loaded: LoadedCoderEvalTask, config: AgentEnvConfig, registry, instance: dg.DagsterInstance | None, *,
     overrides: Sequence[str], grade_only_from: Path | None, split: str | None, sample: int | None,
     sample_seed: int, experiment: Path | None, failed_only: bool, stale_only: bool,
-) -> _TaskRun:
-    """Everything a task's runs need, resolved without running anything."""
+) -> list[_VariantRun]:
+    """Each variant's run (under an experiment, in its group's job), resolved without running anything."""
     documents = [] if experiment is None else experiment_documents(loaded, experiment, registry, overrides=overrides,
                                                                    grade_only_from=grade_only_from)
     # each variant's job under the experiment, as the code location groups them
@@ -202,7 +196,7 @@ def _prepare(
             kept += fresh
             notes += said
         variants.append(_VariantRun(variant_id, resolved, repeats, plan, keys, kept, tuple(notes)))
-    return _TaskRun(loaded, variants)
+    return variants
 
 
 def _stale_only(plan: TaskPlan, config: AgentEnvConfig, instance: dg.DagsterInstance | None, keys: list[str] | None,
@@ -221,17 +215,17 @@ def _stale_only(plan: TaskPlan, config: AgentEnvConfig, instance: dg.DagsterInst
     return [k for k in keys if k in found.stale], fresh, notes
 
 
-def _task_suites(task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None,
-                 results: list[EvaluationResult], run_ids: list[str]) -> list[dict[str, Any]]:
+def _task_suites(task: TaskDefinition, variants: list[_VariantRun], config: AgentEnvConfig, out: Path,
+                 instance: dg.DagsterInstance | None, results: list[EvaluationResult],
+                 run_ids: list[str]) -> list[dict[str, Any]]:
     """A dataset task's suites from its ``results``, one per variant (upstream's ``<variant>/<suite_id>``), and
     once rows ran (``--failed-only`` may run none) its suite asset materialized, the runs added to ``run_ids``."""
-    task = task_run.loaded.task
     if task.dataset is None:
         return []
-    if any(v.keys for v in task_run.variants):
-        run_ids += _materialize_suites(task_run, config, instance)
+    if any(v.keys for v in variants):
+        run_ids += _materialize_suites(variants, config, instance)
     suites = []
-    for variant in task_run.variants:
+    for variant in variants:
         variant_id = variant.variant_id or "default"
         thresholds = [getattr(c, "suite_thresholds", None) for c in variant.task.success_criteria]
         rows = [r for r in results if r.variant_id == variant_id]
@@ -249,13 +243,13 @@ def _task_suites(task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance
 
 
 def _rows_runs(
-    task_run: _TaskRun, config: AgentEnvConfig, out: Path, instance: dg.DagsterInstance | None, *,
-    rows_in_flight: int | None, max_sandboxes: int | None, run_ids: list[str],
+    loaded: LoadedCoderEvalTask, variants: list[_VariantRun], config: AgentEnvConfig, out: Path,
+    instance: dg.DagsterInstance | None, *, rows_in_flight: int | None, max_sandboxes: int | None, run_ids: list[str],
 ) -> list[EvaluationResult]:
     """Each variant's and replicate's rows run, each row's task.json written; the runs added to ``run_ids``."""
-    task, path = task_run.loaded.task, task_run.loaded.source
+    task, path = loaded.task, loaded.source
     results = []
-    for variant in task_run.variants:
+    for variant in variants:
         keys, repeats, row_of = variant.keys, variant.repeats, variant.plan.document.row_of
         fields = {  # the same for each of the variant's rows
             "description": task.description, "agent_type": variant.task.agent.type if variant.task.agent else "none",
@@ -290,20 +284,18 @@ def _row_result(out: Path, context: TaskStepContext, **fields: Any) -> Evaluatio
     return result
 
 
-def _materialize_suites(task_run: _TaskRun, config: AgentEnvConfig, instance: dg.DagsterInstance | None) -> list[str]:
+def _materialize_suites(variants: list[_VariantRun], config: AgentEnvConfig,
+                        instance: dg.DagsterInstance | None) -> list[str]:
     """Materialize the suite asset of each job the task's variants ran in (under an experiment, their partitions)
     as the UI would, so the instance holds the same rollup and threshold checks as the run's suite.json files."""
-    jobs: dict[str, list[_VariantRun]] = {}
-    for variant in task_run.variants:
-        jobs.setdefault(variant.plan.task_id, []).append(variant)
     run_ids = []
-    for variants in jobs.values():
-        plan = variants[0].plan
-        asset = suite_asset(plan, TaskTranslator(), config.regression.for_task(plan.task_id))
+    for task_id in dict.fromkeys(v.plan.task_id for v in variants):  # each job the variants ran in, once
+        group = [v for v in variants if v.plan.task_id == task_id]
+        asset = suite_asset(group[0].plan, TaskTranslator(), config.regression.for_task(task_id))
         if asset is None:
             continue
         with opened_instance(config, instance) as active:
-            for variant_id in [v.variant_id for v in variants]:  # None: the task alone, its asset unpartitioned
+            for variant_id in [v.variant_id for v in group]:  # None: the task alone, its asset unpartitioned
                 done = dg.materialize([asset], instance=active, raise_on_error=False, partition_key=variant_id,
                                       run_config=console_config())
                 noted(active, done.run_id, asset.key.to_user_string() + (f" [{variant_id}]" if variant_id else ""))

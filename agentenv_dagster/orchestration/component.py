@@ -19,7 +19,6 @@ from ..config import EXECUTORS
 from .definitions import build_definitions
 from .translator import TaskTranslator
 
-PROJECT_ROOT = "{{ context.project_root }}"
 Executor = Literal[EXECUTORS]
 
 
@@ -123,7 +122,7 @@ class TaskFolderComponent(dg.Component, dg.Resolvable, dg.Model):
 
     tasks_dir: Annotated[Path, dg.Resolver(
         _existing("folder"), model_field_type=str,
-        description=f"The folder of task documents (relative to this defs.yaml; '{PROJECT_ROOT}/tasks' "
+        description="The folder of task documents (relative to this defs.yaml; '{{ context.project_root }}/tasks' "
                     "for the project's tasks/).")]
     project_dir: Annotated[Path | None, dg.Resolver(
         _existing("folder"), model_field_type=str | None,

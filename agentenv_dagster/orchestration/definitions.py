@@ -119,12 +119,11 @@ def with_overrides(
     """The config with a code location's own ``[experiments]`` and ``[dagster] executor``."""
     if executor is not None and executor not in EXECUTORS:
         raise ValueError(f"executor '{executor}': expected one of {', '.join(EXECUTORS)}")
-    update = {}
     if experiments is not None:
-        update["experiments"] = {str(file): list(task_ids) for file, task_ids in experiments.items()}
+        config = config.model_copy(update={"experiments": {str(file): list(ids) for file, ids in experiments.items()}})
     if executor is not None:
-        update["dagster"] = config.dagster.model_copy(update={"executor": executor})
-    return config.model_copy(update=update) if update else config
+        config = config.model_copy(update={"dagster": config.dagster.model_copy(update={"executor": executor})})
+    return config
 
 
 def location_resources(config: AgentEnvConfig) -> dict:
@@ -183,8 +182,6 @@ def broken_task_jobs(errors: list[SpecError], taken: set[str]) -> list[dg.JobDef
             raise dg.Failure(description=f"This task file does not compile:\n{_text}")
 
         jobs.append(dg.JobDefinition(
-            graph_def=dg.GraphDefinition(name=name, node_defs=[_explain]),
-            description=f"INVALID task file `{file}`:\n\n" + "\n".join(f"- {p}" for p in problems),
-            tags={"agentenv/invalid": "true"},
-        ))
+            graph_def=dg.GraphDefinition(name=name, node_defs=[_explain]), tags={"agentenv/invalid": "true"},
+            description=f"INVALID task file `{file}`:\n\n" + "\n".join(f"- {p}" for p in problems)))
     return jobs

@@ -21,8 +21,6 @@ from ..naming import job_name
 from ..spec.documents import load_json, load_yaml
 from .translator import TaskTranslator
 
-SINGLETON_REPOSITORY = "__repository__"  # the name Dagster gives a Definitions' repository
-
 
 def build_repository(
     tasks_dir: str | Path,
@@ -30,17 +28,12 @@ def build_repository(
     project_dir: str | Path | None = None,
     translator: TaskTranslator | None = None,
     strict: bool = False,
-    name: str = SINGLETON_REPOSITORY,
+    name: str = "__repository__",  # the name Dagster gives a Definitions' repository
 ) -> dg.RepositoryDefinition:
     """``build_definitions(tasks_dir)`` as a lazily built repository. Named like the
     repository of a ``Definitions`` so runs, sensor and schedule state carry over."""
     data = TaskRepositoryData(tasks_dir, project_dir=project_dir, translator=translator, strict=strict)
-
-    @dg.repository(name=name, description=f"agent-env tasks in `{data.tasks_dir}`")
-    def _tasks():
-        return data
-
-    return _tasks
+    return dg.RepositoryDefinition(name, repository_data=data, description=f"agent-env tasks in `{data.tasks_dir}`")
 
 
 def _whole_location(read: Callable[[dg.RepositoryDefinition], Any]) -> Callable[[TaskRepositoryData], Any]:

@@ -19,7 +19,6 @@ from .rows import REPLICATE_TAG, VARIANT_TAG, range_tags
 from .translator import TaskTranslator
 
 log = logging.getLogger("agentenv_dagster")
-SCHEDULE_TAG_KEY = "schedule"
 TAG_PRESETS = {name: f"@{name}" for name in ("hourly", "daily", "weekly", "monthly", "yearly")}
 
 
@@ -96,13 +95,11 @@ def tag_schedule(plan: TaskPlan) -> ScheduleEntry | None:
     except (TaskLoadError, OSError) as exc:  # it compiled a moment ago; it changed since
         log.warning(f"{plan.document.source}: tags not read, not scheduled: {exc}")
         return None
-    presets = [t.partition(":")[2] for t in tags if t.partition(":")[0] == SCHEDULE_TAG_KEY]
+    presets = [t.partition(":")[2] for t in tags if t.partition(":")[0] == "schedule"]
     if not presets:
         return None
     if presets[0] not in TAG_PRESETS:
-        log.warning(
-            f"{plan.document.source}: tag 'schedule:{presets[0]}': unknown schedule "
-            f"(one of {', '.join(TAG_PRESETS)}; or a cron in [schedules] of .agentenv/config.toml)"
-        )
+        log.warning(f"{plan.document.source}: tag 'schedule:{presets[0]}': unknown schedule "
+                    f"(one of {', '.join(TAG_PRESETS)}; or a cron in [schedules] of .agentenv/config.toml)")
         return None
     return ScheduleEntry(cron=TAG_PRESETS[presets[0]])

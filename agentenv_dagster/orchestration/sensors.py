@@ -84,11 +84,8 @@ def _teardown_sensor(status: dg.DagsterRunStatus, name: str) -> dg.RunStatusSens
 
 
 def teardown_sensors() -> list[dg.SensorDefinition]:
-    return [
-        _teardown_sensor(dg.DagsterRunStatus.FAILURE, FAILED_RUNS_SENSOR),
-        _teardown_sensor(dg.DagsterRunStatus.CANCELED, CANCELED_RUNS_SENSOR),
-        reaper_sensor(),
-    ]
+    return [_teardown_sensor(dg.DagsterRunStatus.FAILURE, FAILED_RUNS_SENSOR),
+            _teardown_sensor(dg.DagsterRunStatus.CANCELED, CANCELED_RUNS_SENSOR), reaper_sensor()]
 
 
 def reaper_sensor() -> dg.SensorDefinition:
@@ -134,20 +131,17 @@ def task_file_sensor(
     store = (config.state_dir / "tasks").resolve()
 
     def origin(plan: TaskPlan) -> Path:
-        """Where a task comes from: its file, or its folder of the task store (every stored
-        version of a task is the same task, launched through the same job)."""
+        """Its file, or its folder of the task store: every stored version is one task, launched by one job."""
         source = Path(plan.document.source).resolve()
         return source.parent if source.parent.parent == store else source
-    task_jobs = [job for job in jobs if job.name in loaded]
-    job_names = {job.name for job in task_jobs}
 
     @functools.cache
     def loaded_shape(name: str) -> tuple:
         return job_shape(loaded[name], translator)
 
     @dg.sensor(
-        name=TASK_FILES_SENSOR, jobs=task_jobs or None, default_status=dg.DefaultSensorStatus.STOPPED,
-        minimum_interval_seconds=30,
+        name=TASK_FILES_SENSOR, jobs=[job for job in jobs if job.name in loaded] or None,
+        default_status=dg.DefaultSensorStatus.STOPPED, minimum_interval_seconds=30,
         description=f"Launches a task's job once per new or changed task document in `{tasks_dir}` "
                     "and per new version in the task store.",
     )
@@ -160,7 +154,7 @@ def task_file_sensor(
             key = f"{tags[TAG_TASK_ID]}:{tags[TAG_TASK_VERSION]}:{tags[TAG_CONTENT_HASH]}"
             if launched.get(name) == key:
                 continue
-            if name not in job_names or origin(loaded[name]) != origin(plan):
+            if name not in loaded or origin(loaded[name]) != origin(plan):
                 waiting.append(f"{plan.document.source}: task '{plan.task_id}' has no job here yet: "
                                "reload the code location to launch it")
             elif job_shape(plan, translator) != loaded_shape(name):
@@ -173,28 +167,25 @@ def task_file_sensor(
             context.log.info(line)
         if report.errors:
             waiting.append(f"{len(report.errors)} problem(s) in task files, e.g. {report.errors[0]}")
+        skip_reason = None if requests else ("; ".join(waiting) or "no new or changed task")
         cursor = json.dumps(launched, sort_keys=True)
-        if requests:
-            return dg.SensorResult(run_requests=requests, cursor=cursor)
-        return dg.SensorResult(skip_reason="; ".join(waiting) or "no new or changed task", cursor=cursor)
+        return dg.SensorResult(run_requests=requests, skip_reason=skip_reason, cursor=cursor)
 
     return _sensor
 
 
 def job_shape(plan: TaskPlan, translator: TaskTranslator) -> tuple:
-    """What a run cannot change through run config: the nodes of the task's graph (op, tags — assets and pool —, retry
-    policy), their edges, and the rows. (The code version and the content hash, which follow the content, are left
-    out: a task whose steps only changed their fields runs.)"""
+    """What a run cannot change through run config: the graph's nodes (op, tags — assets and pool —, retry policy),
+    edges and rows; not the code version nor content hash, so a task whose steps only changed their fields runs."""
     from .task_job import task_graph  # task_job imports this module (through definitions)
 
     graph, _, _ = task_graph(plan, translator, code_versions={})
     nodes = []
     for invocation, inputs in graph.dependencies.items():
-        retry = invocation.retry_policy
         tags = {k: v for k, v in (invocation.tags or {}).items() if k not in (TAG_CODE_VERSION, TAG_CONTENT_HASH)}
         nodes.append((
             invocation.alias or invocation.name, invocation.name, tuple(sorted(tags.items())),
-            (retry.max_retries, retry.delay, str(retry.backoff), str(retry.jitter)) if retry else None,
+            invocation.retry_policy,
             tuple(sorted((i, tuple(sorted(d.node for d in dep.get_node_dependencies()))) for i, dep in inputs.items())),
         ))
     return tuple(sorted(nodes)), tuple(plan.document.partitions or ())

@@ -8,7 +8,6 @@ so **Materialize** runs the task and code versions flag stale scores. A backfill
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import dagster as dg
 
@@ -23,6 +22,7 @@ from .rows import ROWS, STEP_ASSETS_TAG, STEPS, register_plan, step_config
 from .translator import TAG_CODE_VERSION, TAG_CONTENT_HASH, TAG_STEP_ID, TaskTranslator
 
 POOL_TAG = "dagster/concurrency_key"  # a node's pool, as Dagster reads it from a node's tags
+TaskAsset = tuple[dg.AssetKey, str, set[dg.AssetKey]]  # a node's asset: its key, description and what it is made from
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,10 @@ def build_task(plan: TaskPlan, translator: TaskTranslator, executor_def: dg.Exec
     condition = translator.get_automation_condition(plan)
     assets = dg.AssetsDefinition.from_graph(
         graph,
-        keys_by_output_name={name: key for name, (key, _) in outputs.items()},
+        keys_by_output_name={name: key for name, (key, _, _) in outputs.items()},
         keys_by_input_name=inputs,
-        internal_asset_deps=lineage(plan, translator, outputs),
-        descriptions_by_output_name={name: description for name, (_, description) in outputs.items()},
+        internal_asset_deps={name: made_from for name, (_, _, made_from) in outputs.items()},
+        descriptions_by_output_name={name: description for name, (_, description, _) in outputs.items()},
         code_versions_by_output_name={name: code_versions[name] for name in outputs},
         partitions_def=translator.get_partitions_def(plan),
         group_name=translator.get_group_name(plan),
@@ -55,8 +55,7 @@ def build_task(plan: TaskPlan, translator: TaskTranslator, executor_def: dg.Exec
     )
     job = dg.define_asset_job(
         translator.get_job_name(plan), selection=dg.AssetSelection.assets(assets).without_checks(),
-        tags=translator.get_job_tags(plan),
-        executor_def=executor_def, description=translator.get_job_description(plan),
+        tags=translator.get_job_tags(plan), executor_def=executor_def, description=translator.get_job_description(plan),
     )
     return TaskDefinitions(assets, job)
 
@@ -71,13 +70,13 @@ def asset_code_versions(plan: TaskPlan, translator: TaskTranslator, config: Agen
 
 def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[str, str],
                regression: RegressionSettings | None = None) -> tuple[
-        dg.GraphDefinition, dict[str, tuple[dg.AssetKey, str]], dict[str, dg.AssetKey]]:
-    """The task's op graph, the assets its outputs map to (output name -> key, description) and the stored artifacts
+        dg.GraphDefinition, dict[str, TaskAsset], dict[str, dg.AssetKey]]:
+    """The task's op graph, the assets its outputs map to (output name -> TaskAsset) and the stored artifacts
     its inputs map from (input name -> key). ``code_versions`` (by node) and ``regression`` (the task's gate, or None)
     become node tags: what the ops stamp on their materializations and check their scores with."""
     deps: dict[dg.NodeInvocation, dict] = {}
     node_defs: dict[str, dg.OpDefinition] = {}
-    outputs: dict[str, tuple[dg.AssetKey, str]] = {}
+    outputs: dict[str, TaskAsset] = {}
     inputs: dict[str, dg.AssetKey] = {}
     input_mappings = []
     graph_name = translator.get_graph_name(plan)
@@ -93,8 +92,7 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
             tags={
                 **translator.get_op_tags(step), TAG_STEP_ID: step.id,
                 STEP_ASSETS_TAG: translator.get_step_assets_tag(plan, step),
-                TAG_CONTENT_HASH: plan.document.content_hash,
-                **versioned.get(node, {}),
+                TAG_CONTENT_HASH: plan.document.content_hash, **versioned.get(node, {}),
                 **(regression_tag(regression) if regression is not None and produces_verification(
                     translator, plan, step) else {}),
                 **({POOL_TAG: pool} if (pool := translator.get_pool(plan, step)) else {}),
@@ -106,8 +104,12 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
             [translator.get_node_name(plan.step_by_id[d]) for d in sources],
             after=[translator.get_node_name(plan.step_by_id[d]) for d in plan.edges[step.id] if d not in sources],
         )
-        for key, description in translator.get_step_asset_outputs(plan, step):
-            outputs[node] = (key, description)  # (one task asset a step, at most)
+        for key, description in translator.get_step_asset_outputs(plan, step):  # one task asset a step, at most
+            # made from the stored artifacts its ancestry loaded and the verifications it reads (an aggregate's)
+            made_from = {translator.get_loaded_artifact_asset_key(a) for a in plan.artifact_lineage(step.id)}
+            made_from |= {translator.get_verification_asset_key(plan.task_id, n.name)
+                          for n in step.names_read() if n.kind == VERIFICATION}
+            outputs[node] = (key, description, made_from)
         for artifact_id in sorted({n.name for n in step.names_read() if n.kind == ARTIFACT}):
             name = f"artifact__{dagster_name(artifact_id)}"
             inputs[name] = translator.get_loaded_artifact_asset_key(artifact_id)
@@ -119,7 +121,8 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
     teardown_tags = {TAG_CONTENT_HASH: plan.document.content_hash, **versioned.get(TEARDOWN_OP, {})}
     deps[dg.NodeInvocation(teardown.name, alias=TEARDOWN_OP, tags=teardown_tags)] = _fan_in(sinks)
     outputs[TEARDOWN_OP] = (translator.get_results_asset_key(plan),
-                            f"Each row's outcome in task `{plan.task_id}`: its status and each step's.")
+                            f"Each row's outcome in task `{plan.task_id}`: its status and each step's.",
+                            {key for key, _, _ in outputs.values()})  # made from every other asset
     output_mappings = [dg.OutputMapping(graph_output_name=node, mapped_node_name=node,
                                         mapped_node_output_name=ASSET_OUTPUT) for node in outputs]
     graph = dg.GraphDefinition(
@@ -128,21 +131,6 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
         output_mappings=output_mappings, config=graph_config(plan, translator),
     )
     return graph, outputs, inputs
-
-
-def lineage(plan: TaskPlan, translator: TaskTranslator,
-            outputs: dict[str, tuple[dg.AssetKey, str]]) -> dict[str, set[dg.AssetKey]]:
-    """What each of the task's assets is made from: the stored artifacts its step's ancestry
-    loaded and the verifications it reads (an aggregate's); the results, from every other."""
-    deps: dict[str, set[dg.AssetKey]] = {}
-    for step in plan.steps:
-        node = translator.get_node_name(step)
-        if node in outputs:
-            deps[node] = {translator.get_loaded_artifact_asset_key(a) for a in plan.artifact_lineage(step.id)}
-            deps[node] |= {translator.get_verification_asset_key(plan.task_id, n.name) for n in step.names_read()
-                           if n.kind == VERIFICATION}
-    deps[TEARDOWN_OP] = {key for name, (key, _) in outputs.items() if name != TEARDOWN_OP}
-    return deps
 
 
 def graph_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping:
@@ -157,14 +145,13 @@ def graph_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping
         ROWS: dg.Field(dg.Array(str), is_required=False,
                        description="the rows (partition keys) to run, when not the run's partitions"),
     }
-    return dg.ConfigMapping(config_fn=partial(_node_configs, defaults, roots), config_schema=schema)
 
+    def node_configs(config: dict) -> dict:
+        rows = config.get(ROWS)
+        return {node: {"config": {"step": fields, **({ROWS: rows} if rows and node in roots else {})}}
+                for node, fields in {**defaults, **(config.get(STEPS) or {})}.items()}
 
-def _node_configs(defaults: dict[str, dict], roots: set[str], config: dict) -> dict:
-    steps = {**defaults, **(config.get(STEPS) or {})}
-    rows = config.get(ROWS)
-    return {node: {"config": {"step": fields, **({ROWS: rows} if rows and node in roots else {})}}
-            for node, fields in steps.items()}
+    return dg.ConfigMapping(config_fn=node_configs, config_schema=schema)
 
 
 def run_config(plan: TaskPlan, translator: TaskTranslator, rows: list[str] | None = None) -> dict:

@@ -232,19 +232,14 @@ class TaskTranslator:
             return super().get_code_version(plan, config, step) + "-grader2"
         ```
         """
-        document = plan.document
         ids = {s.id for s in plan.steps} if step is None else {step.id, *plan.ancestors(step.id)}
-        variants = {v: [s for s in steps if s.id in ids] for v, steps in (document.variant_steps or {}).items()}
+        variants = {v: [s for s in steps if s.id in ids] for v, steps in (plan.document.variant_steps or {}).items()}
         steps = [s for s in plan.steps if s.id in ids]
         runs_on = {json.dumps(self._runs_on(s, config), sort_keys=True, default=str)
                    for s in [*steps, *(s for vs in variants.values() for s in vs)]}
-        parts = {
-            "task": plan.task_id,
-            "steps": [s.to_document() for s in steps],
-            "variants": {v: [s.to_document() for s in vs] for v, vs in variants.items()},
-            "seed": document.seed,
-            "runs_on": sorted(runs_on),
-        }
+        parts = {"task": plan.task_id, "steps": [s.to_document() for s in steps],
+                 "variants": {v: [s.to_document() for s in vs] for v, vs in variants.items()},
+                 "seed": plan.document.seed, "runs_on": sorted(runs_on)}
         return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def get_model_roles(self, step: TaskStep) -> list[str]:
@@ -282,8 +277,7 @@ class TaskTranslator:
         elif step.type == "rubrics_verifier" and getattr(step, "use_agent_judge", False):
             agent_id = getattr(step, "judge_a2a_agent_id", None) or config.agents.judge_a2a_agent_id
             found["judge_agent"] = _agent_version(config, agent_id, {})
-        roles = self.get_model_roles(step)
-        if roles:
+        if roles := self.get_model_roles(step):
             found["models"] = {role: _model_version(config, config.model.for_role(role)) for role in roles}
             found["params"] = config.model.params
         return found
@@ -330,16 +324,14 @@ class TaskTranslator:
             ]
 
 
-AGENT_FIELDS_NOT_DECIDING = {"description", "delay_seconds", "cli_path"}  # leave an agent's scores as they are
-
-
 def _agent_version(config: AgentEnvConfig, agent_id: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """An agent as it decides scores: its registry entry (a replay script's content hashed in) and the model it
     runs on (its own, the step's, or ``[model]``'s agent role)."""
     entry = config.agent_entry(agent_id)
     if entry is None:
         return {"id": agent_id, "entry": None}
-    data = entry.model_dump(mode="json", exclude_none=True, exclude=AGENT_FIELDS_NOT_DECIDING)
+    # fields that leave an agent's scores as they are
+    data = entry.model_dump(mode="json", exclude_none=True, exclude={"description", "delay_seconds", "cli_path"})
     if entry.script:
         script = config.path(entry.script)
         data["script"] = _file_digest(script, script.stat().st_mtime_ns) if script.is_file() else entry.script
