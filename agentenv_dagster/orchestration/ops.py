@@ -104,16 +104,12 @@ def run_step_op(
     source = joined(io, upstream, after) if upstream or after else rows.admitted()
     try:
         yield from _driven(context.run_id, lambda outbox: rows.run(source, outbox), rows.events)
-    except _RetryPending as pending:  # the stream stays open: the op's next attempt goes on with it
-        raise pending.args[0] from None
+    except StepFailed as failed:  # a self-retry is left (``_one``): the stream stays open for the op's next attempt
+        raise failed from None
     except BaseException:
         out.end()  # the ops below see the rows it did not pass on as lost
         raise
     rows.finish()
-
-
-class _RetryPending(Exception):
-    """A row's step failed (``args[0]``, the StepFailed) with a self-retry left: Dagster runs the op again."""
 
 
 class _RowsOfOp:
@@ -198,7 +194,7 @@ class _RowsOfOp:
             if self.retried_here:  # Dagster runs the op again: this row's attempt is kept for its record
                 StreamWriter(self.io, self.context.run_id, f"{self.out.ref.name}{FAILED_ATTEMPT}").append(
                     row.key, ctx.to_dict(), outcome.record)
-                raise _RetryPending(outcome)
+                raise outcome
             self.out.append(row.key, ctx.to_dict(), {**outcome.record, "step_key": self.out.ref.name})
             self.stopped_here.append(row.key)
             self.first_failure = self.first_failure or outcome
@@ -305,7 +301,7 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
             loop.close()
             outbox.put(_MAIN_ENDED)
 
-    def cancel(*_: Any) -> None:
+    def cancel() -> None:
         started.wait()
         if tasks and not loop.is_closed():
             loop.call_soon_threadsafe(tasks[0].cancel)
@@ -319,8 +315,7 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
     try:
         while (items := outbox.take())[-1] is not _MAIN_ENDED:
             yield from to_events(items)
-        if items[:-1]:
-            yield from to_events(items[:-1])
+        yield from to_events(items[:-1])
         if interrupted:
             handler(signal.SIGINT, interrupted[0])  # raises, unless the process defers interrupts
         if ended and ended[0] is not None:
@@ -442,10 +437,9 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
             started = time.perf_counter()
             ended.extend(await asyncio.to_thread(resource.end_row, context.run_id, ctx))
             timing["duration_seconds"] = round(time.perf_counter() - started, 3)
-            row.context = ctx.to_dict()
             if row.stopped is not None:
                 stopped.append(row.key)
-            out.append(row.key, row.context, row.stopped)
+            out.append(row.key, ctx.to_dict(), row.stopped)
             outbox.put((row.key, ctx, row.stopped))
 
     def materialized(left: list[tuple[str, TaskStepContext, dict | None]]) -> Iterator[Any]:
