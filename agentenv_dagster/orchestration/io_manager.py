@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -102,11 +101,8 @@ class TaskContextIOManager(ContextIOManagerBase):
 
     def append_records(self, run_id: str, name: str, records: list[dict[str, Any]]) -> None:
         # one writer a stream, and one write a batch: a reader sees whole lines or none of a batch
-        fd = os.open(self._path(run_id, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, self.encoded(records))
-        finally:
-            os.close(fd)
+        with open(self._path(run_id, name), "ab", buffering=0) as stream:  # (an unbuffered write is one write call)
+            stream.write(self.encoded(records))
 
     def read_records(self, run_id: str, name: str, position: Any = None) -> tuple[list[dict[str, Any]], Any, bool]:
         offset = position or 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import queue
 import signal
@@ -270,15 +271,11 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
     ``streams.request_stop``), ``main`` is cancelled and unwinds, then the interruption is raised."""
     loop = new_event_loop()
     outbox = _Outbox()
+    # made now: ``cancel`` has it at once and it starts first; its context empty, as in the loop's new thread
+    task = loop.create_task(main(outbox), context=contextvars.Context())
     ended: list[BaseException | None] = []
-    started = threading.Event()
-    tasks: list[asyncio.Task] = []
 
     async def supervised() -> None:
-        task = asyncio.create_task(main(outbox))
-        tasks.append(task)
-        started.set()
-        await asyncio.sleep(0)  # ``main`` starts before the first look at whether the run must stop
         while not task.done() and not stop_requested(run_id):
             await asyncio.wait({task}, timeout=STOP_POLL_SECONDS)
         if not task.done():  # the run was asked to stop
@@ -297,14 +294,12 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
         except BaseException as exc:  # noqa: BLE001 - handed to the op's thread
             ended.append(exc)
         finally:
-            started.set()
             loop.close()
             outbox.put(_MAIN_ENDED)
 
     def cancel() -> None:
-        started.wait()
-        if tasks and not loop.is_closed():
-            loop.call_soon_threadsafe(tasks[0].cancel)
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
 
     interrupted: list[Any] = []
     handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
@@ -362,10 +357,8 @@ def _sibling(context: dg.OpExecutionContext, name: str) -> str:
 
 def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
     """The task's default token values: the run's tag (the launchpad can edit it), else its plan's."""
-    raw = context.run.tags.get(TAG_SEED)
-    if raw is None:
-        plan = plan_of(context)
-        return plan.document.seed if plan is not None else None
+    if (raw := context.run.tags.get(TAG_SEED)) is None:
+        return plan.document.seed if (plan := plan_of(context)) is not None else None
     try:
         value = json.loads(raw) if raw else None
     except ValueError:
@@ -387,8 +380,7 @@ def refuse_ended_deployments(context, step: TaskStep) -> None:
     if not context.run.parent_run_id or selected is None or plan is None or step.id not in plan.step_by_id:
         return
     keys = step_keys(context)
-    ended = sorted(d for d in live_deployers(plan, step.id) if d in keys and keys[d] not in selected)
-    if ended:
+    if ended := sorted(d for d in live_deployers(plan, step.id) if d in keys and keys[d] not in selected):
         raise dg.Failure(description=(
             f"step '{step.id}' uses what step(s) {', '.join(repr(d) for d in ended)} deployed in run "
             f"{context.run.parent_run_id}, which ended with that run: re-execute from "

@@ -42,19 +42,13 @@ class ArtifactStoreResource(dg.ConfigurableResource):
     endpoint_url: str | None = None
     region: str | None = None
 
-    def _location(self) -> S3Location:
-        return S3Location(self.bucket, self.prefix, self.endpoint_url, self.region)
-
-    def get_store(self) -> FilesystemArtifactStore | S3ArtifactStore:
+    def get_stores(self) -> tuple[FilesystemArtifactStore | S3ArtifactStore, ObjectStore | S3ObjectStore]:
         bundles = [Path(d) for d in self.bundle_dirs]
         if self.backend == "s3":
-            return S3ArtifactStore(self._location(), Path(self.root), bundles)
-        return FilesystemArtifactStore(Path(self.root), bundles)
-
-    def get_object_store(self) -> ObjectStore | S3ObjectStore:
-        if self.backend == "s3":
-            return S3ObjectStore(self._location())
-        return ObjectStore(Path(self.objects_root or Path(self.root).parent / "objects"))
+            location = S3Location(self.bucket, self.prefix, self.endpoint_url, self.region)
+            return S3ArtifactStore(location, Path(self.root), bundles), S3ObjectStore(location)
+        return (FilesystemArtifactStore(Path(self.root), bundles),
+                ObjectStore(Path(self.objects_root or Path(self.root).parent / "objects")))
 
 
 class JudgeResource(dg.ConfigurableResource):
@@ -134,8 +128,8 @@ class AgentEnvResource(dg.ConfigurableResource):
     ) -> StepRuntime:
         """What an op's rows run their step with (``async with``)."""
         run = RunInfo(run_id=run_id, task_id=task_id, run_dir=self.run_dir(run_id))
-        return StepRuntime(self.load_config(judge), run, logger, artifacts=artifacts.get_store(),
-                           objects=artifacts.get_object_store())
+        store, objects = artifacts.get_stores()
+        return StepRuntime(self.load_config(judge), run, logger, artifacts=store, objects=objects)
 
     def end_row(self, run_id: str, ctx: TaskStepContext) -> list[str]:
         """End what one row deployed (as the row leaves the run); the instances that were running."""
