@@ -174,9 +174,8 @@ def _launch(plan: TaskPlan, partition_keys: list[str] | None) -> tuple[dict[str,
     if unknown := [k for k in partition_keys if k not in rows]:
         raise ValueError(f"task '{plan.task_id}' has no partition {unknown[0]!r}" if len(partition_keys) == 1
                          else f"task '{plan.task_id}' has no partitions {unknown}")
-    if len(partition_keys) == 1:
-        key, variant = partition_keys[0], plan.document.variant_of(partition_keys[0])
-        tags = {PARTITION_TAG: key, **({VARIANT_TAG: variant} if variant else {})}
-        return run_config(plan, TaskTranslator(), [key]), tags
     ordered = [k for k in rows if k in set(partition_keys)]
-    return run_config(plan, TaskTranslator(), ordered), range_tags(plan, ordered)
+    variant = plan.document.variant_of(ordered[0])
+    tags = {PARTITION_TAG: ordered[0], **({VARIANT_TAG: variant} if variant else {})} if len(partition_keys) == 1 \
+        else range_tags(plan, ordered)
+    return run_config(plan, TaskTranslator(), ordered), tags

@@ -70,8 +70,7 @@ def asset_events(
     for kind, name, path in assets["produced"]:
         key = dg.AssetKey(path)
         if kind == VERIFICATION:
-            entry = (ctx.metadata.get("verifications") or {}).get(name)
-            if entry is not None:
+            if (entry := (ctx.metadata.get("verifications") or {}).get(name)) is not None:
                 metadata = {**verification_metadata(entry),
                             **usage_metadata(ctx, entry, prices, getattr(step, "prompt_id", None)),
                             **({"replicate": replicate} if replicate is not None else {}),
@@ -79,8 +78,7 @@ def asset_events(
                 yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition,
                                               tags=provenance.tags(ctx, verification_version(entry)))
         elif kind == PRODUCER:
-            entry = produced_entry(ctx, name)
-            if entry is not None:
+            if (entry := produced_entry(ctx, name)) is not None:
                 yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition,
                                               tags=provenance.tags(ctx, collection_version(entry)))
         elif kind == ARTIFACT:  # a new version of a stored artifact the step names (shared by tasks: no partition)
@@ -123,8 +121,7 @@ REPORTS_TAG, REPORTS_TASK_TAG = "agentenv/reports", "agentenv/reports_task_id"
 def row_page_link(context: dg.OpExecutionContext) -> Callable[[str], str | None]:
     """Each row's page (``row.html``, written as the CLI's run ends) as a link, for a run whose reports the CLI
     writes (its tags say where); for any other run, no link."""
-    folder = context.run.tags.get(REPORTS_TAG)
-    if not folder:
+    if not (folder := context.run.tags.get(REPORTS_TAG)):
         return lambda key: None
     plan = plan_of(context)
     task_id = context.run.tags.get(REPORTS_TASK_TAG) or task_id_of(context)
@@ -165,9 +162,8 @@ def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
         metadata["results"] = dg.MetadataValue.json(rows)
         if entry.get("prompt_error"):
             metadata["prompt_error"] = entry["prompt_error"]
-    judge = entry.get("judge") or {}
-    if judge.get("model"):
-        metadata["judge_model"] = judge["model"]
+    if judge_model := (entry.get("judge") or {}).get("model"):
+        metadata["judge_model"] = judge_model
     return metadata
 
 
