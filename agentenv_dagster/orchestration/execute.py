@@ -134,15 +134,12 @@ def execute_plan(
                             resources={**resources, IO_MANAGER_KEY: io_manager})  # a retry re-executes it here too
     run_config = {**console_config(job_def), **run_config}  # Dagster's event lines on the console, or not
     run_tags = {**(tags or {}), **run_tags}
-    try:
-        with opened_instance(config, instance) as active:
-            reap_dead_runs(active, config)  # what runs killed earlier left behind
-            with watching(active, run_label(job_name, run_tags), rows=len(partition_keys or [""])) as new_id:
-                run_id = run_here(job_def, active, run_config, run_tags, location, run_id=new_id)
-                run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
-            success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
-    finally:
-        seed.close()
+    with seed, opened_instance(config, instance) as active:
+        reap_dead_runs(active, config)  # what runs killed earlier left behind
+        with watching(active, run_label(job_name, run_tags), rows=len(partition_keys or [""])) as new_id:
+            run_id = run_here(job_def, active, run_config, run_tags, location, run_id=new_id)
+            run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
+        success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
     for run_id in run_ids:  # the safety net: the teardown op did it, unless the run stopped before it
         resources[RESOURCE_KEY].teardown(run_id)
     contexts = io_manager.final_contexts(run_ids[-1])

@@ -75,8 +75,6 @@ def k8s_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:
 def _string_source(value: str) -> str | dict[str, str]:
     """An ``env:NAME`` whose variable is set stays a reference (``{"env": NAME}``, read where
     the run executes), so a broker password never sits in the job's definition."""
-    if value.startswith("env:"):
-        name = value[4:].partition("?")[0]
-        if os.environ.get(name):
-            return {"env": name}
+    if value.startswith("env:") and os.environ.get(name := value[4:].partition("?")[0]):
+        return {"env": name}
     return resolve_reference(value)

@@ -29,7 +29,7 @@ from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import live_deployers, retries_carried, self_retry_pending
-from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
+from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, run_keys, step_fields, task_id_of
 from .run_tally import STEP_ENDS
 from .step_events import (
     asset_events, asset_provenance, check_evaluations, report_unreached, result_materialization, row_page_link,
@@ -148,9 +148,9 @@ class _RowsOfOp:
                     if await anext(left, None) is None:  # the teardown op ended: no row will leave any more
                         left = None
                     departed += 1
+                seed = (plan.document.partitions or {}).get(key) if key and plan is not None else None  # the row's values
                 # a re-execution (a retry) is the same task instance as its root run
-                ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key,
-                                               row_seed(context, key))
+                ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key, seed)
                 default_seed(ctx, defaults)
                 yield Row(key, ctx.to_dict())
         finally:
@@ -159,9 +159,7 @@ class _RowsOfOp:
 
     async def run(self, source: AsyncIterator[Row], outbox: "_Outbox") -> None:
         """Every row of ``source`` through the step, ``rows_in_flight`` at once."""
-        async with self.resource.step_runtime(self.context.run_id, self.task_id, self.context.log,
-                                              judge=getattr(self.context.resources, JUDGE_KEY),
-                                              artifacts=getattr(self.context.resources, ARTIFACTS_KEY)) as rt:
+        async with self.resource.step_runtime(self.context, self.task_id) as rt:
             async with rt.lanes(self.resource.rows_in_flight) as lanes:
                 running: set[asyncio.Task] = {asyncio.create_task(self._warm_up(rt))}
                 async for row in source:

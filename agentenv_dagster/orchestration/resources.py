@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +87,7 @@ class AgentEnvResource(dg.ConfigurableResource):
     def parse_step(self, step_type: str, fields: dict, node: str, config_path: str) -> TaskStep:
         """The step of node ``node`` from its fields at ``config_path`` in the run config (the launchpad can edit
         them); a failure naming the node and the fields when they are not a step."""
-        cls = step_registry(self.load_config()).get(step_type)
-        if cls is None:
+        if (cls := step_registry(self.load_config()).get(step_type)) is None:
             raise dg.Failure(f"Unknown task step type: {step_type}")
         try:
             return cls.model_validate(fields)
@@ -122,14 +120,12 @@ class AgentEnvResource(dg.ConfigurableResource):
         twice ``rows_in_flight``, so that grading rows never idle an agent lane."""
         return self.max_sandboxes or task_bound or 2 * self.rows_in_flight
 
-    def step_runtime(
-        self, run_id: str, task_id: str, logger: logging.Logger, *, judge: JudgeResource,
-        artifacts: ArtifactStoreResource,
-    ) -> StepRuntime:
-        """What an op's rows run their step with (``async with``)."""
-        run = RunInfo(run_id=run_id, task_id=task_id, run_dir=self.run_dir(run_id))
-        store, objects = artifacts.get_stores()
-        return StepRuntime(self.load_config(judge), run, logger, artifacts=store, objects=objects)
+    def step_runtime(self, context: dg.OpExecutionContext, task_id: str) -> StepRuntime:
+        """What an op's rows run their step with (``async with``), with the op's judge and artifact stores."""
+        run = RunInfo(run_id=context.run_id, task_id=task_id, run_dir=self.run_dir(context.run_id))
+        store, objects = getattr(context.resources, ARTIFACTS_KEY).get_stores()
+        judge: JudgeResource = getattr(context.resources, JUDGE_KEY)
+        return StepRuntime(self.load_config(judge), run, context.log, artifacts=store, objects=objects)
 
     def end_row(self, run_id: str, ctx: TaskStepContext) -> list[str]:
         """End what one row deployed (as the row leaves the run); the instances that were running."""

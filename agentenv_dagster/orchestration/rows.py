@@ -210,9 +210,3 @@ def step_fields(context: dg.OpExecutionContext) -> dict[str, Any]:
     if step_id in chosen and step_id in plan.step_by_id and fields == step_config(plan.step_by_id[step_id]):
         return step_config(chosen[step_id])
     return fields
-
-
-def row_seed(context: dg.OpExecutionContext, key: str) -> dict[str, Any] | None:
-    """A row's dataset values (the ``metadata.seed`` its steps are filled from)."""
-    plan = plan_of(context)
-    return (plan.document.partitions or {}).get(key) if key != UNPARTITIONED and plan is not None else None

@@ -57,10 +57,9 @@ def _woken(stream: StreamRef) -> Iterator[asyncio.Event]:
         yield waiter[1]
     finally:
         with _WAITING_LOCK:
-            waiting = _WAITING.get(stream, set())
-            waiting.discard(waiter)
-            if not waiting:
-                _WAITING.pop(stream, None)
+            _WAITING[stream].discard(waiter)  # (there while it holds a waiter)
+            if not _WAITING[stream]:
+                del _WAITING[stream]
 
 
 def _wake(stream: StreamRef) -> None:
