@@ -16,7 +16,7 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
 from ..runtime.s3 import s3_location
-from .streams import StreamRef, final_rows
+from .streams import StreamRef
 
 FINAL_STEP = "teardown_run"  # the op whose stream holds each row's final context
 FAILED_ATTEMPT = ".failed"  # ``<step key>.failed``: the row of an op's attempt that Dagster retries
@@ -51,8 +51,8 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
         return StreamRef(run_id, step_key)
 
     def rows(self, run_id: str, name: str) -> dict[str, dict[str, Any]]:
-        """A stream's rows as written so far: each row's last record."""
-        return final_rows(self.read_records(run_id, name)[0])
+        """A stream's rows as written so far: each row's last record, in the order the rows arrived."""
+        return {record["row"]: record for record in self.read_records(run_id, name)[0]}
 
     def stopped_rows(self, run_id: str) -> dict[str, dict[str, Any]]:
         """The run's rows that stopped at a fatal failure: each one's record of the step it
@@ -75,7 +75,7 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
         final = self.step_stream(run_id, FINAL_STEP)
         records, _, ended = self.read_records(run_id, final) if final else ([], None, False)
         if ended:
-            return {key: TaskStepContext.from_dict(record["context"]) for key, record in final_rows(records).items()}
+            return {record["row"]: TaskStepContext.from_dict(record["context"]) for record in records}
         by_row: dict[str, list[dict[str, Any]]] = {}
         for name in self.stream_names(run_id):
             for key, record in self.rows(run_id, name).items():

@@ -148,7 +148,7 @@ class _RowsOfOp:
                     if await anext(left, None) is None:  # the teardown op ended: no row will leave any more
                         left = None
                     departed += 1
-                seed = (plan.document.partitions or {}).get(key) if key and plan is not None else None  # the row's values
+                seed = (plan.document.partitions or {}).get(key) if key and plan is not None else None  # its values
                 # a re-execution (a retry) is the same task instance as its root run
                 ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key, seed)
                 default_seed(ctx, defaults)

@@ -37,8 +37,7 @@ def unreached_assets(graph: dg.GraphDefinition, node: str) -> list[tuple[dg.Asse
     structure = graph.dependency_structure
     seen, todo = set(), [node]
     while todo:
-        name = todo.pop()
-        if name not in seen:
+        if (name := todo.pop()) not in seen:
             seen.add(name)
             todo += [i.node_name for inputs in structure.output_to_downstream_inputs_for_node(name).values()
                      for i in inputs]

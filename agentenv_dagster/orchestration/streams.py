@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 
 from ..context import TaskStepContext
 
@@ -177,8 +177,3 @@ def request_stop(run_id: str) -> None:
 
 def stop_requested(run_id: str) -> bool:
     return run_id in _STOPS
-
-
-def final_rows(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each row's last record of a stream read whole, in the order the rows arrived."""
-    return {record["row"]: record for record in records_ if "row" in record}
