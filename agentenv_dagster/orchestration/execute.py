@@ -30,8 +30,6 @@ from .reaper import reap_dead_runs
 from .rows import VARIANT_TAG, range_tags
 from .translator import TAG_CONTENT_HASH, TaskTranslator
 
-PARTITION_TAG = "dagster/partition"  # Dagster's tag of a run of one partition
-
 
 @dataclass
 class RunResult:
@@ -173,6 +171,6 @@ def _launch(plan: TaskPlan, partition_keys: list[str] | None) -> tuple[dict[str,
                          else f"task '{plan.task_id}' has no partitions {unknown}")
     ordered = [k for k in rows if k in set(partition_keys)]
     variant = plan.document.variant_of(ordered[0])
-    tags = {PARTITION_TAG: ordered[0], **({VARIANT_TAG: variant} if variant else {})} if len(partition_keys) == 1 \
-        else range_tags(plan, ordered)
+    tags = {"dagster/partition": ordered[0], **({VARIANT_TAG: variant} if variant else {})} \
+        if len(partition_keys) == 1 else range_tags(plan, ordered)
     return run_config(plan, TaskTranslator(), ordered), tags

@@ -54,9 +54,8 @@ def celery_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:
     try:
         from dagster_celery import celery_executor as celery
     except ImportError as exc:  # the prod extra is not installed
-        raise ImportError(
-            "[dagster] executor = \"celery\" needs dagster-celery: pip install 'agentenv-dagster[prod]'"
-        ) from exc
+        raise ImportError("[dagster] executor = \"celery\" needs dagster-celery: "
+                          "pip install 'agentenv-dagster[prod]'") from exc
     settings = config.dagster.celery
     return celery.configured({"broker": _string_source(settings.broker), "backend": _string_source(settings.backend),
                               **({"include": settings.include} if settings.include else {})}, name="celery")

@@ -130,9 +130,8 @@ class AgentEnvResource(dg.ConfigurableResource):
     def end_row(self, run_id: str, ctx: TaskStepContext) -> list[str]:
         """End what one row deployed (as the row leaves the run); the instances that were running."""
         ledger = Ledger.of_run(self.run_dir(run_id))
-        instances = [r.instance_id for r in (*ctx.deployed_agents, *ctx.deployed_envs, *ctx.deployed_sandboxes)
-                     if r.instance_id]
-        return [instance for instance in instances if ledger.terminate(instance)]
+        return [record.instance_id for record in (*ctx.deployed_agents, *ctx.deployed_envs, *ctx.deployed_sandboxes)
+                if record.instance_id and ledger.terminate(record.instance_id)]
 
     def teardown(self, run_id: str) -> list[str]:
         """End everything the run deployed; later deployments of the run are refused."""

@@ -27,27 +27,23 @@ from .usage import usage_metadata
 def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
     """Each task asset (and check) the stopped rows will not get, as planned: a failed run's planned partitions
     are what Dagster shows as failed (OSS storage keeps no failure events), so a backfill can pick those rows."""
-    partitions = context.assets_def.partitions_def if context.has_assets_def else context.job_def.partitions_def
-    rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
-    report_planned(context, unreached_assets(op_graph(context), context.op_handle.name), rows, partitions)
-
-
-def unreached_assets(graph: dg.GraphDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
-    """The task-scoped assets (verifications, collections) of ``node`` and every node after it, with their checks."""
+    graph = op_graph(context)
     structure = graph.dependency_structure
-    seen, todo = set(), [node]
+    seen, todo = set(), [context.op_handle.name]  # the op's node and every node after it
     while todo:
         if (name := todo.pop()) not in seen:
             seen.add(name)
             todo += [i.node_name for inputs in structure.output_to_downstream_inputs_for_node(name).values()
                      for i in inputs]
-    unreached = []
+    unreached = []  # their task-scoped assets (verifications, collections), with their checks
     for name in sorted(seen):
         assets = node_assets(graph.node_named(name).tags)
         checks = [*assets["checks"], *([REGRESSION_CHECK] if assets["regression"] else [])]
         unreached += [(dg.AssetKey(path), checks if kind == VERIFICATION else [])
                       for kind, _, path in assets["produced"] if kind != ARTIFACT]
-    return unreached
+    partitions = context.assets_def.partitions_def if context.has_assets_def else context.job_def.partitions_def
+    rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
+    report_planned(context, unreached, rows, partitions)
 
 
 def asset_provenance(context: dg.OpExecutionContext, key: dg.AssetKey | None = None) -> Provenance:
