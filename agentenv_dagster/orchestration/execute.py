@@ -55,9 +55,8 @@ class RunResult:
             lines.append(f"  verification {verifier_id}: {shown}")
         for step_id, entry in (self.context.metadata.get("collected_artifacts") or {}).items():
             lines.append(f"  collected by {step_id}: {sorted(entry.get('artifacts') or {})}")
-        for failure in self.context.metadata.get("failed_steps") or []:
-            kind = "failed" if failure.get("is_fatal") else "failed (tolerated)"
-            lines.append(f"  step {failure['step_id']} {kind}: {failure['error']}")
+        lines += [f"  step {failure['step_id']} {'failed' if failure.get('is_fatal') else 'failed (tolerated)'}: "
+                  f"{failure['error']}" for failure in self.context.metadata.get("failed_steps") or []]
         return "\n".join(lines)
 
 

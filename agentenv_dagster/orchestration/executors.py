@@ -42,10 +42,9 @@ def job_executor(config: AgentEnvConfig, plan: TaskPlan | None = None) -> dg.Exe
 
 def runs_as_chain(plan: TaskPlan) -> bool:
     """Whether nothing of the task could overlap: one row, and each step a descendant of the one before it."""
-    if plan.document.partitions:
-        return False
     steps = [step.id for step in plan.steps]
-    return all(previous in plan.ancestors(step) for previous, step in zip(steps, steps[1:]))
+    return not plan.document.partitions and all(previous in plan.ancestors(step)
+                                                for previous, step in zip(steps, steps[1:]))
 
 
 def celery_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:

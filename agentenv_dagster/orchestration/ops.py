@@ -157,7 +157,7 @@ class _RowsOfOp:
             if left is not None:
                 await left.aclose()
 
-    async def run(self, source: AsyncIterator[Row], outbox: "_Outbox") -> None:
+    async def run(self, source: AsyncIterator[Row], outbox: queue.SimpleQueue) -> None:
         """Every row of ``source`` through the step, ``rows_in_flight`` at once."""
         async with self.resource.step_runtime(self.context, self.task_id) as rt:
             async with rt.lanes(self.resource.rows_in_flight) as lanes:
@@ -177,7 +177,7 @@ class _RowsOfOp:
         except Exception as exc:  # noqa: BLE001 - the first row's step reports it
             self.context.log.debug(f"step '{self.step.id}' not warmed up: {exc}")
 
-    async def _one(self, row: Row, lanes: asyncio.Queue, outbox: "_Outbox") -> None:
+    async def _one(self, row: Row, lanes: asyncio.Queue, outbox: queue.SimpleQueue) -> None:
         ctx = TaskStepContext.from_dict(row.context)
         if self.carry_retries is not None:
             self.carry_retries(row.key, ctx)
@@ -243,32 +243,29 @@ class _RowsOfOp:
                              metadata={"error_type": first.record["error_type"], "torn_down": ended, **several})
 
 
-class _Outbox(queue.SimpleQueue):
-    """What an op's rows (on its event loop's thread) hand its generator (in the op's thread, which alone may
-    yield Dagster events)."""
-
-    def take(self) -> list[Any]:
-        """At least one item (blocking until there is one), and whatever else is waiting (it has one reader)."""
-        items: list[Any] = []
-        while not items:  # a timeout now and then: the main thread's signal handlers run meanwhile
-            with contextlib.suppress(queue.Empty):
-                items.append(self.get(timeout=STOP_POLL_SECONDS))
-        while not self.empty():
-            items.append(self.get_nowait())
-        return items
+def _take(outbox: queue.SimpleQueue) -> list[Any]:
+    """What an op's rows (on its event loop's thread) handed its generator (in the op's thread, which alone may yield
+    Dagster events): at least one item (blocking until there is one), and whatever else is waiting (one reader)."""
+    items: list[Any] = []
+    while not items:  # a timeout now and then: the main thread's signal handlers run meanwhile
+        with contextlib.suppress(queue.Empty):
+            items.append(outbox.get(timeout=STOP_POLL_SECONDS))
+    while not outbox.empty():
+        items.append(outbox.get_nowait())
+    return items
 
 
 STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
 _MAIN_ENDED = object()  # what the loop thread puts in the outbox last
 
 
-def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
+def _driven(run_id: str, main: Callable[[queue.SimpleQueue], Awaitable[None]],
             to_events: Callable[[list[Any]], Iterator[Any]]) -> Iterator[Any]:
     """Run ``main`` on an event loop in a thread of its own, handing its outbox's items to ``to_events`` in the op's
     thread (Dagster takes events from there only); raises what ``main`` raised. Asked to stop (SIGINT,
     ``streams.request_stop``), ``main`` is cancelled and unwinds, then the interruption is raised."""
     loop = new_event_loop()
-    outbox = _Outbox()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
     # made now: ``cancel`` has it at once and it starts first; its context empty, as in the loop's new thread
     task = loop.create_task(main(outbox), context=contextvars.Context())
     ended: list[BaseException | None] = []
@@ -306,7 +303,7 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
     thread = threading.Thread(target=run_loop, name=f"{threading.current_thread().name} rows", daemon=True)
     thread.start()
     try:
-        while (items := outbox.take())[-1] is not _MAIN_ENDED:
+        while (items := _take(outbox))[-1] is not _MAIN_ENDED:
             yield from to_events(items)
         yield from to_events(items[:-1])
         if interrupted:
@@ -419,7 +416,7 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
     stopped: list[str] = []
     ended: list[str] = []
 
-    async def leave(outbox: _Outbox) -> None:
+    async def leave(outbox: queue.SimpleQueue) -> None:
         async for row in joined(io, upstream, after):
             ctx = TaskStepContext.from_dict(row.context)
             timing = ctx.metadata_map("step_timings")[TEARDOWN_OP] = {

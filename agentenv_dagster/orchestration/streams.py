@@ -154,8 +154,6 @@ def _arrived(key: str, got: dict[int, dict[str, Any]], sources: int) -> Row:
     return Row(key, TaskStepContext.merge_dicts(merged).to_dict() if len(merged) > 1 else merged[0] if merged else {})
 
 
-# -- what the executor tells the ops of a run -----------------------------------------------
-
 _STEP_THREAD = threading.local()  # set in the threads of an executor that runs a job's ops side by side
 _STOPS: set[str] = set()  # runs asked to stop (terminated), by run id
 
