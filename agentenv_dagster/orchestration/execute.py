@@ -77,8 +77,7 @@ def project_dagster_home(config: AgentEnvConfig) -> Path:
     """``DAGSTER_HOME`` if set, else the project's ``.dagster_home`` (its ``dagster.yaml`` written on first use)."""
     home = Path(os.environ.get("DAGSTER_HOME") or config.root / ".dagster_home")
     home.mkdir(parents=True, exist_ok=True)
-    settings = home / "dagster.yaml"
-    if not settings.exists():
+    if not (settings := home / "dagster.yaml").exists():
         settings.write_text(dagster_yaml(home))
     os.environ["DAGSTER_HOME"] = str(home)
     return home

@@ -93,11 +93,9 @@ def run_keys(context: dg.OpExecutionContext, selected: list[str] | None) -> list
 
 def run_variant(context: dg.OpExecutionContext, document: "TaskDocument") -> str | None:
     """The experiment variant a run's steps are: its partition's, else its tag's."""
-    if document.variant_steps is None:
-        return None
     if context.has_partition_key:
-        return document.variant_of(context.partition_key)
-    return context.run.tags.get(VARIANT_TAG)
+        return document.variant_of(context.partition_key)  # (None for a task without variants)
+    return context.run.tags.get(VARIANT_TAG) if document.variant_steps is not None else None
 
 
 def range_tags(plan, keys: list[str]) -> dict[str, str]:

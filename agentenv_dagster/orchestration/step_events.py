@@ -163,11 +163,9 @@ def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
-    artifacts = entry.get("artifacts") or {}
-    metadata: dict[str, Any] = {"file_count": len(artifacts), "files": dg.MetadataValue.json(artifacts)}
-    if universe := entry.get("file_artifact_universe"):
-        metadata.update(universe_id=universe["id"], universe_version=universe["version"])
-    return metadata
+    artifacts, universe = entry.get("artifacts") or {}, entry.get("file_artifact_universe")
+    return {"file_count": len(artifacts), "files": dg.MetadataValue.json(artifacts),
+            **({"universe_id": universe["id"], "universe_version": universe["version"]} if universe else {})}
 
 
 def _table(records: list[dict[str, Any]], **column_types: str) -> dg.TableMetadataValue:
