@@ -47,8 +47,7 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
         context.add_output_metadata({"stream": obj.name})
 
     def load_input(self, context: dg.InputContext) -> StreamRef:
-        run_id, step_key = context.upstream_output.get_identifier()[:2]
-        return StreamRef(run_id, step_key)
+        return StreamRef(*context.upstream_output.get_identifier()[:2])  # its run id and step key
 
     def rows(self, run_id: str, name: str) -> dict[str, dict[str, Any]]:
         """A stream's rows as written so far: each row's last record, in the order the rows arrived."""
@@ -66,8 +65,7 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
 
     def step_stream(self, run_id: str, node: str) -> str | None:
         """The stream of step ``node`` of the run (its step key: the node's name, under its graph's)."""
-        return next((name for name in self.stream_names(run_id)
-                     if name == node or name.endswith(f".{node}")), None)
+        return next((name for name in self.stream_names(run_id) if name == node or name.endswith(f".{node}")), None)
 
     def final_contexts(self, run_id: str) -> dict[str, TaskStepContext]:
         """Each row's final context: the teardown op's record of it; for a run that ended before

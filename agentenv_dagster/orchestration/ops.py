@@ -231,8 +231,8 @@ class _RowsOfOp:
         self.context.log.info(f"step '{self.step.id}': {self.passed} row(s) passed"
                               + (f", {len(stopped)} stopped here" if stopped else ""))
         failing = bool(stopped and not self.passed)
-        ended = self.resource.teardown(self.context.run_id) \
-            if not side_by_side() and self.context.job_def.executor_def.name in ONE_STEP_AT_A_TIME \
+        one_step_at_a_time = self.context.job_def.executor_def.name in ("in_process", "execute_in_process_executor")
+        ended = self.resource.teardown(self.context.run_id) if one_step_at_a_time and not side_by_side() \
             and _last_to_run_after_a_failure(self.context, self.step.id, failing) else []
         if ended and not failing:
             self.context.log.info(f"the run's failed steps skip the rest of it: ended {len(ended)} deployment(s)")
@@ -316,9 +316,6 @@ def _driven(run_id: str, main: Callable[[queue.SimpleQueue], Awaitable[None]],
         if thread.is_alive():  # the generator was closed early: its rows end with it
             cancel()
             thread.join()
-
-
-ONE_STEP_AT_A_TIME = ("in_process", "execute_in_process_executor")  # Dagster's in-process executors
 
 
 def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, failing: bool) -> bool:

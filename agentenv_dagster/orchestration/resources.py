@@ -25,7 +25,6 @@ from ..spec.loader import validation_problems
 from ..steps.base import TaskStep
 
 RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY = "agentenv", "agentenv_artifacts", "agentenv_judge"
-MAX_PROBLEMS_SHOWN = 5  # of a step's fields in the run config that do not validate
 
 
 class ArtifactStoreResource(dg.ConfigurableResource):
@@ -93,7 +92,7 @@ class AgentEnvResource(dg.ConfigurableResource):
             return cls.model_validate(fields)
         except ValidationError as exc:
             problems = [f"field '{f}': {m}" if f else m for f, m in validation_problems(exc, cls)]
-            shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN]) + (" ..." if len(problems) > MAX_PROBLEMS_SHOWN else "")
+            shown = "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else "")  # the first five
             raise dg.Failure(description=(
                 f"step '{node}': its fields in the run config ({config_path}) are not "
                 f"a {step_type} step: {shown}. A step given there replaces the task's step whole: give all of its "

@@ -62,14 +62,6 @@ def _woken(stream: StreamRef) -> Iterator[asyncio.Event]:
                 del _WAITING[stream]
 
 
-def _wake(stream: StreamRef) -> None:
-    with _WAITING_LOCK:
-        waiting = list(_WAITING.get(stream, ()))
-    for loop, event in waiting:
-        with contextlib.suppress(RuntimeError):  # its loop has closed: its reader is gone
-            loop.call_soon_threadsafe(event.set)
-
-
 class StreamWriter:
     """Appends an op's row records to its stream, waking the readers in this process."""
 
@@ -86,7 +78,11 @@ class StreamWriter:
 
     def _write(self, record: dict[str, Any]) -> None:
         self.io.append_records(self.ref.run_id, self.ref.name, [record])
-        _wake(self.ref)
+        with _WAITING_LOCK:
+            waiting = list(_WAITING.get(self.ref, ()))
+        for loop, event in waiting:  # the readers in this process
+            with contextlib.suppress(RuntimeError):  # its loop has closed: its reader is gone
+                loop.call_soon_threadsafe(event.set)
 
 
 async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dict[str, Any]]:
