@@ -351,13 +351,10 @@ def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
     """The task's default token values: the run's tag (the launchpad can edit it), else its plan's."""
     if (raw := context.run.tags.get(TAG_SEED)) is None:
         return plan.document.seed if (plan := plan_of(context)) is not None else None
-    try:
-        value = json.loads(raw) if raw else None
-    except ValueError:
-        value = raw
-    if value is not None and not isinstance(value, dict):
-        raise dg.Failure(description=f"run tag '{TAG_SEED}' must be a JSON object of token values, got {raw!r}")
-    return value
+    with contextlib.suppress(ValueError):
+        if isinstance(value := json.loads(raw or "null"), dict | None):  # (an empty tag: none)
+            return value
+    raise dg.Failure(description=f"run tag '{TAG_SEED}' must be a JSON object of token values, got {raw!r}")
 
 
 def _row(key: str) -> str:
@@ -438,6 +435,5 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
         raise dg.Failure(
             description=f"{len(stopped)} of {rows} rows stopped at a failing step (their verifications are "
             f"failed partitions): {', '.join(stopped[:20])}" + (" ..." if len(stopped) > 20 else ""),
-            metadata={"torn_down": sorted(ended), "failed_rows": dg.MetadataValue.json(stopped[:1000])},
-        )
+            metadata={"torn_down": sorted(ended), "failed_rows": dg.MetadataValue.json(stopped[:1000])})
     context.log.info(f"{rows} row(s) done; ended {len(ended)} deployment(s)")

@@ -103,8 +103,7 @@ def range_tags(plan, keys: list[str]) -> dict[str, str]:
     if plan.document.variant_steps is not None:  # a range of variant x row keys is not one variant's rows
         return {}
     order = {key: i for i, key in enumerate(plan.document.partitions or {})}
-    ordered = sorted(keys, key=order.__getitem__)
-    return {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
+    return {RANGE_START_TAG: min(keys, key=order.__getitem__), RANGE_END_TAG: max(keys, key=order.__getitem__)}
 
 
 def task_graph_of(job: dg.JobDefinition) -> dg.GraphDefinition:

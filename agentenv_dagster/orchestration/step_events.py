@@ -77,8 +77,7 @@ def asset_events(
                 yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition,
                                               tags=provenance.tags(ctx, collection_version(entry)))
         elif kind == ARTIFACT:  # a new version of a stored artifact the step names (shared by tasks: no partition)
-            universe = (produced_entry(ctx, step.id) or {}).get("file_artifact_universe") or {}
-            if universe.get("id") == name:
+            if (universe := (produced_entry(ctx, step.id) or {}).get("file_artifact_universe") or {}).get("id") == name:
                 yield dg.AssetMaterialization(asset_key=key, metadata={
                     "version": universe["version"], "written_by_step": step.id,
                     **({"row": partition} if partition else {}),
@@ -183,9 +182,7 @@ def check_evaluations(
     """Each declared check (and ``no_regression``, with a gate) of each row's verification as that row's partition
     of the check, pointing at the materialization it judged: Dagster counts it current only while that is latest."""
     regression = node_regression(assets)
-    for kind, name, path in assets["produced"]:
-        if kind != VERIFICATION:
-            continue
+    for name, path in [(name, path) for kind, name, path in assets["produced"] if kind == VERIFICATION]:
         entries = {k: e for k, c in contexts.items() if (e := (c.metadata.get("verifications") or {}).get(name))}
         if not entries:
             continue

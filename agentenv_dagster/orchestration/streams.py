@@ -141,8 +141,7 @@ async def joined(io: ContextIOManagerBase, sources: list[StreamRef], after: list
 def _arrived(key: str, got: dict[int, dict[str, Any]], sources: int) -> Row:
     """A row once every upstream has delivered it: the sources' contexts merged; stopped (the
     first upstream's failure, every context merged) when any of them stopped it."""
-    stops = [got[i] for i in sorted(got) if "stopped" in got[i]]
-    if stops:
+    if stops := [got[i] for i in sorted(got) if "stopped" in got[i]]:
         contexts = [got[i]["context"] for i in sorted(got) if got[i].get("context")]
         return Row(key, TaskStepContext.merge_dicts(contexts).to_dict() if contexts else {},
                    stopped=stops[0]["stopped"])
