@@ -42,6 +42,8 @@ TEARDOWN_OP = FINAL_STEP
 AFTER = "after"  # dependencies that order a node without handing it their context
 ASSET_OUTPUT = "asset"  # what a node's task asset maps from (never yielded: each row's materialization is logged)
 ARTIFACTS_INPUT = "artifacts"  # what the stored artifacts a node loads map into (lineage only)
+STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
+_MAIN_ENDED = object()  # what the loop thread puts in the outbox last
 
 
 # An op's row stream (a ``StreamRef``): a type of its own, which run config cannot supply
@@ -253,10 +255,6 @@ def _take(outbox: queue.SimpleQueue) -> list[Any]:
     while not outbox.empty():
         items.append(outbox.get_nowait())
     return items
-
-
-STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
-_MAIN_ENDED = object()  # what the loop thread puts in the outbox last
 
 
 def _driven(run_id: str, main: Callable[[queue.SimpleQueue], Awaitable[None]],

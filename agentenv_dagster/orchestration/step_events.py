@@ -23,6 +23,10 @@ from .regression import REGRESSION_CHECK, node_regression, score_evaluation
 from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, node_assets, op_graph, plan_of, task_id_of
 from .usage import usage_metadata
 
+# A run whose reports the CLI writes: the folder, and the task id its rows' pages are filed under
+REPORTS_TAG, REPORTS_TASK_TAG = "agentenv/reports", "agentenv/reports_task_id"
+ROWS_A_QUERY = 1000  # rows a query of their check targets names (SQLite takes a bounded number of parameters)
+
 
 def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
     """Each task asset (and check) the stopped rows will not get, as planned: a failed run's planned partitions
@@ -64,18 +68,16 @@ def asset_events(
         yield dg.AssetObservation(asset_key=dg.AssetKey(path), metadata=metadata)
     for kind, name, path in assets["produced"]:
         key = dg.AssetKey(path)
-        if kind == VERIFICATION:
-            if (entry := (ctx.metadata.get("verifications") or {}).get(name)) is not None:
-                metadata = {**verification_metadata(entry),
-                            **usage_metadata(ctx, entry, prices, getattr(step, "prompt_id", None)),
-                            **({"replicate": replicate} if replicate is not None else {}),
-                            **({"row_page": dg.MetadataValue.url(row_page)} if row_page else {})}
-                yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition,
-                                              tags=provenance.tags(ctx, verification_version(entry)))
-        elif kind == PRODUCER:
-            if (entry := produced_entry(ctx, name)) is not None:
-                yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition,
-                                              tags=provenance.tags(ctx, collection_version(entry)))
+        if kind == VERIFICATION and (entry := (ctx.metadata.get("verifications") or {}).get(name)) is not None:
+            metadata = {**verification_metadata(entry),
+                        **usage_metadata(ctx, entry, prices, getattr(step, "prompt_id", None)),
+                        **({"replicate": replicate} if replicate is not None else {}),
+                        **({"row_page": dg.MetadataValue.url(row_page)} if row_page else {})}
+            yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition,
+                                          tags=provenance.tags(ctx, verification_version(entry)))
+        elif kind == PRODUCER and (entry := produced_entry(ctx, name)) is not None:
+            yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition,
+                                          tags=provenance.tags(ctx, collection_version(entry)))
         elif kind == ARTIFACT:  # a new version of a stored artifact the step names (shared by tasks: no partition)
             if (universe := (produced_entry(ctx, step.id) or {}).get("file_artifact_universe") or {}).get("id") == name:
                 yield dg.AssetMaterialization(asset_key=key, metadata={
@@ -106,10 +108,6 @@ def result_materialization(key: dg.AssetKey, row: str | None, ctx: TaskStepConte
         metadata["scores"] = dg.MetadataValue.json(scores)
     return dg.AssetMaterialization(asset_key=key, partition=row, metadata=metadata,
                                    tags=provenance.tags(ctx, results_version(ctx, failure)))
-
-
-# A run whose reports the CLI writes: the folder, and the task id its rows' pages are filed under
-REPORTS_TAG, REPORTS_TASK_TAG = "agentenv/reports", "agentenv/reports_task_id"
 
 
 def row_page_link(context: dg.OpExecutionContext) -> Callable[[str], str | None]:
@@ -171,9 +169,6 @@ def _table(records: list[dict[str, Any]], **column_types: str) -> dg.TableMetada
     """``records`` as a metadata table with ``column_types`` (name: type) as its schema, even when empty."""
     return dg.MetadataValue.table([dg.TableRecord(r) for r in records], schema=dg.TableSchema(
         columns=[dg.TableColumn(name, kind) for name, kind in column_types.items()]))
-
-
-ROWS_A_QUERY = 1000
 
 
 def check_evaluations(

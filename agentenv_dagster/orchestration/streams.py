@@ -45,6 +45,8 @@ class Row:
 
 _WAITING_LOCK = threading.Lock()
 _WAITING: dict[StreamRef, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}  # the readers in this process
+_STEP_THREAD = threading.local()  # set in the threads of an executor that runs a job's ops side by side
+_STOPS: set[str] = set()  # runs asked to stop (terminated), by run id
 
 
 @contextlib.contextmanager
@@ -147,10 +149,6 @@ def _arrived(key: str, got: dict[int, dict[str, Any]], sources: int) -> Row:
                    stopped=stops[0]["stopped"])
     merged = [got[i]["context"] for i in range(sources)]
     return Row(key, TaskStepContext.merge_dicts(merged).to_dict() if len(merged) > 1 else merged[0] if merged else {})
-
-
-_STEP_THREAD = threading.local()  # set in the threads of an executor that runs a job's ops side by side
-_STOPS: set[str] = set()  # runs asked to stop (terminated), by run id
 
 
 def running_side_by_side() -> None:
