@@ -30,8 +30,6 @@ from .reaper import reap_dead_runs
 from .rows import VARIANT_TAG, range_tags
 from .translator import TAG_CONTENT_HASH, TaskTranslator
 
-PARTITION_TAG = "dagster/partition"  # Dagster's tag of a run of one partition
-
 
 @dataclass
 class RunResult:
@@ -57,9 +55,8 @@ class RunResult:
             lines.append(f"  verification {verifier_id}: {shown}")
         for step_id, entry in (self.context.metadata.get("collected_artifacts") or {}).items():
             lines.append(f"  collected by {step_id}: {sorted(entry.get('artifacts') or {})}")
-        for failure in self.context.metadata.get("failed_steps") or []:
-            kind = "failed" if failure.get("is_fatal") else "failed (tolerated)"
-            lines.append(f"  step {failure['step_id']} {kind}: {failure['error']}")
+        lines += [f"  step {failure['step_id']} {'failed' if failure.get('is_fatal') else 'failed (tolerated)'}: "
+                  f"{failure['error']}" for failure in self.context.metadata.get("failed_steps") or []]
         return "\n".join(lines)
 
 
@@ -80,8 +77,7 @@ def project_dagster_home(config: AgentEnvConfig) -> Path:
     """``DAGSTER_HOME`` if set, else the project's ``.dagster_home`` (its ``dagster.yaml`` written on first use)."""
     home = Path(os.environ.get("DAGSTER_HOME") or config.root / ".dagster_home")
     home.mkdir(parents=True, exist_ok=True)
-    settings = home / "dagster.yaml"
-    if not settings.exists():
+    if not (settings := home / "dagster.yaml").exists():
         settings.write_text(dagster_yaml(home))
     os.environ["DAGSTER_HOME"] = str(home)
     return home
@@ -134,15 +130,12 @@ def execute_plan(
                             resources={**resources, IO_MANAGER_KEY: io_manager})  # a retry re-executes it here too
     run_config = {**console_config(job_def), **run_config}  # Dagster's event lines on the console, or not
     run_tags = {**(tags or {}), **run_tags}
-    try:
-        with opened_instance(config, instance) as active:
-            reap_dead_runs(active, config)  # what runs killed earlier left behind
-            with watching(active, run_label(job_name, run_tags), rows=len(partition_keys or [""])) as new_id:
-                run_id = run_here(job_def, active, run_config, run_tags, location, run_id=new_id)
-                run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
-            success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
-    finally:
-        seed.close()
+    with seed, opened_instance(config, instance) as active:
+        reap_dead_runs(active, config)  # what runs killed earlier left behind
+        with watching(active, run_label(job_name, run_tags), rows=len(partition_keys or [""])) as new_id:
+            run_id = run_here(job_def, active, run_config, run_tags, location, run_id=new_id)
+            run_ids = [run_id, *retry_in_process(active, job_def, run_id, io_manager)]
+        success = active.get_run_by_id(run_ids[-1]).status == dg.DagsterRunStatus.SUCCESS
     for run_id in run_ids:  # the safety net: the teardown op did it, unless the run stopped before it
         resources[RESOURCE_KEY].teardown(run_id)
     contexts = io_manager.final_contexts(run_ids[-1])
@@ -174,9 +167,8 @@ def _launch(plan: TaskPlan, partition_keys: list[str] | None) -> tuple[dict[str,
     if unknown := [k for k in partition_keys if k not in rows]:
         raise ValueError(f"task '{plan.task_id}' has no partition {unknown[0]!r}" if len(partition_keys) == 1
                          else f"task '{plan.task_id}' has no partitions {unknown}")
-    if len(partition_keys) == 1:
-        key, variant = partition_keys[0], plan.document.variant_of(partition_keys[0])
-        tags = {PARTITION_TAG: key, **({VARIANT_TAG: variant} if variant else {})}
-        return run_config(plan, TaskTranslator(), [key]), tags
     ordered = [k for k in rows if k in set(partition_keys)]
-    return run_config(plan, TaskTranslator(), ordered), range_tags(plan, ordered)
+    variant = plan.document.variant_of(ordered[0])
+    tags = {"dagster/partition": ordered[0], **({VARIANT_TAG: variant} if variant else {})} \
+        if len(partition_keys) == 1 else range_tags(plan, ordered)
+    return run_config(plan, TaskTranslator(), ordered), tags

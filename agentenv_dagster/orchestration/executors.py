@@ -42,10 +42,9 @@ def job_executor(config: AgentEnvConfig, plan: TaskPlan | None = None) -> dg.Exe
 
 def runs_as_chain(plan: TaskPlan) -> bool:
     """Whether nothing of the task could overlap: one row, and each step a descendant of the one before it."""
-    if plan.document.partitions:
-        return False
     steps = [step.id for step in plan.steps]
-    return all(previous in plan.ancestors(step) for previous, step in zip(steps, steps[1:]))
+    return not plan.document.partitions and all(previous in plan.ancestors(step)
+                                                for previous, step in zip(steps, steps[1:]))
 
 
 def celery_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:
@@ -54,9 +53,8 @@ def celery_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:
     try:
         from dagster_celery import celery_executor as celery
     except ImportError as exc:  # the prod extra is not installed
-        raise ImportError(
-            "[dagster] executor = \"celery\" needs dagster-celery: pip install 'agentenv-dagster[prod]'"
-        ) from exc
+        raise ImportError("[dagster] executor = \"celery\" needs dagster-celery: "
+                          "pip install 'agentenv-dagster[prod]'") from exc
     settings = config.dagster.celery
     return celery.configured({"broker": _string_source(settings.broker), "backend": _string_source(settings.backend),
                               **({"include": settings.include} if settings.include else {})}, name="celery")
@@ -75,8 +73,6 @@ def k8s_executor(config: AgentEnvConfig) -> dg.ExecutorDefinition:
 def _string_source(value: str) -> str | dict[str, str]:
     """An ``env:NAME`` whose variable is set stays a reference (``{"env": NAME}``, read where
     the run executes), so a broker password never sits in the job's definition."""
-    if value.startswith("env:"):
-        name = value[4:].partition("?")[0]
-        if os.environ.get(name):
-            return {"env": name}
+    if value.startswith("env:") and os.environ.get(name := value[4:].partition("?")[0]):
+        return {"env": name}
     return resolve_reference(value)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -17,7 +16,7 @@ import dagster as dg
 from ..config import AgentEnvConfig
 from ..context import TaskStepContext, redacted_json
 from ..runtime.s3 import s3_location
-from .streams import StreamRef, final_rows
+from .streams import StreamRef
 
 FINAL_STEP = "teardown_run"  # the op whose stream holds each row's final context
 FAILED_ATTEMPT = ".failed"  # ``<step key>.failed``: the row of an op's attempt that Dagster retries
@@ -48,12 +47,11 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
         context.add_output_metadata({"stream": obj.name})
 
     def load_input(self, context: dg.InputContext) -> StreamRef:
-        run_id, step_key = context.upstream_output.get_identifier()[:2]
-        return StreamRef(run_id, step_key)
+        return StreamRef(*context.upstream_output.get_identifier()[:2])  # its run id and step key
 
     def rows(self, run_id: str, name: str) -> dict[str, dict[str, Any]]:
-        """A stream's rows as written so far: each row's last record."""
-        return final_rows(self.read_records(run_id, name)[0])
+        """A stream's rows as written so far: each row's last record, in the order the rows arrived."""
+        return {record["row"]: record for record in self.read_records(run_id, name)[0]}
 
     def stopped_rows(self, run_id: str) -> dict[str, dict[str, Any]]:
         """The run's rows that stopped at a fatal failure: each one's record of the step it
@@ -67,8 +65,7 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
 
     def step_stream(self, run_id: str, node: str) -> str | None:
         """The stream of step ``node`` of the run (its step key: the node's name, under its graph's)."""
-        return next((name for name in self.stream_names(run_id)
-                     if name == node or name.endswith(f".{node}")), None)
+        return next((name for name in self.stream_names(run_id) if name == node or name.endswith(f".{node}")), None)
 
     def final_contexts(self, run_id: str) -> dict[str, TaskStepContext]:
         """Each row's final context: the teardown op's record of it; for a run that ended before
@@ -76,7 +73,7 @@ class ContextIOManagerBase(dg.ConfigurableIOManager):
         final = self.step_stream(run_id, FINAL_STEP)
         records, _, ended = self.read_records(run_id, final) if final else ([], None, False)
         if ended:
-            return {key: TaskStepContext.from_dict(record["context"]) for key, record in final_rows(records).items()}
+            return {record["row"]: TaskStepContext.from_dict(record["context"]) for record in records}
         by_row: dict[str, list[dict[str, Any]]] = {}
         for name in self.stream_names(run_id):
             for key, record in self.rows(run_id, name).items():
@@ -102,11 +99,8 @@ class TaskContextIOManager(ContextIOManagerBase):
 
     def append_records(self, run_id: str, name: str, records: list[dict[str, Any]]) -> None:
         # one writer a stream, and one write a batch: a reader sees whole lines or none of a batch
-        fd = os.open(self._path(run_id, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, self.encoded(records))
-        finally:
-            os.close(fd)
+        with open(self._path(run_id, name), "ab", buffering=0) as stream:  # (an unbuffered write is one write call)
+            stream.write(self.encoded(records))
 
     def read_records(self, run_id: str, name: str, position: Any = None) -> tuple[list[dict[str, Any]], Any, bool]:
         offset = position or 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import queue
 import signal
@@ -28,7 +29,7 @@ from ..steps.execution import StepFailed, StepOutcome, default_seed, run_step
 from .io_manager import FAILED_ATTEMPT, FINAL_STEP, ContextIOManagerBase
 from .resources import ARTIFACTS_KEY, JUDGE_KEY, RESOURCE_KEY, AgentEnvResource
 from .retries import live_deployers, retries_carried, self_retry_pending
-from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, row_seed, run_keys, step_fields, task_id_of
+from .rows import REPLICATE_TAG, ROWS, node_assets, op_graph, plan_of, run_keys, step_fields, task_id_of
 from .run_tally import STEP_ENDS
 from .step_events import (
     asset_events, asset_provenance, check_evaluations, report_unreached, result_materialization, row_page_link,
@@ -41,6 +42,8 @@ TEARDOWN_OP = FINAL_STEP
 AFTER = "after"  # dependencies that order a node without handing it their context
 ASSET_OUTPUT = "asset"  # what a node's task asset maps from (never yielded: each row's materialization is logged)
 ARTIFACTS_INPUT = "artifacts"  # what the stored artifacts a node loads map into (lineage only)
+STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
+_MAIN_ENDED = object()  # what the loop thread puts in the outbox last
 
 
 # An op's row stream (a ``StreamRef``): a type of its own, which run config cannot supply
@@ -104,16 +107,12 @@ def run_step_op(
     source = joined(io, upstream, after) if upstream or after else rows.admitted()
     try:
         yield from _driven(context.run_id, lambda outbox: rows.run(source, outbox), rows.events)
-    except _RetryPending as pending:  # the stream stays open: the op's next attempt goes on with it
-        raise pending.args[0] from None
+    except StepFailed as failed:  # a self-retry is left (``_one``): the stream stays open for the op's next attempt
+        raise failed from None
     except BaseException:
         out.end()  # the ops below see the rows it did not pass on as lost
         raise
     rows.finish()
-
-
-class _RetryPending(Exception):
-    """A row's step failed (``args[0]``, the StepFailed) with a self-retry left: Dagster runs the op again."""
 
 
 class _RowsOfOp:
@@ -151,20 +150,18 @@ class _RowsOfOp:
                     if await anext(left, None) is None:  # the teardown op ended: no row will leave any more
                         left = None
                     departed += 1
+                seed = (plan.document.partitions or {}).get(key) if key and plan is not None else None  # its values
                 # a re-execution (a retry) is the same task instance as its root run
-                ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key,
-                                               row_seed(context, key))
+                ctx = resource.initial_context(context.run.root_run_id or context.run_id, self.task_id, key, seed)
                 default_seed(ctx, defaults)
                 yield Row(key, ctx.to_dict())
         finally:
             if left is not None:
                 await left.aclose()
 
-    async def run(self, source: AsyncIterator[Row], outbox: "_Outbox") -> None:
+    async def run(self, source: AsyncIterator[Row], outbox: queue.SimpleQueue) -> None:
         """Every row of ``source`` through the step, ``rows_in_flight`` at once."""
-        async with self.resource.step_runtime(self.context.run_id, self.task_id, self.context.log,
-                                              judge=getattr(self.context.resources, JUDGE_KEY),
-                                              artifacts=getattr(self.context.resources, ARTIFACTS_KEY)) as rt:
+        async with self.resource.step_runtime(self.context, self.task_id) as rt:
             async with rt.lanes(self.resource.rows_in_flight) as lanes:
                 running: set[asyncio.Task] = {asyncio.create_task(self._warm_up(rt))}
                 async for row in source:
@@ -182,7 +179,7 @@ class _RowsOfOp:
         except Exception as exc:  # noqa: BLE001 - the first row's step reports it
             self.context.log.debug(f"step '{self.step.id}' not warmed up: {exc}")
 
-    async def _one(self, row: Row, lanes: asyncio.Queue, outbox: "_Outbox") -> None:
+    async def _one(self, row: Row, lanes: asyncio.Queue, outbox: queue.SimpleQueue) -> None:
         ctx = TaskStepContext.from_dict(row.context)
         if self.carry_retries is not None:
             self.carry_retries(row.key, ctx)
@@ -198,7 +195,7 @@ class _RowsOfOp:
             if self.retried_here:  # Dagster runs the op again: this row's attempt is kept for its record
                 StreamWriter(self.io, self.context.run_id, f"{self.out.ref.name}{FAILED_ATTEMPT}").append(
                     row.key, ctx.to_dict(), outcome.record)
-                raise _RetryPending(outcome)
+                raise outcome
             self.out.append(row.key, ctx.to_dict(), {**outcome.record, "step_key": self.out.ref.name})
             self.stopped_here.append(row.key)
             self.first_failure = self.first_failure or outcome
@@ -236,8 +233,8 @@ class _RowsOfOp:
         self.context.log.info(f"step '{self.step.id}': {self.passed} row(s) passed"
                               + (f", {len(stopped)} stopped here" if stopped else ""))
         failing = bool(stopped and not self.passed)
-        ended = self.resource.teardown(self.context.run_id) \
-            if not side_by_side() and self.context.job_def.executor_def.name in ONE_STEP_AT_A_TIME \
+        one_step_at_a_time = self.context.job_def.executor_def.name in ("in_process", "execute_in_process_executor")
+        ended = self.resource.teardown(self.context.run_id) if one_step_at_a_time and not side_by_side() \
             and _last_to_run_after_a_failure(self.context, self.step.id, failing) else []
         if ended and not failing:
             self.context.log.info(f"the run's failed steps skip the rest of it: ended {len(ended)} deployment(s)")
@@ -248,41 +245,30 @@ class _RowsOfOp:
                              metadata={"error_type": first.record["error_type"], "torn_down": ended, **several})
 
 
-class _Outbox(queue.SimpleQueue):
-    """What an op's rows (on its event loop's thread) hand its generator (in the op's thread, which alone may
-    yield Dagster events)."""
-
-    def take(self) -> list[Any]:
-        """At least one item (blocking until there is one), and whatever else is waiting (it has one reader)."""
-        items: list[Any] = []
-        while not items:  # a timeout now and then: the main thread's signal handlers run meanwhile
-            with contextlib.suppress(queue.Empty):
-                items.append(self.get(timeout=STOP_POLL_SECONDS))
-        while not self.empty():
-            items.append(self.get_nowait())
-        return items
+def _take(outbox: queue.SimpleQueue) -> list[Any]:
+    """What an op's rows (on its event loop's thread) handed its generator (in the op's thread, which alone may yield
+    Dagster events): at least one item (blocking until there is one), and whatever else is waiting (one reader)."""
+    items: list[Any] = []
+    while not items:  # a timeout now and then: the main thread's signal handlers run meanwhile
+        with contextlib.suppress(queue.Empty):
+            items.append(outbox.get(timeout=STOP_POLL_SECONDS))
+    while not outbox.empty():
+        items.append(outbox.get_nowait())
+    return items
 
 
-STOP_POLL_SECONDS = 0.1  # how often an op looks whether its run was asked to stop
-_MAIN_ENDED = object()  # what the loop thread puts in the outbox last
-
-
-def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
+def _driven(run_id: str, main: Callable[[queue.SimpleQueue], Awaitable[None]],
             to_events: Callable[[list[Any]], Iterator[Any]]) -> Iterator[Any]:
     """Run ``main`` on an event loop in a thread of its own, handing its outbox's items to ``to_events`` in the op's
     thread (Dagster takes events from there only); raises what ``main`` raised. Asked to stop (SIGINT,
     ``streams.request_stop``), ``main`` is cancelled and unwinds, then the interruption is raised."""
     loop = new_event_loop()
-    outbox = _Outbox()
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    # made now: ``cancel`` has it at once and it starts first; its context empty, as in the loop's new thread
+    task = loop.create_task(main(outbox), context=contextvars.Context())
     ended: list[BaseException | None] = []
-    started = threading.Event()
-    tasks: list[asyncio.Task] = []
 
     async def supervised() -> None:
-        task = asyncio.create_task(main(outbox))
-        tasks.append(task)
-        started.set()
-        await asyncio.sleep(0)  # ``main`` starts before the first look at whether the run must stop
         while not task.done() and not stop_requested(run_id):
             await asyncio.wait({task}, timeout=STOP_POLL_SECONDS)
         if not task.done():  # the run was asked to stop
@@ -301,14 +287,12 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
         except BaseException as exc:  # noqa: BLE001 - handed to the op's thread
             ended.append(exc)
         finally:
-            started.set()
             loop.close()
             outbox.put(_MAIN_ENDED)
 
-    def cancel(*_: Any) -> None:
-        started.wait()
-        if tasks and not loop.is_closed():
-            loop.call_soon_threadsafe(tasks[0].cancel)
+    def cancel() -> None:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(task.cancel)
 
     interrupted: list[Any] = []
     handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
@@ -317,10 +301,9 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
     thread = threading.Thread(target=run_loop, name=f"{threading.current_thread().name} rows", daemon=True)
     thread.start()
     try:
-        while (items := outbox.take())[-1] is not _MAIN_ENDED:
+        while (items := _take(outbox))[-1] is not _MAIN_ENDED:
             yield from to_events(items)
-        if items[:-1]:
-            yield from to_events(items[:-1])
+        yield from to_events(items[:-1])
         if interrupted:
             handler(signal.SIGINT, interrupted[0])  # raises, unless the process defers interrupts
         if ended and ended[0] is not None:
@@ -331,9 +314,6 @@ def _driven(run_id: str, main: Callable[[_Outbox], Awaitable[None]],
         if thread.is_alive():  # the generator was closed early: its rows end with it
             cancel()
             thread.join()
-
-
-ONE_STEP_AT_A_TIME = ("in_process", "execute_in_process_executor")  # Dagster's in-process executors
 
 
 def _last_to_run_after_a_failure(context: dg.OpExecutionContext, step_id: str, failing: bool) -> bool:
@@ -367,17 +347,12 @@ def _sibling(context: dg.OpExecutionContext, name: str) -> str:
 
 def _seed_defaults(context: dg.OpExecutionContext) -> dict[str, Any] | None:
     """The task's default token values: the run's tag (the launchpad can edit it), else its plan's."""
-    raw = context.run.tags.get(TAG_SEED)
-    if raw is None:
-        plan = plan_of(context)
-        return plan.document.seed if plan is not None else None
-    try:
-        value = json.loads(raw) if raw else None
-    except ValueError:
-        value = raw
-    if value is not None and not isinstance(value, dict):
-        raise dg.Failure(description=f"run tag '{TAG_SEED}' must be a JSON object of token values, got {raw!r}")
-    return value
+    if (raw := context.run.tags.get(TAG_SEED)) is None:
+        return plan.document.seed if (plan := plan_of(context)) is not None else None
+    with contextlib.suppress(ValueError):
+        if isinstance(value := json.loads(raw or "null"), dict | None):  # (an empty tag: none)
+            return value
+    raise dg.Failure(description=f"run tag '{TAG_SEED}' must be a JSON object of token values, got {raw!r}")
 
 
 def _row(key: str) -> str:
@@ -392,8 +367,7 @@ def refuse_ended_deployments(context, step: TaskStep) -> None:
     if not context.run.parent_run_id or selected is None or plan is None or step.id not in plan.step_by_id:
         return
     keys = step_keys(context)
-    ended = sorted(d for d in live_deployers(plan, step.id) if d in keys and keys[d] not in selected)
-    if ended:
+    if ended := sorted(d for d in live_deployers(plan, step.id) if d in keys and keys[d] not in selected):
         raise dg.Failure(description=(
             f"step '{step.id}' uses what step(s) {', '.join(repr(d) for d in ended)} deployed in run "
             f"{context.run.parent_run_id}, which ended with that run: re-execute from "
@@ -434,7 +408,7 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
     stopped: list[str] = []
     ended: list[str] = []
 
-    async def leave(outbox: _Outbox) -> None:
+    async def leave(outbox: queue.SimpleQueue) -> None:
         async for row in joined(io, upstream, after):
             ctx = TaskStepContext.from_dict(row.context)
             timing = ctx.metadata_map("step_timings")[TEARDOWN_OP] = {
@@ -442,10 +416,9 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
             started = time.perf_counter()
             ended.extend(await asyncio.to_thread(resource.end_row, context.run_id, ctx))
             timing["duration_seconds"] = round(time.perf_counter() - started, 3)
-            row.context = ctx.to_dict()
             if row.stopped is not None:
                 stopped.append(row.key)
-            out.append(row.key, row.context, row.stopped)
+            out.append(row.key, ctx.to_dict(), row.stopped)
             outbox.put((row.key, ctx, row.stopped))
 
     def materialized(left: list[tuple[str, TaskStepContext, dict | None]]) -> Iterator[Any]:
@@ -460,6 +433,5 @@ def run_teardown(context: dg.OpExecutionContext, upstream: list[StreamRef], afte
         raise dg.Failure(
             description=f"{len(stopped)} of {rows} rows stopped at a failing step (their verifications are "
             f"failed partitions): {', '.join(stopped[:20])}" + (" ..." if len(stopped) > 20 else ""),
-            metadata={"torn_down": sorted(ended), "failed_rows": dg.MetadataValue.json(stopped[:1000])},
-        )
+            metadata={"torn_down": sorted(ended), "failed_rows": dg.MetadataValue.json(stopped[:1000])})
     context.log.info(f"{rows} row(s) done; ended {len(ended)} deployment(s)")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from ..spec.loader import validation_problems
 from ..steps.base import TaskStep
 
 RESOURCE_KEY, ARTIFACTS_KEY, JUDGE_KEY = "agentenv", "agentenv_artifacts", "agentenv_judge"
-MAX_PROBLEMS_SHOWN = 5  # of a step's fields in the run config that do not validate
 
 
 class ArtifactStoreResource(dg.ConfigurableResource):
@@ -42,19 +40,13 @@ class ArtifactStoreResource(dg.ConfigurableResource):
     endpoint_url: str | None = None
     region: str | None = None
 
-    def _location(self) -> S3Location:
-        return S3Location(self.bucket, self.prefix, self.endpoint_url, self.region)
-
-    def get_store(self) -> FilesystemArtifactStore | S3ArtifactStore:
+    def get_stores(self) -> tuple[FilesystemArtifactStore | S3ArtifactStore, ObjectStore | S3ObjectStore]:
         bundles = [Path(d) for d in self.bundle_dirs]
         if self.backend == "s3":
-            return S3ArtifactStore(self._location(), Path(self.root), bundles)
-        return FilesystemArtifactStore(Path(self.root), bundles)
-
-    def get_object_store(self) -> ObjectStore | S3ObjectStore:
-        if self.backend == "s3":
-            return S3ObjectStore(self._location())
-        return ObjectStore(Path(self.objects_root or Path(self.root).parent / "objects"))
+            location = S3Location(self.bucket, self.prefix, self.endpoint_url, self.region)
+            return S3ArtifactStore(location, Path(self.root), bundles), S3ObjectStore(location)
+        return (FilesystemArtifactStore(Path(self.root), bundles),
+                ObjectStore(Path(self.objects_root or Path(self.root).parent / "objects")))
 
 
 class JudgeResource(dg.ConfigurableResource):
@@ -94,14 +86,13 @@ class AgentEnvResource(dg.ConfigurableResource):
     def parse_step(self, step_type: str, fields: dict, node: str, config_path: str) -> TaskStep:
         """The step of node ``node`` from its fields at ``config_path`` in the run config (the launchpad can edit
         them); a failure naming the node and the fields when they are not a step."""
-        cls = step_registry(self.load_config()).get(step_type)
-        if cls is None:
+        if (cls := step_registry(self.load_config()).get(step_type)) is None:
             raise dg.Failure(f"Unknown task step type: {step_type}")
         try:
             return cls.model_validate(fields)
         except ValidationError as exc:
             problems = [f"field '{f}': {m}" if f else m for f, m in validation_problems(exc, cls)]
-            shown = "; ".join(problems[:MAX_PROBLEMS_SHOWN]) + (" ..." if len(problems) > MAX_PROBLEMS_SHOWN else "")
+            shown = "; ".join(problems[:5]) + (" ..." if len(problems) > 5 else "")  # the first five
             raise dg.Failure(description=(
                 f"step '{node}': its fields in the run config ({config_path}) are not "
                 f"a {step_type} step: {shown}. A step given there replaces the task's step whole: give all of its "
@@ -128,21 +119,18 @@ class AgentEnvResource(dg.ConfigurableResource):
         twice ``rows_in_flight``, so that grading rows never idle an agent lane."""
         return self.max_sandboxes or task_bound or 2 * self.rows_in_flight
 
-    def step_runtime(
-        self, run_id: str, task_id: str, logger: logging.Logger, *, judge: JudgeResource,
-        artifacts: ArtifactStoreResource,
-    ) -> StepRuntime:
-        """What an op's rows run their step with (``async with``)."""
-        run = RunInfo(run_id=run_id, task_id=task_id, run_dir=self.run_dir(run_id))
-        return StepRuntime(self.load_config(judge), run, logger, artifacts=artifacts.get_store(),
-                           objects=artifacts.get_object_store())
+    def step_runtime(self, context: dg.OpExecutionContext, task_id: str) -> StepRuntime:
+        """What an op's rows run their step with (``async with``), with the op's judge and artifact stores."""
+        run = RunInfo(run_id=context.run_id, task_id=task_id, run_dir=self.run_dir(context.run_id))
+        store, objects = getattr(context.resources, ARTIFACTS_KEY).get_stores()
+        judge: JudgeResource = getattr(context.resources, JUDGE_KEY)
+        return StepRuntime(self.load_config(judge), run, context.log, artifacts=store, objects=objects)
 
     def end_row(self, run_id: str, ctx: TaskStepContext) -> list[str]:
         """End what one row deployed (as the row leaves the run); the instances that were running."""
         ledger = Ledger.of_run(self.run_dir(run_id))
-        instances = [r.instance_id for r in (*ctx.deployed_agents, *ctx.deployed_envs, *ctx.deployed_sandboxes)
-                     if r.instance_id]
-        return [instance for instance in instances if ledger.terminate(instance)]
+        return [record.instance_id for record in (*ctx.deployed_agents, *ctx.deployed_envs, *ctx.deployed_sandboxes)
+                if record.instance_id and ledger.terminate(record.instance_id)]
 
     def teardown(self, run_id: str) -> list[str]:
         """End everything the run deployed; later deployments of the run are refused."""

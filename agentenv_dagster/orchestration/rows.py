@@ -93,11 +93,9 @@ def run_keys(context: dg.OpExecutionContext, selected: list[str] | None) -> list
 
 def run_variant(context: dg.OpExecutionContext, document: "TaskDocument") -> str | None:
     """The experiment variant a run's steps are: its partition's, else its tag's."""
-    if document.variant_steps is None:
-        return None
     if context.has_partition_key:
-        return document.variant_of(context.partition_key)
-    return context.run.tags.get(VARIANT_TAG)
+        return document.variant_of(context.partition_key)  # (None for a task without variants)
+    return context.run.tags.get(VARIANT_TAG) if document.variant_steps is not None else None
 
 
 def range_tags(plan, keys: list[str]) -> dict[str, str]:
@@ -105,8 +103,7 @@ def range_tags(plan, keys: list[str]) -> dict[str, str]:
     if plan.document.variant_steps is not None:  # a range of variant x row keys is not one variant's rows
         return {}
     order = {key: i for i, key in enumerate(plan.document.partitions or {})}
-    ordered = sorted(keys, key=order.__getitem__)
-    return {RANGE_START_TAG: ordered[0], RANGE_END_TAG: ordered[-1]}
+    return {RANGE_START_TAG: min(keys, key=order.__getitem__), RANGE_END_TAG: max(keys, key=order.__getitem__)}
 
 
 def task_graph_of(job: dg.JobDefinition) -> dg.GraphDefinition:
@@ -134,13 +131,9 @@ def node_assets(tags: dict[str, str]) -> dict[str, Any]:
 def rows_not_passed(instance: dg.DagsterInstance, graph: dg.GraphDefinition, keys: list[str]) -> list[str]:
     """Of ``keys``, the rows to run again (``graph`` is the task's): a verification of theirs was never
     materialized (the row stopped before it, or never ran), or its latest materialization did not pass."""
-    verifications = [dg.AssetKey(path) for node in graph.nodes
-                     for kind, _, path in node_assets(node.tags)["produced"] if kind == VERIFICATION]
-    again: set[str] = set()
-    for key in verifications:
-        latest = latest_metadata(instance, key, keys, ("passed",))
-        again |= {k for k in keys if k not in latest or _value(latest[k].get("passed")) is not True}
-    return [k for k in keys if k in again]
+    latest = [latest_metadata(instance, dg.AssetKey(path), keys, ("passed",)) for node in graph.nodes
+              for kind, _, path in node_assets(node.tags)["produced"] if kind == VERIFICATION]
+    return [k for k in keys if any(k not in found or _value(found[k].get("passed")) is not True for found in latest)]
 
 
 def latest_metadata(
@@ -151,14 +144,9 @@ def latest_metadata(
     latest = instance.event_log_storage.get_latest_storage_id_by_partition(
         key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     ids = sorted(latest[row] for row in set(rows) if row in latest)
-    by_row: dict[str, dict[str, Any]] = {}
-    for chunk in _chunks(ids):
-        records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=chunk),
-                                                  limit=len(chunk)).records
-        for record in records:
-            materialization = record.asset_materialization
-            by_row[materialization.partition] = _entries(materialization, labels)
-    return by_row
+    pages = (instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, storage_ids=chunk), limit=len(chunk))
+             for chunk in _chunks(ids))
+    return {record.partition_key: _entries(record, labels) for page in pages for record in page.records}
 
 
 def latest_replicates(
@@ -176,9 +164,8 @@ def latest_replicates(
         records = instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=key, asset_partitions=partitions), limit=limit, ascending=False).records
         for record in records:
-            materialization = record.asset_materialization
-            replicate = int(_value(materialization.metadata.get("replicate")) or 0)
-            found.setdefault((materialization.partition, replicate), _entries(materialization, labels))
+            replicate = int(_value(record.asset_materialization.metadata.get("replicate")) or 0)
+            found.setdefault((record.partition_key, replicate), _entries(record, labels))
 
     for chunk in _chunks(rows):
         keep(chunk, len(chunk) * replicates)
@@ -193,8 +180,8 @@ def _chunks(items: list[Any], size: int = 500) -> Iterator[list[Any]]:
     return (items[start:start + size] for start in range(0, len(items), size))
 
 
-def _entries(materialization: dg.AssetMaterialization, labels: Collection[str]) -> dict[str, Any]:
-    return {label: value for label, value in materialization.metadata.items() if label in labels}
+def _entries(record: dg.EventLogRecord, labels: Collection[str]) -> dict[str, Any]:
+    return {label: value for label, value in record.asset_materialization.metadata.items() if label in labels}
 
 
 def _value(metadata_value: Any) -> Any:
@@ -220,9 +207,3 @@ def step_fields(context: dg.OpExecutionContext) -> dict[str, Any]:
     if step_id in chosen and step_id in plan.step_by_id and fields == step_config(plan.step_by_id[step_id]):
         return step_config(chosen[step_id])
     return fields
-
-
-def row_seed(context: dg.OpExecutionContext, key: str) -> dict[str, Any] | None:
-    """A row's dataset values (the ``metadata.seed`` its steps are filled from)."""
-    plan = plan_of(context)
-    return (plan.document.partitions or {}).get(key) if key != UNPARTITIONED and plan is not None else None

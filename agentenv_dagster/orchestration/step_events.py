@@ -23,32 +23,31 @@ from .regression import REGRESSION_CHECK, node_regression, score_evaluation
 from .rows import REPLICATE_TAG, UNPARTITIONED, VARIANT_TAG, node_assets, op_graph, plan_of, task_id_of
 from .usage import usage_metadata
 
+# A run whose reports the CLI writes: the folder, and the task id its rows' pages are filed under
+REPORTS_TAG, REPORTS_TASK_TAG = "agentenv/reports", "agentenv/reports_task_id"
+ROWS_A_QUERY = 1000  # rows a query of their check targets names (SQLite takes a bounded number of parameters)
+
 
 def report_unreached(context: dg.OpExecutionContext, keys: list[str]) -> None:
     """Each task asset (and check) the stopped rows will not get, as planned: a failed run's planned partitions
     are what Dagster shows as failed (OSS storage keeps no failure events), so a backfill can pick those rows."""
-    partitions = context.assets_def.partitions_def if context.has_assets_def else context.job_def.partitions_def
-    rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
-    report_planned(context, unreached_assets(op_graph(context), context.op_handle.name), rows, partitions)
-
-
-def unreached_assets(graph: dg.GraphDefinition, node: str) -> list[tuple[dg.AssetKey, list[str]]]:
-    """The task-scoped assets (verifications, collections) of ``node`` and every node after it, with their checks."""
+    graph = op_graph(context)
     structure = graph.dependency_structure
-    seen, todo = set(), [node]
+    seen, todo = set(), [context.op_handle.name]  # the op's node and every node after it
     while todo:
-        name = todo.pop()
-        if name not in seen:
+        if (name := todo.pop()) not in seen:
             seen.add(name)
             todo += [i.node_name for inputs in structure.output_to_downstream_inputs_for_node(name).values()
                      for i in inputs]
-    unreached = []
+    unreached = []  # their task-scoped assets (verifications, collections), with their checks
     for name in sorted(seen):
         assets = node_assets(graph.node_named(name).tags)
         checks = [*assets["checks"], *([REGRESSION_CHECK] if assets["regression"] else [])]
         unreached += [(dg.AssetKey(path), checks if kind == VERIFICATION else [])
                       for kind, _, path in assets["produced"] if kind != ARTIFACT]
-    return unreached
+    partitions = context.assets_def.partitions_def if context.has_assets_def else context.job_def.partitions_def
+    rows = [key or None for key in keys if key != UNPARTITIONED or partitions is None]
+    report_planned(context, unreached, rows, partitions)
 
 
 def asset_provenance(context: dg.OpExecutionContext, key: dg.AssetKey | None = None) -> Provenance:
@@ -69,23 +68,18 @@ def asset_events(
         yield dg.AssetObservation(asset_key=dg.AssetKey(path), metadata=metadata)
     for kind, name, path in assets["produced"]:
         key = dg.AssetKey(path)
-        if kind == VERIFICATION:
-            entry = (ctx.metadata.get("verifications") or {}).get(name)
-            if entry is not None:
-                metadata = {**verification_metadata(entry),
-                            **usage_metadata(ctx, entry, prices, getattr(step, "prompt_id", None)),
-                            **({"replicate": replicate} if replicate is not None else {}),
-                            **({"row_page": dg.MetadataValue.url(row_page)} if row_page else {})}
-                yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition,
-                                              tags=provenance.tags(ctx, verification_version(entry)))
-        elif kind == PRODUCER:
-            entry = produced_entry(ctx, name)
-            if entry is not None:
-                yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition,
-                                              tags=provenance.tags(ctx, collection_version(entry)))
+        if kind == VERIFICATION and (entry := (ctx.metadata.get("verifications") or {}).get(name)) is not None:
+            metadata = {**verification_metadata(entry),
+                        **usage_metadata(ctx, entry, prices, getattr(step, "prompt_id", None)),
+                        **({"replicate": replicate} if replicate is not None else {}),
+                        **({"row_page": dg.MetadataValue.url(row_page)} if row_page else {})}
+            yield dg.AssetMaterialization(asset_key=key, metadata=metadata, partition=partition,
+                                          tags=provenance.tags(ctx, verification_version(entry)))
+        elif kind == PRODUCER and (entry := produced_entry(ctx, name)) is not None:
+            yield dg.AssetMaterialization(asset_key=key, metadata=collection_metadata(entry), partition=partition,
+                                          tags=provenance.tags(ctx, collection_version(entry)))
         elif kind == ARTIFACT:  # a new version of a stored artifact the step names (shared by tasks: no partition)
-            universe = (produced_entry(ctx, step.id) or {}).get("file_artifact_universe") or {}
-            if universe.get("id") == name:
+            if (universe := (produced_entry(ctx, step.id) or {}).get("file_artifact_universe") or {}).get("id") == name:
                 yield dg.AssetMaterialization(asset_key=key, metadata={
                     "version": universe["version"], "written_by_step": step.id,
                     **({"row": partition} if partition else {}),
@@ -116,15 +110,10 @@ def result_materialization(key: dg.AssetKey, row: str | None, ctx: TaskStepConte
                                    tags=provenance.tags(ctx, results_version(ctx, failure)))
 
 
-# A run whose reports the CLI writes: the folder, and the task id its rows' pages are filed under
-REPORTS_TAG, REPORTS_TASK_TAG = "agentenv/reports", "agentenv/reports_task_id"
-
-
 def row_page_link(context: dg.OpExecutionContext) -> Callable[[str], str | None]:
     """Each row's page (``row.html``, written as the CLI's run ends) as a link, for a run whose reports the CLI
     writes (its tags say where); for any other run, no link."""
-    folder = context.run.tags.get(REPORTS_TAG)
-    if not folder:
+    if not (folder := context.run.tags.get(REPORTS_TAG)):
         return lambda key: None
     plan = plan_of(context)
     task_id = context.run.tags.get(REPORTS_TASK_TAG) or task_id_of(context)
@@ -165,18 +154,15 @@ def verification_metadata(entry: dict[str, Any]) -> dict[str, Any]:
         metadata["results"] = dg.MetadataValue.json(rows)
         if entry.get("prompt_error"):
             metadata["prompt_error"] = entry["prompt_error"]
-    judge = entry.get("judge") or {}
-    if judge.get("model"):
-        metadata["judge_model"] = judge["model"]
+    if judge_model := (entry.get("judge") or {}).get("model"):
+        metadata["judge_model"] = judge_model
     return metadata
 
 
 def collection_metadata(entry: dict[str, Any]) -> dict[str, Any]:
-    artifacts = entry.get("artifacts") or {}
-    metadata: dict[str, Any] = {"file_count": len(artifacts), "files": dg.MetadataValue.json(artifacts)}
-    if universe := entry.get("file_artifact_universe"):
-        metadata.update(universe_id=universe["id"], universe_version=universe["version"])
-    return metadata
+    artifacts, universe = entry.get("artifacts") or {}, entry.get("file_artifact_universe")
+    return {"file_count": len(artifacts), "files": dg.MetadataValue.json(artifacts),
+            **({"universe_id": universe["id"], "universe_version": universe["version"]} if universe else {})}
 
 
 def _table(records: list[dict[str, Any]], **column_types: str) -> dg.TableMetadataValue:
@@ -185,18 +171,13 @@ def _table(records: list[dict[str, Any]], **column_types: str) -> dg.TableMetada
         columns=[dg.TableColumn(name, kind) for name, kind in column_types.items()]))
 
 
-ROWS_A_QUERY = 1000
-
-
 def check_evaluations(
     instance: dg.DagsterInstance, assets: dict[str, Any], contexts: dict[str, TaskStepContext],
 ) -> Iterator[dg.AssetCheckEvaluation]:
     """Each declared check (and ``no_regression``, with a gate) of each row's verification as that row's partition
     of the check, pointing at the materialization it judged: Dagster counts it current only while that is latest."""
     regression = node_regression(assets)
-    for kind, name, path in assets["produced"]:
-        if kind != VERIFICATION:
-            continue
+    for name, path in [(name, path) for kind, name, path in assets["produced"] if kind == VERIFICATION]:
         entries = {k: e for k, c in contexts.items() if (e := (c.metadata.get("verifications") or {}).get(name))}
         if not entries:
             continue

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator
 
 from ..context import TaskStepContext
 
@@ -45,6 +45,8 @@ class Row:
 
 _WAITING_LOCK = threading.Lock()
 _WAITING: dict[StreamRef, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}  # the readers in this process
+_STEP_THREAD = threading.local()  # set in the threads of an executor that runs a job's ops side by side
+_STOPS: set[str] = set()  # runs asked to stop (terminated), by run id
 
 
 @contextlib.contextmanager
@@ -57,18 +59,9 @@ def _woken(stream: StreamRef) -> Iterator[asyncio.Event]:
         yield waiter[1]
     finally:
         with _WAITING_LOCK:
-            waiting = _WAITING.get(stream, set())
-            waiting.discard(waiter)
-            if not waiting:
-                _WAITING.pop(stream, None)
-
-
-def _wake(stream: StreamRef) -> None:
-    with _WAITING_LOCK:
-        waiting = list(_WAITING.get(stream, ()))
-    for loop, event in waiting:
-        with contextlib.suppress(RuntimeError):  # its loop has closed: its reader is gone
-            loop.call_soon_threadsafe(event.set)
+            _WAITING[stream].discard(waiter)  # (there while it holds a waiter)
+            if not _WAITING[stream]:
+                del _WAITING[stream]
 
 
 class StreamWriter:
@@ -87,7 +80,11 @@ class StreamWriter:
 
     def _write(self, record: dict[str, Any]) -> None:
         self.io.append_records(self.ref.run_id, self.ref.name, [record])
-        _wake(self.ref)
+        with _WAITING_LOCK:
+            waiting = list(_WAITING.get(self.ref, ()))
+        for loop, event in waiting:  # the readers in this process
+            with contextlib.suppress(RuntimeError):  # its loop has closed: its reader is gone
+                loop.call_soon_threadsafe(event.set)
 
 
 async def records(io: ContextIOManagerBase, ref: StreamRef) -> AsyncIterator[dict[str, Any]]:
@@ -146,19 +143,12 @@ async def joined(io: ContextIOManagerBase, sources: list[StreamRef], after: list
 def _arrived(key: str, got: dict[int, dict[str, Any]], sources: int) -> Row:
     """A row once every upstream has delivered it: the sources' contexts merged; stopped (the
     first upstream's failure, every context merged) when any of them stopped it."""
-    stops = [got[i] for i in sorted(got) if "stopped" in got[i]]
-    if stops:
+    if stops := [got[i] for i in sorted(got) if "stopped" in got[i]]:
         contexts = [got[i]["context"] for i in sorted(got) if got[i].get("context")]
         return Row(key, TaskStepContext.merge_dicts(contexts).to_dict() if contexts else {},
                    stopped=stops[0]["stopped"])
     merged = [got[i]["context"] for i in range(sources)]
     return Row(key, TaskStepContext.merge_dicts(merged).to_dict() if len(merged) > 1 else merged[0] if merged else {})
-
-
-# -- what the executor tells the ops of a run -----------------------------------------------
-
-_STEP_THREAD = threading.local()  # set in the threads of an executor that runs a job's ops side by side
-_STOPS: set[str] = set()  # runs asked to stop (terminated), by run id
 
 
 def running_side_by_side() -> None:
@@ -178,8 +168,3 @@ def request_stop(run_id: str) -> None:
 
 def stop_requested(run_id: str) -> bool:
     return run_id in _STOPS
-
-
-def final_rows(records_: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each row's last record of a stream read whole, in the order the rows arrived."""
-    return {record["row"]: record for record in records_ if "row" in record}
