@@ -136,7 +136,7 @@ def task_graph(plan: TaskPlan, translator: TaskTranslator, code_versions: dict[s
 def graph_config(plan: TaskPlan, translator: TaskTranslator) -> dg.ConfigMapping:
     """The task graph's config: ``steps``, each step's fields by node (the launchpad opens with them; a step given
     there replaces that step), and ``rows``, the rows the root ops start when not the run's partitions. A dataset's
-    row values are not config: each row is filled from the task's own (``rows.row_seed``)."""
+    row values are not config: each row is filled from the task's own (``ops._RowsOfOp.admitted``)."""
     defaults = {translator.get_node_name(step): step_config(step) for step in plan.steps}
     roots = {translator.get_node_name(step) for step in plan.steps if not plan.edges[step.id]}
     schema = {
