@@ -193,6 +193,15 @@ class ContainerSandbox:
                 return
             await asyncio.sleep(0.2)
 
+    def exited(self) -> tuple[int | None, str] | None:
+        """None while the container runs; else its exit code and the last 50 lines it printed (a readiness report)."""
+        try:
+            state = self._client.api.inspect_container(self.container_id)["State"]
+            return None if state.get("Running") else (
+                state.get("ExitCode"), self._client.api.logs(self.container_id, tail=50).decode("utf-8", "replace"))
+        except docker.errors.NotFound:
+            return None, ""
+
     def close(self) -> None:
         """Let go of the engine connection; the container keeps running."""
         self._client.close()

@@ -84,24 +84,6 @@ def wait_container(container_id: str, timeout: float) -> ExecResult:
         return ExecResult(exit_code, stdout, stderr, exit_code is None)
 
 
-def container_state(container_id: str) -> dict:
-    """The container's ``State`` (``Running``, ``ExitCode`` …); ``{}`` when it is gone."""
-    with closing(_client()) as client:
-        try:
-            return client.api.inspect_container(container_id)["State"]
-        except docker.errors.NotFound:
-            return {}
-
-
-def container_logs(container_id: str) -> str:
-    """The last 50 lines the container printed; ``""`` when it is gone."""
-    with closing(_client()) as client:
-        try:
-            return client.api.logs(container_id, tail=50).decode("utf-8", "replace")
-        except docker.errors.NotFound:
-            return ""
-
-
 def read_container_file(container_id: str, path: str) -> bytes:
     """One regular file out of a container, running or stopped (``docker cp``)."""
     with closing(_client()) as client:

@@ -232,24 +232,25 @@ class RunDockerContainerStep(TaskStep):
             )
 
     async def _await_ready(self, container_id: str) -> None:
-        from ..runtime import docker_run
+        """Probe ``ready_command`` until it passes; a container that stops first fails with its exit code and output."""
+        import docker
+
         from ..runtime.containers import ContainerSandbox
 
         box = await asyncio.to_thread(ContainerSandbox.attach, container_id)
         deadline = time.monotonic() + self.ready_timeout_seconds
         try:
             while True:
+                if (ended := await asyncio.to_thread(box.exited)) is not None:
+                    raise RuntimeError(f"container {self.container_name} exited (code {ended[0]}) before it "
+                                       f"was ready; last output: {ended[1][-1500:]}")
                 left = deadline - time.monotonic()
-                probe = await box.exec(self.ready_command, timeout=max(1.0, min(left, 30.0)))
-                if probe.exit_code == 0 and not probe.timed_out:
-                    return
-                state = await asyncio.to_thread(docker_run.container_state, container_id)
-                if not state.get("Running"):
-                    logs = await asyncio.to_thread(docker_run.container_logs, container_id)
-                    raise RuntimeError(
-                        f"container {self.container_name} exited (code {state.get('ExitCode')}) before it "
-                        f"was ready; last output: {logs[-1500:]}"
-                    )
+                try:
+                    probe = await box.exec(self.ready_command, timeout=max(1.0, min(left, 30.0)))
+                    if probe.exit_code == 0 and not probe.timed_out:
+                        return
+                except docker.errors.APIError:  # it stopped since the check above, which says how next round
+                    pass
                 if time.monotonic() + READY_INTERVAL_SECONDS > deadline:
                     raise RuntimeError(
                         f"container {self.container_name} failed readiness check within {self.ready_timeout_seconds:g}s"

@@ -300,6 +300,27 @@ def test_wait_for_exit_records_the_outcome_and_fails_on_a_bad_exit(docker_engine
 
 
 @pytest.mark.slow
+def test_a_ready_command_waits_for_the_container_and_reports_one_that_stops_first(docker_engine, tmp_path):
+    config = project(tmp_path)
+    service = {"type": "run_docker_container", "sandbox_name": "box", "image": BUSYBOX, "fail_task_on_error": False,
+               "ready_command": "test -f /tmp/ready", "ready_timeout_seconds": 20}
+    steps = [
+        BOX,
+        {"id": "late", **service, "container_name": "late",
+         "command_override": "sh -c 'sleep 1; touch /tmp/ready; exec sleep 1000'"},
+        {"id": "crash", **service, "container_name": "crash",
+         "command_override": "sh -c 'echo cannot bind the port; exit 4'"},
+    ]
+    ctx = run(tmp_path, config, steps)
+
+    [record] = ctx.metadata["deployed_docker_containers"]
+    assert (record["container_name"], record["status"]) == ("late", "running")
+    failures = {f["step_id"]: f["error"] for f in ctx.metadata["failed_steps"]}
+    assert failures == {"crash": "container crash exited (code 4) before it was ready; last output: cannot bind the port\n"}
+    assert containers_of(ctx.metadata["run_group_id"]) == []
+
+
+@pytest.mark.slow
 def test_a_fatal_failure_later_in_the_run_still_ends_the_container(docker_engine, tmp_path):
     config = project(tmp_path)
     steps = [
