@@ -21,7 +21,7 @@ import dagster as dg
 # A concurrent in-process executor: Dagster ships an in-process executor that runs one step at a time and a
 # multiprocess one that starts a process per step; running a job's streamed ops side by side in one process
 # needs the plan-execution loop both are built from, which is not public.
-from dagster._core.events import DagsterEvent, EngineEventData
+from dagster._core.events import EngineEventData
 from dagster._core.execution.api import ExecuteRunWithPlanIterable
 from dagster._core.execution.compute_logs import create_compute_log_file_key
 from dagster._core.execution.context.system import PlanExecutionContext, PlanOrchestrationContext
@@ -51,12 +51,11 @@ class ThreadedExecutor(dg.Executor):
     def retries(self) -> RetryMode:
         return self._retries
 
-    @property
-    def step_dependency_config(self) -> StepDependencyConfig:
-        return StepDependencyConfig(require_upstream_step_success=False)
+    step_dependency_config = StepDependencyConfig(require_upstream_step_success=False)
 
-    def execute(self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
-        yield DagsterEvent.engine_event(
+    def execute(self, plan_context: PlanOrchestrationContext,
+                execution_plan: ExecutionPlan) -> Iterator[dg.DagsterEvent]:
+        yield dg.DagsterEvent.engine_event(
             plan_context, f"Executing steps side by side in threads of process {os.getpid()}",
             event_specific_data=EngineEventData.in_process(os.getpid(), execution_plan.step_keys_to_execute),
         )
@@ -72,9 +71,10 @@ class ThreadedExecutor(dg.Executor):
             ),
         ))
 
-    def _steps_in_threads(self, job_context: PlanExecutionContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
+    def _steps_in_threads(self, job_context: PlanExecutionContext,
+                          execution_plan: ExecutionPlan) -> Iterator[dg.DagsterEvent]:
         """In-process execution (``inner_plan_execution_iterator``), each step in a thread."""
-        events: queue.Queue[DagsterEvent | str] = queue.Queue()  # a step key: that step's thread ended
+        events: queue.Queue[dg.DagsterEvent | str] = queue.Queue()  # a step key: that step's thread ended
         running: dict[str, threading.Thread] = {}
         manager = job_context.instance.compute_log_manager
         step_keys = [step.key for step in execution_plan.get_steps_to_execute_in_topo_order()]
@@ -85,9 +85,9 @@ class ThreadedExecutor(dg.Executor):
             log_key = manager.build_log_key_for_run(job_context.run_id, create_compute_log_file_key())
             try:
                 log_context = capture.enter_context(manager.capture_logs(log_key))
-                yield DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
+                yield dg.DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
             except Exception:  # the run goes on without its logs captured, as in-process does
-                yield DagsterEvent.engine_event(job_context, "Exception while setting up compute log capture",
+                yield dg.DagsterEvent.engine_event(job_context, "Exception while setting up compute log capture",
                                                 EngineEventData(error=None))
             interrupted = None  # when the run was interrupted
             while not active.is_complete:
@@ -95,10 +95,10 @@ class ThreadedExecutor(dg.Executor):
                     interrupted = time.monotonic()
                     active.mark_interrupted()
                     self._on_interrupt(job_context.run_id)
-                    yield DagsterEvent.engine_event(job_context, "Interrupted: the running steps are stopping",
+                    yield dg.DagsterEvent.engine_event(job_context, "Interrupted: the running steps are stopping",
                                                     EngineEventData.interrupted(list(running)))
                 elif interrupted is not None and time.monotonic() > interrupted + STOP_GRACE_SECONDS:
-                    yield DagsterEvent.engine_event(  # their threads end with the process; so do the servers
+                    yield dg.DagsterEvent.engine_event(  # their threads end with the process; so do the servers
                         job_context, f"Steps still running {STOP_GRACE_SECONDS} s after the interrupt end with "
                         f"the run: {', '.join(sorted(running))}", EngineEventData.interrupted(list(running)))
                     break
@@ -149,8 +149,8 @@ from dagster._core.definitions.job_base import InMemoryJob  # noqa: E402
 from dagster._core.definitions.reconstruct import ReconstructableRepository  # noqa: E402
 from dagster._core.execution.api import create_execution_plan, execute_run  # noqa: E402
 from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin  # noqa: E402
-from dagster._core.code_pointer import load_python_file, load_python_module  # noqa: E402
 from dagster._core.workspace.load import location_origins_from_yaml_paths  # noqa: E402
+from dagster._grpc.utils import get_loadable_targets  # noqa: E402 - the code server's autodiscovery
 
 
 @dataclass(frozen=True)
@@ -168,27 +168,21 @@ def location_job(workspace: str, job_name: str) -> LocationJob | None:
         target = getattr(origin, "loadable_target_origin", None)
         if target is None or not (target.python_file or target.module_name):
             continue  # a gRPC server of its own: not loadable here
-        attribute = target.attribute or _attribute(target)
-        repository = (ReconstructableRepository.for_file(target.python_file, attribute, target.working_directory)
-                      if target.python_file else
-                      ReconstructableRepository.for_module(target.module_name, attribute, target.working_directory))
-        definition = repository.get_definition()
-        if definition.has_job(job_name):
-            return LocationJob(definition.get_job(job_name), repository, RemoteJobOrigin(
-                repository_origin=RemoteRepositoryOrigin(code_location_origin=origin, repository_name=definition.name),
-                job_name=job_name))
+        for loadable in get_loadable_targets(
+                python_file=target.python_file, module_name=target.module_name, package_name=None,
+                autoload_defs_module_name=None, working_directory=target.working_directory,
+                attribute=target.attribute, resolve_lazy_defs=False):
+            repository = (ReconstructableRepository.for_file(target.python_file, loadable.attribute,
+                                                             target.working_directory) if target.python_file else
+                          ReconstructableRepository.for_module(target.module_name, loadable.attribute,
+                                                               target.working_directory))
+            definition = repository.get_definition()
+            if definition.has_job(job_name):
+                return LocationJob(definition.get_job(job_name), repository, RemoteJobOrigin(
+                    repository_origin=RemoteRepositoryOrigin(code_location_origin=origin,
+                                                             repository_name=definition.name),
+                    job_name=job_name))
     return None
-
-
-def _attribute(target) -> str:
-    """The module attribute holding the location's definitions, as Dagster's autodiscovery finds it."""
-    module = (load_python_file(target.python_file, target.working_directory) if target.python_file
-              else load_python_module(target.module_name, target.working_directory))
-    found = [name for name, value in vars(module).items() if isinstance(value, (dg.Definitions, dg.RepositoryDefinition))]
-    if len(found) != 1:
-        raise dg.DagsterInvariantViolationError(
-            f"{target.python_file or target.module_name}: expected one Definitions or repository, found {found}")
-    return found[0]
 
 
 def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str],
@@ -241,7 +235,7 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
     planned = _planned_checks(context) if any(checks for _, checks in assets) else {}
     events = []
     for asset_key, checks in assets:
-        events += [DagsterEvent.build_asset_materialization_planned_event(
+        events += [dg.DagsterEvent.build_asset_materialization_planned_event(
             context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
         for check in checks:
             already = planned.get((asset_key, check), set())
@@ -249,7 +243,7 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
             if not left:
                 continue
             subset = partitions.subset_with_partition_keys(left) if partitions is not None else None
-            events.append(DagsterEvent(
+            events.append(dg.DagsterEvent(
                 event_type_value=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
                 message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
                 event_specific_data=AssetCheckEvaluationPlanned(asset_key=asset_key, check_name=check,
