@@ -20,7 +20,6 @@ from .sensors import resource_of_run
 TAG_REVIEW = "agentenv/review"
 TAG_REVIEW_NOTE = "agentenv/review_note"
 REVIEW_TAGS_SENSOR = "agentenv_review_tags"
-_TAG_VALUES = ("approved", "rejected")
 
 log = logging.getLogger("agentenv_dagster")
 
@@ -29,7 +28,7 @@ def apply_review_tags(instance: dg.DagsterInstance, resource: AgentEnvResource,
                       logger: logging.Logger | None = None) -> list[tuple[str, str, str]]:
     """Decide the awaiting reviews of every started run tagged ``agentenv/review``; (run, step, decision) of each."""
     written = []
-    tagged = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_REVIEW: list(_TAG_VALUES)})
+    tagged = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_REVIEW: ["approved", "rejected"]})
     for run in instance.get_runs(filters=tagged):
         run_dir = resource_of_run(resource, run).run_dir(run.run_id)
         if not run_dir.is_dir():

@@ -39,7 +39,6 @@ from .dagster_internals import (
 PRELOADED = (*RUN_WORKER_MODULES, "agentenv_dagster.orchestration.location",
              "agentenv_dagster.orchestration.task_job", "agentenv_dagster.orchestration.coder_eval")
 CANCEL_POLL_SECONDS = 1.0  # how often a run worker looks for its run being cancelled
-CANCELLED = (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED)
 WORKER_STARTED = re.compile(r"Started process for run \(pid: (\d+)\)")  # Dagster's run workers write it
 
 
@@ -133,15 +132,13 @@ class _Zygote:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def fork(self, run_id: str) -> int:
+    def fork(self, run_id: str) -> None:
         with suppress(BrokenPipeError):  # then the reply below is empty
             self._send.write(run_id + "\n")
             self._send.flush()
-        reply = self._receive.readline()
-        if not reply:
+        if not self._receive.readline():
             raise dg.DagsterInvariantViolationError(
                 f"the process that forks run workers exited (exit code {self._process.wait()}); see its output above")
-        return int(reply)
 
     def close(self) -> None:
         """End the zygote (its end of the requests closes); workers it forked go on."""
@@ -207,7 +204,7 @@ def _watch_for_cancel(instance: dg.DagsterInstance, run_id: str) -> None:
             run = instance.get_run_by_id(run_id)
             if run is None or run.is_finished:
                 return
-            if run.status in CANCELLED:
+            if run.status in (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED):
                 os.kill(os.getpid(), signal.SIGINT)
                 return
             time.sleep(CANCEL_POLL_SECONDS)

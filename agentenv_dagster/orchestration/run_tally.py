@@ -16,12 +16,11 @@ from ..redaction import redact_text
 from .io_manager import FINAL_STEP
 
 UI_URL_ENV = "AGENTENV_UI_URL"
-DEFAULT_UI_URL = "http://127.0.0.1:3000"  # `dagster dev`'s own host and port
 
 
 def ui_url() -> str:
     """Where the project's Dagster UI is: ``AGENTENV_UI_URL``, else ``dagster dev``'s default address."""
-    return (os.environ.get(UI_URL_ENV) or DEFAULT_UI_URL).rstrip("/")
+    return (os.environ.get(UI_URL_ENV) or "http://127.0.0.1:3000").rstrip("/")
 
 
 def asset_url(key: str) -> str:

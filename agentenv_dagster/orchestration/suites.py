@@ -147,12 +147,9 @@ def _row_results(
     replicates: int,
 ) -> list[EvaluationResult]:
     """Each row's (and replicate's) latest verification as a task result, in dataset order; unrun rows left out."""
-    found = latest_replicates(instance, key, rows, replicates, RESULT_LABELS)
+    found = latest_replicates(instance, key, rows, replicates, ("passed", "prompt_error", "score", "results"))
     return [_result(f"{task_id}/{document.row_of(row)}", {k: v.value for k, v in found[(row, r)].items()})
             for row in rows for r in range(replicates) if (row, r) in found]
-
-
-RESULT_LABELS = ("passed", "prompt_error", "score", "results")  # what a row's result is read from
 
 
 def _result(task_id: str, metadata: dict[str, Any]) -> EvaluationResult:
