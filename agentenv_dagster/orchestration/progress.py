@@ -123,10 +123,8 @@ class _Live(_View):
     @staticmethod
     def _fields(tally: RunTally) -> dict[str, str]:
         done, total, unit = tally.amount()
-        if tally.by_rows:
-            counts = " ".join(f"[{_COLOURS[outcome]}]{n} {outcome}[/]" for outcome, n in tally.count().items())
-        else:
-            counts = escape(next(iter(tally.outcomes.values()), ""))
+        counts = (" ".join(f"[{_COLOURS[outcome]}]{n} {outcome}[/]" for outcome, n in tally.count().items())
+                  if tally.by_rows else escape(next(iter(tally.outcomes.values()), "")))
         running = tally.running()
         eta = tally.eta()
         status = {"SUCCESS": "[green]SUCCESS[/]", "FAILURE": "[red]FAILURE[/]"}.get(tally.status or "", tally.status or "")
@@ -203,9 +201,8 @@ class Reporter:
         """Each run's status and counts with its page in the Dagster UI, then the assets the runs materialized."""
         if not self.tallies:
             return []
-        lines = [f"  dagster UI: {ui_url()}  (that of `dagster dev -w workspace.yaml`; {UI_URL_ENV} names another)"]
-        for tally in self.tallies:
-            lines += tally.summary()
+        lines = [f"  dagster UI: {ui_url()}  (that of `dagster dev -w workspace.yaml`; {UI_URL_ENV} names another)",
+                 *(line for tally in self.tallies for line in tally.summary())]
         assets = sorted({key for tally in self.tallies for key in tally.assets})  # the same order every run
         lines += [f"    {'assets:' if i == 0 else '':8}{asset_url(key)}" for i, key in enumerate(assets)]
         return lines

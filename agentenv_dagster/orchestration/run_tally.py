@@ -107,7 +107,6 @@ class RunTally:
         return self.elapsed() / done * (self.rows - done)
 
     def line(self) -> str:
-        """The run's progress as one line of text."""
         done, total, unit = self.amount()
         parts = [f"{self.label}: {done}/{total} {unit}" + (f" ({math.floor(100 * done / total)}%)" if total else "")
                  if total is not None else f"{self.label}: {done} {unit} done"]
