@@ -12,7 +12,7 @@ import queue
 import sys
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -111,7 +111,7 @@ class ThreadedExecutor(InProcessExecutor):
                         break
                     active.sleep_til_ready()
                     continue
-                try:  # the next event, then any others already there
+                with suppress(queue.Empty):  # the next event, then any others already there
                     item = events.get(timeout=0.1)
                     while True:
                         if isinstance(item, str):
@@ -122,8 +122,6 @@ class ThreadedExecutor(InProcessExecutor):
                             yield item
                             active.handle_event(item)
                         item = events.get_nowait()
-                except queue.Empty:
-                    pass
 
     def _run_step(self, step_context, events: queue.Queue) -> None:
         try:

@@ -1,16 +1,11 @@
 """A run launcher that forks each run's worker from a warm process (a *zygote*, started by the launcher's
 owner on its first launch) that has Dagster and agentenv_dagster imported, instead of a new Python per run
 (docs/concepts.md, docs/performance.md). The child runs what ``dagster api execute_run`` runs, so code
-reloaded in the UI is what runs. The project's instance (``.dagster_home/dagster.yaml``) names it:
-
-    run_launcher:
-      module: agentenv_dagster.orchestration.run_launcher
-      class: ForkingRunLauncher
-
-A code location served by another Python goes through Dagster's default launcher. The UI's *Terminate*
-marks the run ``CANCELING`` and its worker interrupts itself (``terminate`` returns False when the worker is
-gone: the UI offers to mark the run failed). Forked runs outlive the zygote, as Dagster's outlive their code
-server.
+reloaded in the UI is what runs. The project's instance (``.dagster_home/dagster.yaml``, as ``execute.py``
+writes it) names it as its ``run_launcher``. A code location served by another Python goes through Dagster's
+default launcher. The UI's *Terminate* marks the run ``CANCELING`` and its worker interrupts itself
+(``terminate`` returns False when the worker is gone: the UI offers to mark the run failed). Forked runs
+outlive the zygote, as Dagster's outlive their code server.
 """
 
 from __future__ import annotations
@@ -108,10 +103,9 @@ def _worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
 def _runs_on_this_python(run: dg.DagsterRun) -> bool:
     """Whether the run's code location is served by this interpreter, which the zygote is."""
     origin = run.job_code_origin
-    try:
+    with suppress(OSError):  # its interpreter is gone
         return origin is not None and os.path.samefile(origin.executable_path, sys.executable)
-    except OSError:
-        return False
+    return False
 
 
 class _Zygote:
