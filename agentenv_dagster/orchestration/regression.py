@@ -51,12 +51,10 @@ def regression_check_specs(plan: TaskPlan, translator: TaskTranslator,
                    f"earlier scores {scope} (of the same partition); passes with fewer than {settings.min_history}.")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)  # partitioned checks (see get_check_specs)
-        return [
-            dg.AssetCheckSpec(REGRESSION_CHECK, asset=key, description=description,
-                              blocking=settings.blocking, partitions_def=partitions)
-            for step in plan.steps
-            for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION
-        ]
+        return [dg.AssetCheckSpec(REGRESSION_CHECK, asset=key, description=description, blocking=settings.blocking,
+                                  partitions_def=partitions)
+                for step in plan.steps
+                for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION]
 
 
 @dataclass(frozen=True)
@@ -90,11 +88,9 @@ class Comparison:
                 f"{len(self.earlier)} (max_drop {self.settings.max_drop:g})")
 
 
-def earlier_values(
-    instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: list[str],
-    settings: RegressionSettings, *, judged_run: str | None, code_version: str | None,
-    newest: tuple[list[dg.EventLogRecord], bool] | None = None,
-) -> list[tuple[str, dict[str, float]]]:
+def earlier_values(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: list[str],
+                   settings: RegressionSettings, *, judged_run: str | None, code_version: str | None,
+                   newest: tuple[list[dg.EventLogRecord], bool] | None = None) -> list[tuple[str, dict[str, float]]]:
     """(run id, values) of the latest ``window`` earlier materializations of ``key`` and ``partition`` with one of
     ``metrics`` as a number, newest first; ``newest``: records read already and whether they are all there is."""
     found: list[tuple[str, dict[str, float]]] = []
@@ -163,10 +159,8 @@ def score_evaluation(
                                    description=str(comparison), severity=dg.AssetCheckSeverity.ERROR)
 
 
-def suite_check_result(
-    instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: dict[str, float],
-    settings: RegressionSettings,
-) -> dg.AssetCheckResult:
+def suite_check_result(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: dict[str, float],
+                       settings: RegressionSettings) -> dg.AssetCheckResult:
     """A suite's ``no_regression`` result, from its asset's body (the new materialization is not stored yet)."""
     earlier = earlier_values(instance, key, partition, list(metrics), settings, judged_run=None, code_version=None)
     comparisons = compare(metrics, earlier, settings)
@@ -183,8 +177,7 @@ def suite_check_result(
             "regressed": dg.MetadataValue.json([c.metric for c in regressed]),
             "baseline_runs": dg.MetadataValue.json([run for run, _ in earlier]),
             "window": settings.window, "max_drop": settings.max_drop,
-        },
-    )
+        })
 
 
 def suite_check_spec(key: dg.AssetKey, settings: RegressionSettings) -> dg.AssetCheckSpec:
