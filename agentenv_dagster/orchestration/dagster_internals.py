@@ -274,16 +274,14 @@ from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG, TAGS_TO_MAY
 
 def create_reexecution(instance: dg.DagsterInstance, job_def: dg.JobDefinition, parent: dg.DagsterRun,
                        step_keys: list[str], tags: dict[str, str]) -> dg.DagsterRun:
-    """A child run of ``parent`` that executes ``step_keys`` and reads every other step's
-    outputs from the parent chain, as ``ReexecutionOptions(parent, step_selection)`` makes it."""
-    known = KnownExecutionState.build_for_reexecution(instance, parent).update_for_step_selection(step_keys)
-    plan = create_execution_plan(job_def, parent.run_config, step_keys_to_execute=step_keys,
-                                 known_state=known, tags=tags)
+    """A child run of ``parent`` that executes ``step_keys`` and reads every other step's outputs from the
+    parent chain, as ``ReexecutionOptions(parent, step_selection)`` makes it."""
+    plan = create_execution_plan(job_def, parent.run_config, step_keys_to_execute=step_keys, tags=tags, known_state=(
+        KnownExecutionState.build_for_reexecution(instance, parent).update_for_step_selection(step_keys)))
     return instance.create_run_for_job(
         job_def=job_def, execution_plan=plan, run_config=parent.run_config, tags=tags,
         root_run_id=parent.root_run_id or parent.run_id, parent_run_id=parent.run_id,
-        remote_job_origin=parent.remote_job_origin, job_code_origin=parent.job_code_origin,
-    )
+        remote_job_origin=parent.remote_job_origin, job_code_origin=parent.job_code_origin)
 
 
 # What a code server sends the webserver and the daemon for a repository: its snapshot, then each job's, each

@@ -66,10 +66,8 @@ def span_tags(plan: TaskPlan, step: TaskStep, translator: TaskTranslator) -> dic
     if not config or config.retry_from_step_id == step.id or config.max_retries <= 0:
         return {}
     replay = [[translator.get_node_name(plan.step_by_id[s]), s] for s in retry_span(plan, step.id)]
-    return {TAG_RETRY_SPAN: json.dumps({
-        "step_id": step.id, "retry_from_step_id": config.retry_from_step_id,
-        "max_retries": config.max_retries, "replay": replay,
-    })}
+    return {TAG_RETRY_SPAN: json.dumps({"step_id": step.id, "retry_from_step_id": config.retry_from_step_id,
+                                        "max_retries": config.max_retries, "replay": replay})}
 
 
 # -- deciding and creating a retry run ------------------------------------------------------
@@ -82,9 +80,8 @@ class Retry:
     reset: dict[str, Any]
 
 
-def plan_retry(
-    instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
-) -> Retry | str | None:
+def plan_retry(instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun,
+               io: ContextIOManagerBase) -> Retry | str | None:
     """The child run that retries the failed ``run``; else why not (None: no retry_config span failed)."""
     failed = sorted({e.step_key for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
                      if e.step_key and e.step_key != FINAL_STEP})  # (the teardown fails because a row stopped)
@@ -133,17 +130,13 @@ def create_retry_run(instance: dg.DagsterInstance, job_def: dg.JobDefinition, re
     reset = retry.reset
     instance.report_engine_event(
         f"agentenv: step '{reset['step_id']}' failed; retrying from '{reset['retry_from_step_id']}' "
-        f"(attempt {reset['attempt']}) in run {child.run_id}: {', '.join(reset['replayed'])}",
-        dagster_run=retry.parent,
-    )
+        f"(attempt {reset['attempt']}) in run {child.run_id}: {', '.join(reset['replayed'])}", dagster_run=retry.parent)
     instance.add_run_tags(retry.parent.run_id, {TAG_RETRIED_BY: child.run_id})
     return child
 
 
-def launch_retry(
-    instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
-    sensor_name: str, logger: logging.Logger,
-) -> dg.DagsterRun | None:
+def launch_retry(instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
+                 sensor_name: str, logger: logging.Logger) -> dg.DagsterRun | None:
     """The sensor's part: create the child run and queue it, tagged as the sensor's (run key: the failed run)."""
     outcome = plan_retry(instance, job_def, run, io)
     if not isinstance(outcome, Retry):
@@ -163,9 +156,8 @@ def launch_retry(
     return child
 
 
-def retry_in_process(
-    instance: dg.DagsterInstance, job_def: dg.JobDefinition, run_id: str, io: ContextIOManagerBase,
-) -> list[str]:
+def retry_in_process(instance: dg.DagsterInstance, job_def: dg.JobDefinition, run_id: str,
+                     io: ContextIOManagerBase) -> list[str]:
     """The CLI's part: while the run failed and may be retried, execute its child here; the children's ids."""
     children = []
     while True:

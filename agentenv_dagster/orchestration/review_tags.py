@@ -38,10 +38,8 @@ def apply_review_tags(instance: dg.DagsterInstance, resource: AgentEnvResource,
             step_id, instance_id = awaiting["step_id"], awaiting["instance_id"]
             if reviews.get(step_id, instance_id) is not None:
                 continue  # decided already; the step has not noticed yet
-            record = reviews.decide(
-                value, step_id=step_id, instance_id=instance_id, note=run.tags.get(TAG_REVIEW_NOTE),
-                decided_by=f"dagster run tag {TAG_REVIEW}={value}", source="dagster-tag",
-            )
+            record = reviews.decide(value, step_id=step_id, instance_id=instance_id, note=run.tags.get(TAG_REVIEW_NOTE),
+                                    decided_by=f"dagster run tag {TAG_REVIEW}={value}", source="dagster-tag")
             written.append((run.run_id, step_id, record["decision"]))
             message = f"agentenv: review '{step_id}' {value} by the run tag {TAG_REVIEW}"
             (logger or log).info(f"run {run.run_id}: {message}")

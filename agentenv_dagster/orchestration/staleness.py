@@ -50,10 +50,8 @@ def plan_asset_graph(plan: TaskPlan, config: AgentEnvConfig):
                           resources=location_resources(config)).resolve_asset_graph()
 
 
-def stale_rows(
-    instance: dg.DagsterInstance, asset_graph, plan: TaskPlan, keys: list[str],
-    translator: TaskTranslator | None = None,
-) -> StaleRows:
+def stale_rows(instance: dg.DagsterInstance, asset_graph, plan: TaskPlan, keys: list[str],
+               translator: TaskTranslator | None = None) -> StaleRows:
     """Which of ``keys`` (partition keys; ``[""]``: no rows) are stale or missing, against ``asset_graph``."""
     translator = translator or TaskTranslator()
     statuses = StaleStatuses(instance, asset_graph)
