@@ -53,8 +53,7 @@ class ThreadedExecutor(InProcessExecutor):
                 execution_plan: ExecutionPlan) -> Iterator[dg.DagsterEvent]:
         yield dg.DagsterEvent.engine_event(
             plan_context, f"Executing steps side by side in threads of process {os.getpid()}",
-            event_specific_data=EngineEventData.in_process(os.getpid(), execution_plan.step_keys_to_execute),
-        )
+            event_specific_data=EngineEventData.in_process(os.getpid(), execution_plan.step_keys_to_execute))
         yield from iter(ExecuteRunWithPlanIterable(
             execution_plan=plan_context.execution_plan,
             iterator=self._steps_in_threads,
@@ -63,9 +62,7 @@ class ThreadedExecutor(InProcessExecutor):
                 execution_plan=plan_context.execution_plan, run_config=plan_context.run_config,
                 dagster_run=plan_context.dagster_run, instance=plan_context.instance,
                 raise_on_error=plan_context.raise_on_error, output_capture=plan_context.output_capture,
-                step_dependency_config=self.step_dependency_config,
-            ),
-        ))
+                step_dependency_config=self.step_dependency_config)))
 
     def _steps_in_threads(self, job_context: PlanExecutionContext,
                           execution_plan: ExecutionPlan) -> Iterator[dg.DagsterEvent]:

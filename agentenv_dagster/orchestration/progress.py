@@ -98,8 +98,7 @@ class _Live(_View):
             TextColumn("{task.fields[amount]}"), TextColumn("{task.fields[counts]}"),
             TextColumn("{task.fields[running]}", style="dim"), TextColumn("{task.fields[clock]}"),
             console=Console(file=stream, force_terminal=True, width=width), refresh_per_second=4,
-            redirect_stdout=False, redirect_stderr=False,
-        )
+            redirect_stdout=False, redirect_stderr=False)
         self.tasks: dict[str, TaskID] = {}
 
     def started(self, tally: RunTally) -> None:

@@ -98,12 +98,10 @@ class Provenance:
         """The tags of one row's materialization whose value has ``data_version``."""
         if self.code_version is None:
             return {}
-        tags = {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version}
-        for dep in self.deps:
-            tags[get_input_data_version_tag(dep)] = self._dep_version(dep, ctx)
-            # Dagster reads only a partitioned input's pointer (the row's own upstream): no event to point at
-            tags[get_input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
-        return tags
+        # Dagster reads only a partitioned input's pointer (the row's own upstream): no event to point at
+        return {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version,
+                **{get_input_data_version_tag(dep): self._dep_version(dep, ctx) for dep in self.deps},
+                **{get_input_event_pointer_tag(dep): NULL_EVENT_POINTER for dep in self.deps}}
 
     def _dep_version(self, dep: dg.AssetKey, ctx: TaskStepContext) -> str:
         kind, name = self.task_assets.get(tuple(dep.path), (ARTIFACT, dep.path[-1]))

@@ -1,12 +1,11 @@
-"""A run launcher that forks each run's worker from a warm process (a *zygote*, started by the launcher's
-owner on its first launch) that has Dagster and agentenv_dagster imported, instead of a new Python per run
-(docs/concepts.md, docs/performance.md). The child runs what ``dagster api execute_run`` runs, so code
-reloaded in the UI is what runs. The project's instance (``.dagster_home/dagster.yaml``, as ``execute.py``
-writes it) names it as its ``run_launcher``. A code location served by another Python goes through Dagster's
-default launcher. The UI's *Terminate* marks the run ``CANCELING`` and its worker interrupts itself
-(``terminate`` returns False when the worker is gone: the UI offers to mark the run failed). Forked runs
-outlive the zygote, as Dagster's outlive their code server.
-"""
+"""A run launcher that forks each run's worker from a warm process (a *zygote*, started by the launcher's owner on
+its first launch) that has Dagster and agentenv_dagster imported, instead of a new Python per run (docs/concepts.md,
+docs/performance.md). The child runs what ``dagster api execute_run`` runs, so code reloaded in the UI is what runs.
+The project's instance (``.dagster_home/dagster.yaml``, as ``execute.py`` writes it) names it as its
+``run_launcher``. A code location served by another Python goes through Dagster's default launcher. The UI's
+*Terminate* marks the run ``CANCELING`` and its worker interrupts itself (``terminate`` returns False when the
+worker is gone: the UI offers to mark the run failed). Forked runs outlive the zygote, as Dagster's outlive their
+code server."""
 
 from __future__ import annotations
 
