@@ -163,16 +163,13 @@ def location_job(workspace: str, job_name: str) -> LocationJob | None:
                 python_file=target.python_file, module_name=target.module_name, package_name=None,
                 autoload_defs_module_name=None, working_directory=target.working_directory,
                 attribute=target.attribute, resolve_lazy_defs=False):
-            repository = (ReconstructableRepository.for_file(target.python_file, loadable.attribute,
-                                                             target.working_directory) if target.python_file else
-                          ReconstructableRepository.for_module(target.module_name, loadable.attribute,
-                                                               target.working_directory))
+            load = ReconstructableRepository.for_file if target.python_file else ReconstructableRepository.for_module
+            repository = load(target.python_file or target.module_name, loadable.attribute, target.working_directory)
             definition = repository.get_definition()
             if definition.has_job(job_name):
-                return LocationJob(definition.get_job(job_name), repository, RemoteJobOrigin(
-                    repository_origin=RemoteRepositoryOrigin(code_location_origin=origin,
-                                                             repository_name=definition.name),
-                    job_name=job_name))
+                repository_origin = RemoteRepositoryOrigin(code_location_origin=origin, repository_name=definition.name)
+                remote_origin = RemoteJobOrigin(repository_origin, job_name)
+                return LocationJob(definition.get_job(job_name), repository, remote_origin)
     return None
 
 

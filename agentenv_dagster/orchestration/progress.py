@@ -127,13 +127,10 @@ class _Live(_View):
         running = tally.running()
         eta = tally.eta()
         status = {"SUCCESS": "[green]SUCCESS[/]", "FAILURE": "[red]FAILURE[/]"}.get(tally.status or "", tally.status or "")
-        return {
-            "amount": f"{done}/{total if total is not None else '?'} {unit}",
-            "counts": counts,
-            "running": escape(f"running: {', '.join(running)}") if running else "",
-            "clock": clock(tally.elapsed()) + (f" ETA {clock(eta)}" if eta is not None else "") + (
-                f" {status}" if status else ""),
-        }
+        return {"amount": f"{done}/{total if total is not None else '?'} {unit}", "counts": counts,
+                "running": escape(f"running: {', '.join(running)}") if running else "",
+                "clock": clock(tally.elapsed()) + (f" ETA {clock(eta)}" if eta is not None else "")
+                + (f" {status}" if status else "")}
 
 
 class Reporter:
