@@ -126,7 +126,7 @@ class _Live(_View):
                   if tally.by_rows else escape(next(iter(tally.outcomes.values()), "")))
         running = tally.running()
         eta = tally.eta()
-        status = {"SUCCESS": "[green]SUCCESS[/]", "FAILURE": "[red]FAILURE[/]"}.get(tally.status or "", tally.status or "")
+        status = {"SUCCESS": "[green]SUCCESS[/]", "FAILURE": "[red]FAILURE[/]"}.get(tally.status, tally.status or "")
         return {"amount": f"{done}/{total if total is not None else '?'} {unit}", "counts": counts,
                 "running": escape(f"running: {', '.join(running)}") if running else "",
                 "clock": clock(tally.elapsed()) + (f" ETA {clock(eta)}" if eta is not None else "")

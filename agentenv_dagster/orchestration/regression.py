@@ -148,8 +148,7 @@ def score_evaluation(
     metadata: dict[str, Any] = {
         "score": score, "window": settings.window, "max_drop": settings.max_drop,
         "baseline_scores": dg.MetadataValue.json(list(comparison.earlier)),
-        "baseline_runs": dg.MetadataValue.json([run for run, _ in earlier]),
-    }
+        "baseline_runs": dg.MetadataValue.json([run for run, _ in earlier])}
     if comparison.baseline is None:
         metadata["baseline"] = (f"no baseline yet ({len(comparison.earlier)} earlier score(s), "
                                 f"needs {settings.min_history})")

@@ -104,22 +104,19 @@ def plan_retry(instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.
     retries = [r for r in chain if r.parent_run_id and r.tags.get(TAG_RETRY_OF) == r.parent_run_id]
     used = sum(1 for r in retries if r.tags.get(TAG_RETRY_STEP) == step_id)
     if used >= span["max_retries"]:
-        return f"step '{step_id}' failed after {used} retr{'y' if used == 1 else 'ies'} (max_retries={span['max_retries']})"
+        return (f"step '{step_id}' failed after {used} retr{'y' if used == 1 else 'ies'} "
+                f"(max_retries={span['max_retries']})")
     replayed = [node for node, _ in span["replay"]]
     attempt = len(retries) + 2
     reset = {
         "attempt": attempt, "step_id": step_id, "retry_from_step_id": span["retry_from_step_id"],
         "replayed": [s for _, s in span["replay"]], "at_utc": datetime.now(timezone.utc).isoformat(),
-        "rolled_back_sandboxes": _rolled_back(io, chain, job_def, set(replayed)),
-        "parent_run_id": run.run_id,
-    }
-    inherited = {k: v for k, v in run.tags.items() if k not in TAGS_TO_MAYBE_OMIT_ON_RETRY and not k.startswith("agentenv/")}
+        "rolled_back_sandboxes": _rolled_back(io, chain, job_def, set(replayed)), "parent_run_id": run.run_id}
     tags = {
-        **inherited, **job_def.tags,
-        TAG_RETRY_OF: run.run_id, TAG_RETRY_STEP: step_id, TAG_RETRY_FROM: span["retry_from_step_id"],
+        **{k: v for k, v in run.tags.items() if k not in TAGS_TO_MAYBE_OMIT_ON_RETRY and not k.startswith("agentenv/")},
+        **job_def.tags, TAG_RETRY_OF: run.run_id, TAG_RETRY_STEP: step_id, TAG_RETRY_FROM: span["retry_from_step_id"],
         TAG_RETRY_ATTEMPT: str(attempt),
-        TAG_RETRY_RESETS: json.dumps([*json.loads(run.tags.get(TAG_RETRY_RESETS) or "[]"), reset]),
-    }
+        TAG_RETRY_RESETS: json.dumps([*json.loads(run.tags.get(TAG_RETRY_RESETS) or "[]"), reset])}
     return Retry(parent=run, step_keys=[node_step_key(job_def, n) for n in (*replayed, FINAL_STEP)], tags=tags,
                  reset=reset)
 
@@ -214,8 +211,7 @@ def retries_carried(context: dg.OpExecutionContext, step: TaskStep,
             row_resets += [*failed.metadata.get("retry_resets", []), {
                 "attempt": context.retry_number + 1, "step_id": step.id, "retry_from_step_id": step.id,
                 "replayed": [step.id], "at_utc": datetime.now(timezone.utc).isoformat(),
-                "rolled_back_sandboxes": rolled_back_sandboxes([failed], [ctx]),
-            }]
+                "rolled_back_sandboxes": rolled_back_sandboxes([failed], [ctx])}]
             records += _fatal_records([failed])
         if row_resets or records:
             record_retries(ctx, row_resets, records)

@@ -51,8 +51,7 @@ def review_tag_sensor() -> dg.SensorDefinition:
     @dg.sensor(
         name=REVIEW_TAGS_SENSOR, default_status=dg.DefaultSensorStatus.RUNNING, minimum_interval_seconds=5,
         description=f"Turns the run tag {TAG_REVIEW}=approved|rejected into the decision of the run's "
-                    "waiting review steps.",
-    )
+                    "waiting review steps.")
     def _sensor(context: dg.SensorEvaluationContext, agentenv: AgentEnvResource):  # the RESOURCE_KEY resource
         if not apply_review_tags(context.instance, agentenv, context.log):
             return dg.SkipReason("no tagged run has a review awaiting a decision")

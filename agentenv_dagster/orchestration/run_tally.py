@@ -125,7 +125,8 @@ class RunTally:
     def summary(self) -> list[str]:
         """The run in the final summary: status, counts, its page in the UI, its first failure."""
         undone = self.rows - len(self.outcomes)
-        counts = f", {self.rows} rows: {self.counts()}" + (f", {undone} not done" if undone else "") if self.by_rows else ""
+        counts = (f", {self.rows} rows: {self.counts()}" + (f", {undone} not done" if undone else "")
+                  if self.by_rows else "")
         lines = [f"    {self.label}: {self.status or 'NOT FINISHED'}{counts}",
                  f"      run:    {ui_url()}/runs/{self.run_id}"]
         if self.failure and self.status != "SUCCESS":

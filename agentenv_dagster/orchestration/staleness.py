@@ -87,8 +87,7 @@ def stale_scores_sensor(plans: list[TaskPlan], jobs: list[dg.JobDefinition],
         name=STALE_SCORES_SENSOR, jobs=[job for _, job in tasks] or None,
         default_status=dg.DefaultSensorStatus.STOPPED, minimum_interval_seconds=60,
         description="Launches the tasks (a dataset's rows) whose scores are stale or were never "
-                    "materialized: a changed task, agent, model, judge or upstream artifact.",
-    )
+                    "materialized: a changed task, agent, model, judge or upstream artifact.")
     def _sensor(context: dg.SensorEvaluationContext):
         graph = context.repository_def.asset_graph
         requests, fresh = [], 0

@@ -51,8 +51,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
         automation_condition=ROWS_UPDATED,
         partitions_def=dg.StaticPartitionsDefinition(variants) if variants else None,
         deps=[verification],  # a variant's partition reads its variant x row ones: Dagster infers the mapping
-        description=f"The suite of {what} rolled up.",
-    )
+        description=f"The suite of {what} rolled up.")
     def _suite(context):
         from ..reports.render import suite_markdown  # Jinja: not on every run worker's import path
 
@@ -75,9 +74,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
                 **_metric_series(suite),
                 "criterion_aggregates": dg.MetadataValue.json(suite["criterion_aggregates"]),
                 "summary": dg.MetadataValue.md(suite_markdown(suite)),
-            },
-            check_results=check_results,
-        )
+            }, check_results=check_results)
 
     return _suite
 
