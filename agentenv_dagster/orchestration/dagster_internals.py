@@ -206,10 +206,9 @@ def evaluation_target(record: dg.EventLogRecord) -> AssetCheckEvaluationTargetMa
         storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
 
 
-# The rows a step stopped will never reach the assets after it: reported as planned materializations (and
-# planned check evaluations), which open source storage then shows as failed partitions, the way it shows a step
-# that failed before materializing. Dagster's run planning reports those events; no public API reports them from
-# a running op.
+# The rows a step stopped will never reach the assets after it: reported as planned materializations (and planned check
+# evaluations), which open source storage then shows as failed partitions, the way it shows a step that failed before
+# materializing. Dagster's run planning reports those events; no public API reports them from a running op.
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationPlanned  # noqa: E402
 from dagster._core.events import AssetMaterializationPlannedData  # noqa: E402
 
@@ -256,12 +255,11 @@ def _planned_checks(context: dg.OpExecutionContext) -> dict[tuple[dg.AssetKey, s
     return planned
 
 
-# A retry_config retry is a re-execution of the failed run's span, created by the run-failure sensor and handed
-# to the run queue, or executed by the CLI in its process. Dagster's public re-execution (``ReexecutionOptions``
-# with ``execute_job``) executes at once and needs a job another process can import again, and
-# ``instance.create_reexecuted_run`` needs a code location loaded from a workspace. The tags a child run drops
-# from its parent's, and those naming the sensor that launched a run (the UI reads them), are Dagster's storage
-# constants.
+# A retry_config retry is a re-execution of the failed run's span, created by the run-failure sensor and handed to the
+# run queue, or executed by the CLI in its process. Dagster's public re-execution (``ReexecutionOptions`` with
+# ``execute_job``) executes at once and needs a job another process can import again, and
+# ``instance.create_reexecuted_run`` needs a code location loaded from a workspace. The tags a child run drops from its
+# parent's, and those naming the sensor that launched a run (the UI reads them), are Dagster's storage constants.
 from dagster._core.execution.plan.state import KnownExecutionState  # noqa: E402
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG, TAGS_TO_MAYBE_OMIT_ON_RETRY  # noqa: E402, F401
 
@@ -333,8 +331,7 @@ from dagster._core.definitions.data_version import (  # noqa: E402, F401 - re-ex
     CachingStaleStatusResolver, StaleStatus, get_input_data_version_tag, get_input_event_pointer_tag,
 )
 from dagster._core.definitions.data_version import DEFAULT_DATA_VERSION as _DEFAULT_DATA_VERSION  # noqa: E402
-# The resolver caches its reads in a loading context; Dagster's plain one outside a workspace is named for
-# tests.
+# The resolver caches its reads in a loading context; Dagster's plain one outside a workspace is named for tests.
 from dagster._core.loader import LoadingContextForTest  # noqa: E402
 
 DEFAULT_DATA_VERSION = _DEFAULT_DATA_VERSION.value  # what Dagster assumes of an input it has no version of

@@ -108,10 +108,9 @@ def plan_retry(instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.
                 f"(max_retries={span['max_retries']})")
     replayed = [node for node, _ in span["replay"]]
     attempt = len(retries) + 2
-    reset = {
-        "attempt": attempt, "step_id": step_id, "retry_from_step_id": span["retry_from_step_id"],
-        "replayed": [s for _, s in span["replay"]], "at_utc": datetime.now(timezone.utc).isoformat(),
-        "rolled_back_sandboxes": _rolled_back(io, chain, job_def, set(replayed)), "parent_run_id": run.run_id}
+    reset = {"attempt": attempt, "step_id": step_id, "retry_from_step_id": span["retry_from_step_id"],
+             "replayed": [s for _, s in span["replay"]], "at_utc": datetime.now(timezone.utc).isoformat(),
+             "rolled_back_sandboxes": _rolled_back(io, chain, job_def, set(replayed)), "parent_run_id": run.run_id}
     tags = {
         **{k: v for k, v in run.tags.items() if k not in TAGS_TO_MAYBE_OMIT_ON_RETRY and not k.startswith("agentenv/")},
         **job_def.tags, TAG_RETRY_OF: run.run_id, TAG_RETRY_STEP: step_id, TAG_RETRY_FROM: span["retry_from_step_id"],
