@@ -243,9 +243,8 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
 def _planned_checks(context: dg.OpExecutionContext) -> dict[tuple[dg.AssetKey, str], set[str | None] | None]:
     """The partitions of each check the run has planned so far (None: the whole asset)."""
     planned: dict[tuple[dg.AssetKey, str], set[str | None] | None] = {}
-    records = context.instance.get_records_for_run(
-        context.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED).records
-    for record in records:
+    for record in context.instance.get_records_for_run(
+            context.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED).records:
         data = record.event_log_entry.dagster_event.event_specific_data
         key = (data.asset_key, data.check_name)
         if data.partitions_subset is None:

@@ -98,9 +98,8 @@ def earlier_values(instance: dg.DagsterInstance, key: dg.AssetKey, partition: st
     def take(records: list[dg.EventLogRecord]) -> bool:
         for record in records:
             materialization = record.asset_materialization
-            if record.run_id == judged_run or materialization is None:
-                continue
-            if settings.same_code_version and (materialization.tags or {}).get(CODE_VERSION_TAG) != code_version:
+            if record.run_id == judged_run or materialization is None or (
+                    settings.same_code_version and (materialization.tags or {}).get(CODE_VERSION_TAG) != code_version):
                 continue
             values = {m: number for m in metrics if (number := _number(materialization.metadata.get(m))) is not None}
             if values:

@@ -55,6 +55,5 @@ def review_tag_sensor() -> dg.SensorDefinition:
     def _sensor(context: dg.SensorEvaluationContext, agentenv: AgentEnvResource):  # the RESOURCE_KEY resource
         if not apply_review_tags(context.instance, agentenv, context.log):
             return dg.SkipReason("no tagged run has a review awaiting a decision")
-        return None
 
     return _sensor

@@ -65,8 +65,7 @@ class ForkingRunLauncher(RunLauncher, ConfigurableClass):
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         if not _runs_on_this_python(run):
-            self._default.launch_run(context)
-            return
+            return self._default.launch_run(context)
         with self._lock:
             if self._zygote is None or not self._zygote.alive():
                 self._zygote = _Zygote(dg.serialize_value(self._instance.get_ref()))

@@ -119,9 +119,8 @@ def latest_row_results(plan: TaskPlan, instance: dg.DagsterInstance, rows: list[
     """What the suite asset counts for ``rows`` (partition keys): each one's latest verification as the result
     of row-task ``<task_id>/<row>``; ``run --failed-only`` counts the rows it does not run again so."""
     criteria = _criteria(plan, TaskTranslator())
-    if criteria is None:
-        return []
-    return _row_results(instance, criteria[1], task_id, plan.document, rows, plan.document.replicates_of(variant))
+    return [] if criteria is None else _row_results(instance, criteria[1], task_id, plan.document, rows,
+                                                    plan.document.replicates_of(variant))
 
 
 def _criteria(plan: TaskPlan, translator: TaskTranslator) -> tuple[Any, dg.AssetKey] | None:
