@@ -141,7 +141,6 @@ from dagster._core.definitions.reconstruct import ReconstructableRepository  # n
 from dagster._core.execution.api import create_execution_plan, execute_run  # noqa: E402
 from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin  # noqa: E402
 from dagster._core.workspace.load import location_origins_from_yaml_paths  # noqa: E402
-from dagster._grpc.utils import get_loadable_targets  # noqa: E402 - the code server's autodiscovery
 
 
 @dataclass(frozen=True)
@@ -155,6 +154,8 @@ class LocationJob:
 
 def location_job(workspace: str, job_name: str) -> LocationJob | None:
     """The job ``job_name`` of the workspace file's code locations, loaded here as a code server loads them."""
+    from dagster._grpc.utils import get_loadable_targets  # the code server's autodiscovery (imports its gRPC)
+
     for origin in location_origins_from_yaml_paths([workspace]):
         target = getattr(origin, "loadable_target_origin", None)
         if target is None or not (target.python_file or target.module_name):
