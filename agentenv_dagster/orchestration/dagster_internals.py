@@ -12,7 +12,7 @@ import queue
 import sys
 import threading
 import time
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, suppress
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -98,9 +98,8 @@ class ThreadedExecutor(InProcessExecutor):
                 if interrupted is None:
                     for step in active.get_steps_to_execute():
                         step_context = job_context.for_step(step, active.get_known_state())
-                        thread = threading.Thread(target=self._run_step, args=(step_context, events),
-                                                  name=f"step {step.key}", daemon=True)
-                        running[step.key] = thread
+                        running[step.key] = thread = threading.Thread(
+                            target=self._run_step, args=(step_context, events), name=f"step {step.key}", daemon=True)
                         thread.start()
                 yield from active.concurrency_event_iterator(job_context)
                 if not running:
@@ -308,17 +307,15 @@ IN_PROCESS_RUN_LAUNCHER = {"module": "dagster._core.launcher.sync_in_memory_run_
                            "class": "SyncInMemoryRunLauncher"}
 
 
-@contextmanager
 def workspace_in_this_process(instance: dg.DagsterInstance, python_file: str, attribute: str,
-                              working_directory: str) -> Iterator:
-    """A workspace of the one code location ``attribute`` of ``python_file``, loaded here."""
+                              working_directory: str) -> AbstractContextManager:
+    """A workspace of the one code location ``attribute`` of ``python_file``, loaded here (a context manager)."""
     from dagster._core.test_utils import in_process_test_workspace
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
     origin = LoadableTargetOrigin(executable_path=sys.executable, python_file=python_file, attribute=attribute,
                                   working_directory=working_directory)
-    with in_process_test_workspace(instance, origin) as workspace:
-        yield workspace
+    return in_process_test_workspace(instance, origin)
 
 
 # Staleness. Dagster stamps the provenance of an asset (code version, the data version of each input, its own

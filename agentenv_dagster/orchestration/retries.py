@@ -176,12 +176,11 @@ def _rolled_back(io: ContextIOManagerBase, chain: list[dg.DagsterRun], job_def: 
               for record in io.rows(chain[0].run_id, name).values()]
     reused = {node_step_key(job_def, n.name) for n in task_graph_of(job_def).nodes
               if n.name not in replayed and n.name != FINAL_STEP}
-    stored: dict[str, list[TaskStepContext]] = {}
-    for run in chain:  # each reused output from the nearest run that stored it
-        for name in io.stream_names(run.run_id):
-            if name in reused and name not in stored:
-                stored[name] = [TaskStepContext.from_dict(r["context"]) for r in io.rows(run.run_id, name).values()]
-    return rolled_back_sandboxes(failed, [ctx for contexts in stored.values() for ctx in contexts])
+    nearest = {name: run.run_id for run in reversed(chain)  # each reused output's nearest run that stored it
+               for name in io.stream_names(run.run_id) if name in reused}
+    kept = [TaskStepContext.from_dict(record["context"]) for name, run_id in nearest.items()
+            for record in io.rows(run_id, name).values()]
+    return rolled_back_sandboxes(failed, kept)
 
 
 # -- in the op ------------------------------------------------------------------------------
