@@ -167,9 +167,8 @@ def location_job(workspace: str, job_name: str) -> LocationJob | None:
             repository = load(target.python_file or target.module_name, loadable.attribute, target.working_directory)
             definition = repository.get_definition()
             if definition.has_job(job_name):
-                repository_origin = RemoteRepositoryOrigin(code_location_origin=origin, repository_name=definition.name)
-                remote_origin = RemoteJobOrigin(repository_origin, job_name)
-                return LocationJob(definition.get_job(job_name), repository, remote_origin)
+                origins = RemoteRepositoryOrigin(code_location_origin=origin, repository_name=definition.name)
+                return LocationJob(definition.get_job(job_name), repository, RemoteJobOrigin(origins, job_name))
     return None
 
 
