@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import dagster as dg
+from dagster import DagsterEvent
 
 # A concurrent in-process executor: Dagster ships an in-process executor that runs one step at a time and a
 # multiprocess one that starts a process per step; running a job's streamed ops side by side in one process
@@ -49,9 +50,8 @@ class ThreadedExecutor(InProcessExecutor):
         self._in_step_thread = in_step_thread
         self._on_interrupt = on_interrupt
 
-    def execute(self, plan_context: PlanOrchestrationContext,
-                execution_plan: ExecutionPlan) -> Iterator[dg.DagsterEvent]:
-        yield dg.DagsterEvent.engine_event(
+    def execute(self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
+        yield DagsterEvent.engine_event(
             plan_context, f"Executing steps side by side in threads of process {os.getpid()}",
             event_specific_data=EngineEventData.in_process(os.getpid(), execution_plan.step_keys_to_execute))
         yield from iter(ExecuteRunWithPlanIterable(
@@ -65,9 +65,9 @@ class ThreadedExecutor(InProcessExecutor):
                 step_dependency_config=self.step_dependency_config)))
 
     def _steps_in_threads(self, job_context: PlanExecutionContext,
-                          execution_plan: ExecutionPlan) -> Iterator[dg.DagsterEvent]:
+                          execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
         """In-process execution (``inner_plan_execution_iterator``), each step in a thread."""
-        events: queue.Queue[dg.DagsterEvent | str] = queue.Queue()  # a step key: that step's thread ended
+        events: queue.Queue[DagsterEvent | str] = queue.Queue()  # a step key: that step's thread ended
         running: dict[str, threading.Thread] = {}
         manager = job_context.instance.compute_log_manager
         step_keys = [step.key for step in execution_plan.get_steps_to_execute_in_topo_order()]
@@ -78,9 +78,9 @@ class ThreadedExecutor(InProcessExecutor):
             log_key = manager.build_log_key_for_run(job_context.run_id, create_compute_log_file_key())
             try:
                 log_context = capture.enter_context(manager.capture_logs(log_key))
-                yield dg.DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
+                yield DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
             except Exception:  # the run goes on without its logs captured, as in-process does
-                yield dg.DagsterEvent.engine_event(job_context, "Exception while setting up compute log capture",
+                yield DagsterEvent.engine_event(job_context, "Exception while setting up compute log capture",
                                                 EngineEventData(error=None))
             interrupted = None  # when the run was interrupted
             while not active.is_complete:
@@ -88,10 +88,10 @@ class ThreadedExecutor(InProcessExecutor):
                     interrupted = time.monotonic()
                     active.mark_interrupted()
                     self._on_interrupt(job_context.run_id)
-                    yield dg.DagsterEvent.engine_event(job_context, "Interrupted: the running steps are stopping",
+                    yield DagsterEvent.engine_event(job_context, "Interrupted: the running steps are stopping",
                                                     EngineEventData.interrupted(list(running)))
                 elif interrupted is not None and time.monotonic() > interrupted + STOP_GRACE_SECONDS:
-                    yield dg.DagsterEvent.engine_event(  # their threads end with the process; so do the servers
+                    yield DagsterEvent.engine_event(  # their threads end with the process; so do the servers
                         job_context, f"Steps still running {STOP_GRACE_SECONDS} s after the interrupt end with "
                         f"the run: {', '.join(sorted(running))}", EngineEventData.interrupted(list(running)))
                     break
@@ -221,7 +221,7 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
     planned = _planned_checks(context) if any(checks for _, checks in assets) else {}
     events = []
     for asset_key, checks in assets:
-        events += [dg.DagsterEvent.build_asset_materialization_planned_event(
+        events += [DagsterEvent.build_asset_materialization_planned_event(
             context.job_name, step_key, AssetMaterializationPlannedData(asset_key, partition=row)) for row in rows]
         for check in checks:
             already = planned.get((asset_key, check), set())
@@ -229,7 +229,7 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
             if not left:
                 continue
             subset = partitions.subset_with_partition_keys(left) if partitions is not None else None
-            events.append(dg.DagsterEvent(
+            events.append(DagsterEvent(
                 event_type_value=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED.value, job_name=context.job_name,
                 message=f"{context.job_name} intends to execute asset check {check} on asset {asset_key.to_string()}",
                 event_specific_data=AssetCheckEvaluationPlanned(asset_key=asset_key, check_name=check,

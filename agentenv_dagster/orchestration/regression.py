@@ -32,8 +32,7 @@ def regression_tag(settings: RegressionSettings) -> dict[str, str]:
 
 def node_regression(assets: dict[str, Any]) -> RegressionSettings | None:
     """The gate of a verifier node, from its ``rows.node_assets`` (None: no gate)."""
-    raw = assets.get("regression")
-    return RegressionSettings.model_validate_json(raw) if raw else None
+    return RegressionSettings.model_validate_json(raw) if (raw := assets.get("regression")) else None
 
 
 def produces_verification(translator: TaskTranslator, plan: TaskPlan, step: TaskStep) -> bool:
