@@ -30,10 +30,7 @@ def apply_review_tags(instance: dg.DagsterInstance, resource: AgentEnvResource,
     written = []
     tagged = dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED], tags={TAG_REVIEW: ["approved", "rejected"]})
     for run in instance.get_runs(filters=tagged):
-        run_dir = resource_of_run(resource, run).run_dir(run.run_id)
-        if not run_dir.is_dir():
-            continue
-        reviews, value = RunReviews.of_run(run_dir), run.tags[TAG_REVIEW]
+        reviews, value = RunReviews.of_run(resource_of_run(resource, run).run_dir(run.run_id)), run.tags[TAG_REVIEW]
         for awaiting in reviews.awaiting():
             step_id, instance_id = awaiting["step_id"], awaiting["instance_id"]
             if reviews.get(step_id, instance_id) is not None:
