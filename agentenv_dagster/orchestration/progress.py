@@ -77,8 +77,7 @@ class _Lines(_View):
             self._print(tally, max(tenth, now), tally.line())
 
     def finished(self, tally: RunTally) -> None:
-        line = tally.line()
-        if line != self.shown[tally.run_id][2]:
+        if (line := tally.line()) != self.shown[tally.run_id][2]:
             self._print(tally, 10, line)
 
     def _print(self, tally: RunTally, tenth: int, line: str) -> None:
@@ -197,11 +196,10 @@ class Reporter:
         """Each run's status and counts with its page in the Dagster UI, then the assets the runs materialized."""
         if not self.tallies:
             return []
-        lines = [f"  dagster UI: {ui_url()}  (that of `dagster dev -w workspace.yaml`; {UI_URL_ENV} names another)",
-                 *(line for tally in self.tallies for line in tally.summary())]
         assets = sorted({key for tally in self.tallies for key in tally.assets})  # the same order every run
-        lines += [f"    {'assets:' if i == 0 else '':8}{asset_url(key)}" for i, key in enumerate(assets)]
-        return lines
+        return [f"  dagster UI: {ui_url()}  (that of `dagster dev -w workspace.yaml`; {UI_URL_ENV} names another)",
+                *(line for tally in self.tallies for line in tally.summary()),
+                *(f"    {'assets:' if i == 0 else '':8}{asset_url(key)}" for i, key in enumerate(assets))]
 
 
 _REPORTER: ContextVar[Reporter | None] = ContextVar("agentenv_progress", default=None)

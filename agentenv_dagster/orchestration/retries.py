@@ -95,8 +95,7 @@ def plan_retry(instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.
     step_id = span["step_id"]
     if run.tags.get(TAG_CONTENT_HASH) != job_def.tags.get(TAG_CONTENT_HASH):
         return f"the task changed since run {run.run_id}: not retried"
-    done = instance.get_run_ids(dg.RunsFilter(tags={TAG_RETRY_OF: run.run_id}), limit=1)
-    if done:
+    if done := instance.get_run_ids(dg.RunsFilter(tags={TAG_RETRY_OF: run.run_id}), limit=1):
         return f"run {run.run_id} was already retried by run {done[0]}"
     chain = [run]  # and its parents, up to the root
     while chain[-1].parent_run_id and (parent := instance.get_run_by_id(chain[-1].parent_run_id)):

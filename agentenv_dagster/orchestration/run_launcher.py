@@ -77,8 +77,7 @@ class ForkingRunLauncher(RunLauncher, ConfigurableClass):
             return False
         if not _runs_on_this_python(run):
             return self._default.terminate(run_id)
-        worker = _worker_pid(self._instance, run_id)
-        if worker is not None and not is_running(worker):
+        if (worker := _worker_pid(self._instance, run_id)) is not None and not is_running(worker):
             return False  # nothing left to stop it: the caller may mark the run failed
         self._instance.report_run_canceling(run)  # the worker sees it and interrupts itself
         return True

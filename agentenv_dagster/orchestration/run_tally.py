@@ -127,11 +127,9 @@ class RunTally:
         undone = self.rows - len(self.outcomes)
         counts = (f", {self.rows} rows: {self.counts()}" + (f", {undone} not done" if undone else "")
                   if self.by_rows else "")
-        lines = [f"    {self.label}: {self.status or 'NOT FINISHED'}{counts}",
-                 f"      run:    {ui_url()}/runs/{self.run_id}"]
-        if self.failure and self.status != "SUCCESS":
-            lines.append(f"      failed: {self.failure}")
-        return lines
+        failed = [f"      failed: {self.failure}"] if self.failure and self.status != "SUCCESS" else []
+        return [f"    {self.label}: {self.status or 'NOT FINISHED'}{counts}",
+                f"      run:    {ui_url()}/runs/{self.run_id}", *failed]
 
 
 def _failure_message(entry: dg.EventLogEntry) -> str:

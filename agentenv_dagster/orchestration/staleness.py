@@ -53,10 +53,9 @@ def plan_asset_graph(plan: TaskPlan, config: AgentEnvConfig):
 def stale_rows(instance: dg.DagsterInstance, asset_graph, plan: TaskPlan, keys: list[str],
                translator: TaskTranslator | None = None) -> StaleRows:
     """Which of ``keys`` (partition keys; ``[""]``: no rows) are stale or missing, against ``asset_graph``."""
-    translator = translator or TaskTranslator()
     statuses = StaleStatuses(instance, asset_graph)
     found = StaleRows()
-    assets = [key for key in task_asset_keys(plan, translator) if asset_graph.has(key)]
+    assets = [key for key in task_asset_keys(plan, translator or TaskTranslator()) if asset_graph.has(key)]
     for row in keys:
         partition = row if row != UNPARTITIONED else None
         reasons, missing = [], []
