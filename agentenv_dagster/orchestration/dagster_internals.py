@@ -12,16 +12,18 @@ import queue
 import sys
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, suppress
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import dagster as dg
+from dagster import DagsterEvent
 
 # A concurrent in-process executor: Dagster ships an in-process executor that runs one step at a time and a
 # multiprocess one that starts a process per step; running a job's streamed ops side by side in one process
-# needs the plan-execution loop both are built from, which is not public.
-from dagster._core.events import DagsterEvent, EngineEventData
+# needs the plan-execution loop both are built from, which is not public (nor is the in-process executor's class,
+# whose configuration this one keeps).
+from dagster._core.events import EngineEventData
 from dagster._core.execution.api import ExecuteRunWithPlanIterable
 from dagster._core.execution.compute_logs import create_compute_log_file_key
 from dagster._core.execution.context.system import PlanExecutionContext, PlanOrchestrationContext
@@ -31,35 +33,27 @@ from dagster._core.execution.plan.instance_concurrency_context import InstanceCo
 from dagster._core.execution.plan.plan import ExecutionPlan
 from dagster._core.execution.retries import RetryMode
 from dagster._core.execution.step_dependency_config import StepDependencyConfig
+from dagster._core.executor.in_process import InProcessExecutor
 
 
 STOP_GRACE_SECONDS = 30  # how long an interrupted run waits for its steps to stop
 
 
-class ThreadedExecutor(dg.Executor):
+class ThreadedExecutor(InProcessExecutor):
     """Runs each step in a thread of the run's process as soon as the outputs it reads exist
     (``require_upstream_step_success: false``), so streamed ops (``streams.py``) run side by
     side. ``in_step_thread`` runs first in each step's thread."""
 
     def __init__(self, retries: RetryMode, in_step_thread: Callable[[], None],
                  on_interrupt: Callable[[str], None]) -> None:
-        self._retries = retries
+        super().__init__(retries, StepDependencyConfig(require_upstream_step_success=False))
         self._in_step_thread = in_step_thread
         self._on_interrupt = on_interrupt
-
-    @property
-    def retries(self) -> RetryMode:
-        return self._retries
-
-    @property
-    def step_dependency_config(self) -> StepDependencyConfig:
-        return StepDependencyConfig(require_upstream_step_success=False)
 
     def execute(self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
         yield DagsterEvent.engine_event(
             plan_context, f"Executing steps side by side in threads of process {os.getpid()}",
-            event_specific_data=EngineEventData.in_process(os.getpid(), execution_plan.step_keys_to_execute),
-        )
+            event_specific_data=EngineEventData.in_process(os.getpid(), execution_plan.step_keys_to_execute))
         yield from iter(ExecuteRunWithPlanIterable(
             execution_plan=plan_context.execution_plan,
             iterator=self._steps_in_threads,
@@ -68,11 +62,10 @@ class ThreadedExecutor(dg.Executor):
                 execution_plan=plan_context.execution_plan, run_config=plan_context.run_config,
                 dagster_run=plan_context.dagster_run, instance=plan_context.instance,
                 raise_on_error=plan_context.raise_on_error, output_capture=plan_context.output_capture,
-                step_dependency_config=self.step_dependency_config,
-            ),
-        ))
+                step_dependency_config=self.step_dependency_config)))
 
-    def _steps_in_threads(self, job_context: PlanExecutionContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
+    def _steps_in_threads(self, job_context: PlanExecutionContext,
+                          execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
         """In-process execution (``inner_plan_execution_iterator``), each step in a thread."""
         events: queue.Queue[DagsterEvent | str] = queue.Queue()  # a step key: that step's thread ended
         running: dict[str, threading.Thread] = {}
@@ -105,9 +98,8 @@ class ThreadedExecutor(dg.Executor):
                 if interrupted is None:
                     for step in active.get_steps_to_execute():
                         step_context = job_context.for_step(step, active.get_known_state())
-                        thread = threading.Thread(target=self._run_step, args=(step_context, events),
-                                                  name=f"step {step.key}", daemon=True)
-                        running[step.key] = thread
+                        running[step.key] = thread = threading.Thread(
+                            target=self._run_step, args=(step_context, events), name=f"step {step.key}", daemon=True)
                         thread.start()
                 yield from active.concurrency_event_iterator(job_context)
                 if not running:
@@ -115,7 +107,7 @@ class ThreadedExecutor(dg.Executor):
                         break
                     active.sleep_til_ready()
                     continue
-                try:  # the next event, then any others already there
+                with suppress(queue.Empty):  # the next event, then any others already there
                     item = events.get(timeout=0.1)
                     while True:
                         if isinstance(item, str):
@@ -126,8 +118,6 @@ class ThreadedExecutor(dg.Executor):
                             yield item
                             active.handle_event(item)
                         item = events.get_nowait()
-                except queue.Empty:
-                    pass
 
     def _run_step(self, step_context, events: queue.Queue) -> None:
         try:
@@ -149,7 +139,6 @@ from dagster._core.definitions.job_base import InMemoryJob  # noqa: E402
 from dagster._core.definitions.reconstruct import ReconstructableRepository  # noqa: E402
 from dagster._core.execution.api import create_execution_plan, execute_run  # noqa: E402
 from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin  # noqa: E402
-from dagster._core.code_pointer import load_python_file, load_python_module  # noqa: E402
 from dagster._core.workspace.load import location_origins_from_yaml_paths  # noqa: E402
 
 
@@ -164,31 +153,23 @@ class LocationJob:
 
 def location_job(workspace: str, job_name: str) -> LocationJob | None:
     """The job ``job_name`` of the workspace file's code locations, loaded here as a code server loads them."""
+    from dagster._grpc.utils import get_loadable_targets  # the code server's autodiscovery (imports its gRPC)
+
     for origin in location_origins_from_yaml_paths([workspace]):
         target = getattr(origin, "loadable_target_origin", None)
         if target is None or not (target.python_file or target.module_name):
             continue  # a gRPC server of its own: not loadable here
-        attribute = target.attribute or _attribute(target)
-        repository = (ReconstructableRepository.for_file(target.python_file, attribute, target.working_directory)
-                      if target.python_file else
-                      ReconstructableRepository.for_module(target.module_name, attribute, target.working_directory))
-        definition = repository.get_definition()
-        if definition.has_job(job_name):
-            return LocationJob(definition.get_job(job_name), repository, RemoteJobOrigin(
-                repository_origin=RemoteRepositoryOrigin(code_location_origin=origin, repository_name=definition.name),
-                job_name=job_name))
+        for loadable in get_loadable_targets(
+                python_file=target.python_file, module_name=target.module_name, package_name=None,
+                autoload_defs_module_name=None, working_directory=target.working_directory,
+                attribute=target.attribute, resolve_lazy_defs=False):
+            load = ReconstructableRepository.for_file if target.python_file else ReconstructableRepository.for_module
+            repository = load(target.python_file or target.module_name, loadable.attribute, target.working_directory)
+            definition = repository.get_definition()
+            if definition.has_job(job_name):
+                origins = RemoteRepositoryOrigin(code_location_origin=origin, repository_name=definition.name)
+                return LocationJob(definition.get_job(job_name), repository, RemoteJobOrigin(origins, job_name))
     return None
-
-
-def _attribute(target) -> str:
-    """The module attribute holding the location's definitions, as Dagster's autodiscovery finds it."""
-    module = (load_python_file(target.python_file, target.working_directory) if target.python_file
-              else load_python_module(target.module_name, target.working_directory))
-    found = [name for name, value in vars(module).items() if isinstance(value, (dg.Definitions, dg.RepositoryDefinition))]
-    if len(found) != 1:
-        raise dg.DagsterInvariantViolationError(
-            f"{target.python_file or target.module_name}: expected one Definitions or repository, found {found}")
-    return found[0]
 
 
 def run_here(job_def: dg.JobDefinition, instance: dg.DagsterInstance, run_config: dict, tags: dict[str, str],
@@ -224,10 +205,9 @@ def evaluation_target(record: dg.EventLogRecord) -> AssetCheckEvaluationTargetMa
         storage_id=record.storage_id, run_id=record.run_id, timestamp=record.timestamp)
 
 
-# The rows a step stopped will never reach the assets after it: reported as planned materializations (and
-# planned check evaluations), which open source storage then shows as failed partitions, the way it shows a step
-# that failed before materializing. Dagster's run planning reports those events; no public API reports them from
-# a running op.
+# The rows a step stopped will never reach the assets after it: reported as planned materializations (and planned check
+# evaluations), which open source storage then shows as failed partitions, the way it shows a step that failed before
+# materializing. Dagster's run planning reports those events; no public API reports them from a running op.
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationPlanned  # noqa: E402
 from dagster._core.events import AssetMaterializationPlannedData  # noqa: E402
 
@@ -262,9 +242,8 @@ def report_planned(context: dg.OpExecutionContext, assets: list[tuple[dg.AssetKe
 def _planned_checks(context: dg.OpExecutionContext) -> dict[tuple[dg.AssetKey, str], set[str | None] | None]:
     """The partitions of each check the run has planned so far (None: the whole asset)."""
     planned: dict[tuple[dg.AssetKey, str], set[str | None] | None] = {}
-    records = context.instance.get_records_for_run(
-        context.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED).records
-    for record in records:
+    for record in context.instance.get_records_for_run(
+            context.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED).records:
         data = record.event_log_entry.dagster_event.event_specific_data
         key = (data.asset_key, data.check_name)
         if data.partitions_subset is None:
@@ -274,28 +253,25 @@ def _planned_checks(context: dg.OpExecutionContext) -> dict[tuple[dg.AssetKey, s
     return planned
 
 
-# A retry_config retry is a re-execution of the failed run's span, created by the run-failure sensor and handed
-# to the run queue, or executed by the CLI in its process. Dagster's public re-execution (``ReexecutionOptions``
-# with ``execute_job``) executes at once and needs a job another process can import again, and
-# ``instance.create_reexecuted_run`` needs a code location loaded from a workspace. The tags a child run drops
-# from its parent's, and those naming the sensor that launched a run (the UI reads them), are Dagster's storage
-# constants.
+# A retry_config retry is a re-execution of the failed run's span, created by the run-failure sensor and handed to the
+# run queue, or executed by the CLI in its process. Dagster's public re-execution (``ReexecutionOptions`` with
+# ``execute_job``) executes at once and needs a job another process can import again, and
+# ``instance.create_reexecuted_run`` needs a code location loaded from a workspace. The tags a child run drops from its
+# parent's, and those naming the sensor that launched a run (the UI reads them), are Dagster's storage constants.
 from dagster._core.execution.plan.state import KnownExecutionState  # noqa: E402
 from dagster._core.storage.tags import RUN_KEY_TAG, SENSOR_NAME_TAG, TAGS_TO_MAYBE_OMIT_ON_RETRY  # noqa: E402, F401
 
 
 def create_reexecution(instance: dg.DagsterInstance, job_def: dg.JobDefinition, parent: dg.DagsterRun,
                        step_keys: list[str], tags: dict[str, str]) -> dg.DagsterRun:
-    """A child run of ``parent`` that executes ``step_keys`` and reads every other step's
-    outputs from the parent chain, as ``ReexecutionOptions(parent, step_selection)`` makes it."""
-    known = KnownExecutionState.build_for_reexecution(instance, parent).update_for_step_selection(step_keys)
-    plan = create_execution_plan(job_def, parent.run_config, step_keys_to_execute=step_keys,
-                                 known_state=known, tags=tags)
+    """A child run of ``parent`` that executes ``step_keys`` and reads every other step's outputs from the
+    parent chain, as ``ReexecutionOptions(parent, step_selection)`` makes it."""
+    plan = create_execution_plan(job_def, parent.run_config, step_keys_to_execute=step_keys, tags=tags, known_state=(
+        KnownExecutionState.build_for_reexecution(instance, parent).update_for_step_selection(step_keys)))
     return instance.create_run_for_job(
         job_def=job_def, execution_plan=plan, run_config=parent.run_config, tags=tags,
         root_run_id=parent.root_run_id or parent.run_id, parent_run_id=parent.run_id,
-        remote_job_origin=parent.remote_job_origin, job_code_origin=parent.job_code_origin,
-    )
+        remote_job_origin=parent.remote_job_origin, job_code_origin=parent.job_code_origin)
 
 
 # What a code server sends the webserver and the daemon for a repository: its snapshot, then each job's, each
@@ -330,17 +306,15 @@ IN_PROCESS_RUN_LAUNCHER = {"module": "dagster._core.launcher.sync_in_memory_run_
                            "class": "SyncInMemoryRunLauncher"}
 
 
-@contextmanager
 def workspace_in_this_process(instance: dg.DagsterInstance, python_file: str, attribute: str,
-                              working_directory: str) -> Iterator:
-    """A workspace of the one code location ``attribute`` of ``python_file``, loaded here."""
+                              working_directory: str) -> AbstractContextManager:
+    """A workspace of the one code location ``attribute`` of ``python_file``, loaded here (a context manager)."""
     from dagster._core.test_utils import in_process_test_workspace
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
     origin = LoadableTargetOrigin(executable_path=sys.executable, python_file=python_file, attribute=attribute,
                                   working_directory=working_directory)
-    with in_process_test_workspace(instance, origin) as workspace:
-        yield workspace
+    return in_process_test_workspace(instance, origin)
 
 
 # Staleness. Dagster stamps the provenance of an asset (code version, the data version of each input, its own
@@ -353,8 +327,7 @@ from dagster._core.definitions.data_version import (  # noqa: E402, F401 - re-ex
     CachingStaleStatusResolver, StaleStatus, get_input_data_version_tag, get_input_event_pointer_tag,
 )
 from dagster._core.definitions.data_version import DEFAULT_DATA_VERSION as _DEFAULT_DATA_VERSION  # noqa: E402
-# The resolver caches its reads in a loading context; Dagster's plain one outside a workspace is named for
-# tests.
+# The resolver caches its reads in a loading context; Dagster's plain one outside a workspace is named for tests.
 from dagster._core.loader import LoadingContextForTest  # noqa: E402
 
 DEFAULT_DATA_VERSION = _DEFAULT_DATA_VERSION.value  # what Dagster assumes of an input it has no version of

@@ -39,8 +39,6 @@ def choose_mode(*, quiet: bool, verbose: bool, stream: IO[str]) -> Mode:
 
 POLL_SECONDS = 0.5
 LINE_EVERY_SECONDS = 30.0  # not a terminal: at least this often while a run goes on
-# Dagster's console logger quietened: its event lines stay in the event log (the UI shows them), off the terminal
-QUIET_CONSOLE: Mapping[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 _COLOURS = {"passed": "green", "failed": "red", "errored": "yellow", "not graded": "blue"}
 
 
@@ -79,8 +77,7 @@ class _Lines(_View):
             self._print(tally, max(tenth, now), tally.line())
 
     def finished(self, tally: RunTally) -> None:
-        line = tally.line()
-        if line != self.shown[tally.run_id][2]:
+        if (line := tally.line()) != self.shown[tally.run_id][2]:
             self._print(tally, 10, line)
 
     def _print(self, tally: RunTally, tenth: int, line: str) -> None:
@@ -92,13 +89,15 @@ class _Live(_View):
     """A terminal: a ``rich`` progress display, a line per run, left on screen; stdout and stderr left alone."""
 
     def __init__(self, stream: IO[str]) -> None:
+        width = None  # read once: while a run's logs are captured rich cannot find it (None: rich guesses)
+        with suppress(AttributeError, OSError, ValueError):
+            width = os.get_terminal_size(stream.fileno()).columns or None
         self.progress = Progress(
             SpinnerColumn(finished_text=" "), TextColumn("{task.description}"), BarColumn(bar_width=24),
             TextColumn("{task.fields[amount]}"), TextColumn("{task.fields[counts]}"),
             TextColumn("{task.fields[running]}", style="dim"), TextColumn("{task.fields[clock]}"),
-            console=Console(file=stream, force_terminal=True, width=_width(stream)), refresh_per_second=4,
-            redirect_stdout=False, redirect_stderr=False,
-        )
+            console=Console(file=stream, force_terminal=True, width=width), refresh_per_second=4,
+            redirect_stdout=False, redirect_stderr=False)
         self.tasks: dict[str, TaskID] = {}
 
     def started(self, tally: RunTally) -> None:
@@ -122,35 +121,15 @@ class _Live(_View):
     @staticmethod
     def _fields(tally: RunTally) -> dict[str, str]:
         done, total, unit = tally.amount()
-        if tally.by_rows:
-            counts = " ".join(f"[{_COLOURS[outcome]}]{n} {outcome}[/]" for outcome, n in tally.count().items())
-        else:
-            counts = escape(next(iter(tally.outcomes.values()), ""))
+        counts = (" ".join(f"[{_COLOURS[outcome]}]{n} {outcome}[/]" for outcome, n in tally.count().items())
+                  if tally.by_rows else escape(next(iter(tally.outcomes.values()), "")))
         running = tally.running()
         eta = tally.eta()
-        status = {"SUCCESS": "[green]SUCCESS[/]", "FAILURE": "[red]FAILURE[/]"}.get(tally.status or "", tally.status or "")
-        return {
-            "amount": f"{done}/{total if total is not None else '?'} {unit}",
-            "counts": counts,
-            "running": escape(f"running: {', '.join(running)}") if running else "",
-            "clock": clock(tally.elapsed()) + (f" ETA {clock(eta)}" if eta is not None else "") + (
-                f" {status}" if status else ""),
-        }
-
-
-def _width(stream: IO[str]) -> int | None:
-    """The terminal's width, read once (while a run's logs are captured rich cannot find it); None: rich guesses."""
-    with suppress(AttributeError, OSError, ValueError):
-        return os.get_terminal_size(stream.fileno()).columns or None
-    return None
-
-
-def _own_handle(stream: IO[str]) -> IO[str]:
-    """A duplicate descriptor of ``stream``'s file: during a run Dagster points stdout and stderr at its logs."""
-    with suppress(AttributeError, OSError, ValueError):  # else no file behind it (a test's buffer)
-        return open(os.dup(stream.fileno()), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
-                    errors="replace")
-    return stream
+        status = {"SUCCESS": "[green]SUCCESS[/]", "FAILURE": "[red]FAILURE[/]"}.get(tally.status, tally.status or "")
+        return {"amount": f"{done}/{total if total is not None else '?'} {unit}", "counts": counts,
+                "running": escape(f"running: {', '.join(running)}") if running else "",
+                "clock": clock(tally.elapsed()) + (f" ETA {clock(eta)}" if eta is not None else "")
+                + (f" {status}" if status else "")}
 
 
 class Reporter:
@@ -159,7 +138,11 @@ class Reporter:
     def __init__(self, mode: Mode, stream: IO[str]) -> None:
         self.mode = mode
         self.tallies: list[RunTally] = []
-        self._stream = _own_handle(stream) if mode in (Mode.LIVE, Mode.LINES) else stream
+        self._stream = stream
+        if mode in (Mode.LIVE, Mode.LINES):  # a duplicate descriptor: during a run Dagster points stdout and stderr
+            with suppress(AttributeError, OSError, ValueError):  # at its logs (else no file behind it: a test's buffer)
+                self._stream = open(os.dup(stream.fileno()), "w", buffering=1, errors="replace",
+                                    encoding=getattr(stream, "encoding", None) or "utf-8")
         self._owned = self._stream is not stream
         self._view = (_Live(self._stream) if mode == Mode.LIVE else _Lines(self._stream) if mode == Mode.LINES
                       else _View())
@@ -213,12 +196,10 @@ class Reporter:
         """Each run's status and counts with its page in the Dagster UI, then the assets the runs materialized."""
         if not self.tallies:
             return []
-        lines = [f"  dagster UI: {ui_url()}  (that of `dagster dev -w workspace.yaml`; {UI_URL_ENV} names another)"]
-        for tally in self.tallies:
-            lines += tally.summary()
         assets = sorted({key for tally in self.tallies for key in tally.assets})  # the same order every run
-        lines += [f"    {'assets:' if i == 0 else '':8}{asset_url(key)}" for i, key in enumerate(assets)]
-        return lines
+        return [f"  dagster UI: {ui_url()}  (that of `dagster dev -w workspace.yaml`; {UI_URL_ENV} names another)",
+                *(line for tally in self.tallies for line in tally.summary()),
+                *(f"    {'assets:' if i == 0 else '':8}{asset_url(key)}" for i, key in enumerate(assets))]
 
 
 _REPORTER: ContextVar[Reporter | None] = ContextVar("agentenv_progress", default=None)
@@ -238,11 +219,13 @@ def reporting(mode: Mode, stream: IO[str]) -> Iterator[Reporter]:
 
 def console_config(job_def: dg.JobDefinition | None = None) -> Mapping[str, Any]:
     """Run config quietening Dagster's console logger while the command reports progress (not ``--verbose``),
-    unless the job has loggers of its own and no console; else nothing (Dagster's default)."""
+    unless the job has loggers of its own and no console; else nothing (Dagster's default). Its event lines
+    stay in the event log (the UI shows them), off the terminal."""
     reporter = _REPORTER.get()
-    if reporter is None or (job_def is not None and job_def.loggers and "console" not in job_def.loggers):
+    if reporter is None or reporter.mode == Mode.VERBOSE or (
+            job_def is not None and job_def.loggers and "console" not in job_def.loggers):
         return {}
-    return {} if reporter.mode == Mode.VERBOSE else QUIET_CONSOLE
+    return {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 def watching(instance: dg.DagsterInstance, label: str, rows: int) -> AbstractContextManager[str]:

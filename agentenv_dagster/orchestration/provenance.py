@@ -47,21 +47,17 @@ def results_version(ctx: TaskStepContext, failure: dict[str, Any] | None) -> str
 def produced_entry(ctx: TaskStepContext, step_id: str) -> dict[str, Any] | None:
     """What a producer step recorded: collected files, or an env snapshot's universe."""
     collected = (ctx.metadata.get("collected_artifacts") or {}).get(step_id)
-    if collected is not None:
-        return collected
     snapshots = ctx.metadata.get("env_snapshotted_universes") or {}
-    if step_id in snapshots:
+    if collected is None and step_id in snapshots:
         return {"artifacts": {}, "file_artifact_universe": snapshots[step_id]}
-    return None
+    return collected
 
 
 def loaded_version(ctx: TaskStepContext, artifact_id: str, step_id: str) -> int | None:
     """The version of a stored artifact the row loaded in step ``step_id``."""
-    for key in ("loaded_environment_artifacts", "loaded_file_artifact_universes"):
-        for entry in ctx.metadata.get(key) or []:
-            if entry.get("id") == artifact_id and entry.get("step_id", step_id) == step_id:
-                return entry.get("version")
-    return None
+    return next((entry.get("version") for key in ("loaded_environment_artifacts", "loaded_file_artifact_universes")
+                 for entry in ctx.metadata.get(key) or []
+                 if entry.get("id") == artifact_id and entry.get("step_id", step_id) == step_id), None)
 
 
 def artifact_tags(version: int) -> dict[str, str]:
@@ -98,12 +94,10 @@ class Provenance:
         """The tags of one row's materialization whose value has ``data_version``."""
         if self.code_version is None:
             return {}
-        tags = {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version}
-        for dep in self.deps:
-            tags[get_input_data_version_tag(dep)] = self._dep_version(dep, ctx)
-            # Dagster reads only a partitioned input's pointer (the row's own upstream): no event to point at
-            tags[get_input_event_pointer_tag(dep)] = NULL_EVENT_POINTER
-        return tags
+        # Dagster reads only a partitioned input's pointer (the row's own upstream): no event to point at
+        return {CODE_VERSION_TAG: self.code_version, DATA_VERSION_TAG: data_version,
+                **{get_input_data_version_tag(dep): self._dep_version(dep, ctx) for dep in self.deps},
+                **{get_input_event_pointer_tag(dep): NULL_EVENT_POINTER for dep in self.deps}}
 
     def _dep_version(self, dep: dg.AssetKey, ctx: TaskStepContext) -> str:
         kind, name = self.task_assets.get(tuple(dep.path), (ARTIFACT, dep.path[-1]))

@@ -61,5 +61,4 @@ def prune_old_runs(runs_dir: Path, keep_days: float) -> list[str]:
 
 def _last_touched(run_dir: Path) -> float:
     """When the run last wrote its folder or one of its direct subfolders (contexts, ledger)."""
-    folders = [run_dir, *(p for p in run_dir.iterdir() if p.is_dir())]
-    return max(folder.stat().st_mtime for folder in folders)
+    return max(folder.stat().st_mtime for folder in [run_dir, *(p for p in run_dir.iterdir() if p.is_dir())])

@@ -22,8 +22,6 @@ from .translator import TaskTranslator
 
 REGRESSION_CHECK = "no_regression"
 SCORE = "score"
-SUITE_TABLE_COLUMNS = (("metric", "string"), ("value", "float"), ("baseline_median", "float"), ("drop", "float"),
-                       ("regressed", "bool"))
 PAGES = 20  # pages of earlier materializations a baseline reads at most (other code versions, ungraded skipped)
 
 
@@ -34,8 +32,7 @@ def regression_tag(settings: RegressionSettings) -> dict[str, str]:
 
 def node_regression(assets: dict[str, Any]) -> RegressionSettings | None:
     """The gate of a verifier node, from its ``rows.node_assets`` (None: no gate)."""
-    raw = assets.get("regression")
-    return RegressionSettings.model_validate_json(raw) if raw else None
+    return RegressionSettings.model_validate_json(raw) if (raw := assets.get("regression")) else None
 
 
 def produces_verification(translator: TaskTranslator, plan: TaskPlan, step: TaskStep) -> bool:
@@ -53,12 +50,10 @@ def regression_check_specs(plan: TaskPlan, translator: TaskTranslator,
                    f"earlier scores {scope} (of the same partition); passes with fewer than {settings.min_history}.")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.PreviewWarning)  # partitioned checks (see get_check_specs)
-        return [
-            dg.AssetCheckSpec(REGRESSION_CHECK, asset=key, description=description,
-                              blocking=settings.blocking, partitions_def=partitions)
-            for step in plan.steps
-            for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION
-        ]
+        return [dg.AssetCheckSpec(REGRESSION_CHECK, asset=key, description=description, blocking=settings.blocking,
+                                  partitions_def=partitions)
+                for step in plan.steps
+                for kind, _, key in translator.produced_asset_keys(plan.task_id, step) if kind == VERIFICATION]
 
 
 @dataclass(frozen=True)
@@ -92,11 +87,9 @@ class Comparison:
                 f"{len(self.earlier)} (max_drop {self.settings.max_drop:g})")
 
 
-def earlier_values(
-    instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: list[str],
-    settings: RegressionSettings, *, judged_run: str | None, code_version: str | None,
-    newest: tuple[list[dg.EventLogRecord], bool] | None = None,
-) -> list[tuple[str, dict[str, float]]]:
+def earlier_values(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: list[str],
+                   settings: RegressionSettings, *, judged_run: str | None, code_version: str | None,
+                   newest: tuple[list[dg.EventLogRecord], bool] | None = None) -> list[tuple[str, dict[str, float]]]:
     """(run id, values) of the latest ``window`` earlier materializations of ``key`` and ``partition`` with one of
     ``metrics`` as a number, newest first; ``newest``: records read already and whether they are all there is."""
     found: list[tuple[str, dict[str, float]]] = []
@@ -104,9 +97,8 @@ def earlier_values(
     def take(records: list[dg.EventLogRecord]) -> bool:
         for record in records:
             materialization = record.asset_materialization
-            if record.run_id == judged_run or materialization is None:
-                continue
-            if settings.same_code_version and (materialization.tags or {}).get(CODE_VERSION_TAG) != code_version:
+            if record.run_id == judged_run or materialization is None or (
+                    settings.same_code_version and (materialization.tags or {}).get(CODE_VERSION_TAG) != code_version):
                 continue
             values = {m: number for m in metrics if (number := _number(materialization.metadata.get(m))) is not None}
             if values:
@@ -154,8 +146,7 @@ def score_evaluation(
     metadata: dict[str, Any] = {
         "score": score, "window": settings.window, "max_drop": settings.max_drop,
         "baseline_scores": dg.MetadataValue.json(list(comparison.earlier)),
-        "baseline_runs": dg.MetadataValue.json([run for run, _ in earlier]),
-    }
+        "baseline_runs": dg.MetadataValue.json([run for run, _ in earlier])}
     if comparison.baseline is None:
         metadata["baseline"] = (f"no baseline yet ({len(comparison.earlier)} earlier score(s), "
                                 f"needs {settings.min_history})")
@@ -165,10 +156,8 @@ def score_evaluation(
                                    description=str(comparison), severity=dg.AssetCheckSeverity.ERROR)
 
 
-def suite_check_result(
-    instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: dict[str, float],
-    settings: RegressionSettings,
-) -> dg.AssetCheckResult:
+def suite_check_result(instance: dg.DagsterInstance, key: dg.AssetKey, partition: str | None, metrics: dict[str, float],
+                       settings: RegressionSettings) -> dg.AssetCheckResult:
     """A suite's ``no_regression`` result, from its asset's body (the new materialization is not stored yet)."""
     earlier = earlier_values(instance, key, partition, list(metrics), settings, judged_run=None, code_version=None)
     comparisons = compare(metrics, earlier, settings)
@@ -180,12 +169,12 @@ def suite_check_result(
         description="; ".join(map(str, regressed)) or f"no metric more than {settings.max_drop:g} below its baseline",
         metadata={
             "metrics": dg.MetadataValue.table(rows, schema=dg.TableSchema(
-                columns=[dg.TableColumn(name, kind) for name, kind in SUITE_TABLE_COLUMNS])),
+                columns=[dg.TableColumn(name, kind) for name, kind in (("metric", "string"), ("value", "float"),
+                         ("baseline_median", "float"), ("drop", "float"), ("regressed", "bool"))])),
             "regressed": dg.MetadataValue.json([c.metric for c in regressed]),
             "baseline_runs": dg.MetadataValue.json([run for run, _ in earlier]),
             "window": settings.window, "max_drop": settings.max_drop,
-        },
-    )
+        })
 
 
 def suite_check_spec(key: dg.AssetKey, settings: RegressionSettings) -> dg.AssetCheckSpec:

@@ -66,10 +66,8 @@ def span_tags(plan: TaskPlan, step: TaskStep, translator: TaskTranslator) -> dic
     if not config or config.retry_from_step_id == step.id or config.max_retries <= 0:
         return {}
     replay = [[translator.get_node_name(plan.step_by_id[s]), s] for s in retry_span(plan, step.id)]
-    return {TAG_RETRY_SPAN: json.dumps({
-        "step_id": step.id, "retry_from_step_id": config.retry_from_step_id,
-        "max_retries": config.max_retries, "replay": replay,
-    })}
+    return {TAG_RETRY_SPAN: json.dumps({"step_id": step.id, "retry_from_step_id": config.retry_from_step_id,
+                                        "max_retries": config.max_retries, "replay": replay})}
 
 
 # -- deciding and creating a retry run ------------------------------------------------------
@@ -82,9 +80,8 @@ class Retry:
     reset: dict[str, Any]
 
 
-def plan_retry(
-    instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
-) -> Retry | str | None:
+def plan_retry(instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun,
+               io: ContextIOManagerBase) -> Retry | str | None:
     """The child run that retries the failed ``run``; else why not (None: no retry_config span failed)."""
     failed = sorted({e.step_key for e in instance.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
                      if e.step_key and e.step_key != FINAL_STEP})  # (the teardown fails because a row stopped)
@@ -98,8 +95,7 @@ def plan_retry(
     step_id = span["step_id"]
     if run.tags.get(TAG_CONTENT_HASH) != job_def.tags.get(TAG_CONTENT_HASH):
         return f"the task changed since run {run.run_id}: not retried"
-    done = instance.get_run_ids(dg.RunsFilter(tags={TAG_RETRY_OF: run.run_id}), limit=1)
-    if done:
+    if done := instance.get_run_ids(dg.RunsFilter(tags={TAG_RETRY_OF: run.run_id}), limit=1):
         return f"run {run.run_id} was already retried by run {done[0]}"
     chain = [run]  # and its parents, up to the root
     while chain[-1].parent_run_id and (parent := instance.get_run_by_id(chain[-1].parent_run_id)):
@@ -107,22 +103,18 @@ def plan_retry(
     retries = [r for r in chain if r.parent_run_id and r.tags.get(TAG_RETRY_OF) == r.parent_run_id]
     used = sum(1 for r in retries if r.tags.get(TAG_RETRY_STEP) == step_id)
     if used >= span["max_retries"]:
-        return f"step '{step_id}' failed after {used} retr{'y' if used == 1 else 'ies'} (max_retries={span['max_retries']})"
+        return (f"step '{step_id}' failed after {used} retr{'y' if used == 1 else 'ies'} "
+                f"(max_retries={span['max_retries']})")
     replayed = [node for node, _ in span["replay"]]
     attempt = len(retries) + 2
-    reset = {
-        "attempt": attempt, "step_id": step_id, "retry_from_step_id": span["retry_from_step_id"],
-        "replayed": [s for _, s in span["replay"]], "at_utc": datetime.now(timezone.utc).isoformat(),
-        "rolled_back_sandboxes": _rolled_back(io, chain, job_def, set(replayed)),
-        "parent_run_id": run.run_id,
-    }
-    inherited = {k: v for k, v in run.tags.items() if k not in TAGS_TO_MAYBE_OMIT_ON_RETRY and not k.startswith("agentenv/")}
+    reset = {"attempt": attempt, "step_id": step_id, "retry_from_step_id": span["retry_from_step_id"],
+             "replayed": [s for _, s in span["replay"]], "at_utc": datetime.now(timezone.utc).isoformat(),
+             "rolled_back_sandboxes": _rolled_back(io, chain, job_def, set(replayed)), "parent_run_id": run.run_id}
     tags = {
-        **inherited, **job_def.tags,
-        TAG_RETRY_OF: run.run_id, TAG_RETRY_STEP: step_id, TAG_RETRY_FROM: span["retry_from_step_id"],
+        **{k: v for k, v in run.tags.items() if k not in TAGS_TO_MAYBE_OMIT_ON_RETRY and not k.startswith("agentenv/")},
+        **job_def.tags, TAG_RETRY_OF: run.run_id, TAG_RETRY_STEP: step_id, TAG_RETRY_FROM: span["retry_from_step_id"],
         TAG_RETRY_ATTEMPT: str(attempt),
-        TAG_RETRY_RESETS: json.dumps([*json.loads(run.tags.get(TAG_RETRY_RESETS) or "[]"), reset]),
-    }
+        TAG_RETRY_RESETS: json.dumps([*json.loads(run.tags.get(TAG_RETRY_RESETS) or "[]"), reset])}
     return Retry(parent=run, step_keys=[node_step_key(job_def, n) for n in (*replayed, FINAL_STEP)], tags=tags,
                  reset=reset)
 
@@ -133,17 +125,13 @@ def create_retry_run(instance: dg.DagsterInstance, job_def: dg.JobDefinition, re
     reset = retry.reset
     instance.report_engine_event(
         f"agentenv: step '{reset['step_id']}' failed; retrying from '{reset['retry_from_step_id']}' "
-        f"(attempt {reset['attempt']}) in run {child.run_id}: {', '.join(reset['replayed'])}",
-        dagster_run=retry.parent,
-    )
+        f"(attempt {reset['attempt']}) in run {child.run_id}: {', '.join(reset['replayed'])}", dagster_run=retry.parent)
     instance.add_run_tags(retry.parent.run_id, {TAG_RETRIED_BY: child.run_id})
     return child
 
 
-def launch_retry(
-    instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
-    sensor_name: str, logger: logging.Logger,
-) -> dg.DagsterRun | None:
+def launch_retry(instance: dg.DagsterInstance, job_def: dg.JobDefinition, run: dg.DagsterRun, io: ContextIOManagerBase,
+                 sensor_name: str, logger: logging.Logger) -> dg.DagsterRun | None:
     """The sensor's part: create the child run and queue it, tagged as the sensor's (run key: the failed run)."""
     outcome = plan_retry(instance, job_def, run, io)
     if not isinstance(outcome, Retry):
@@ -163,9 +151,8 @@ def launch_retry(
     return child
 
 
-def retry_in_process(
-    instance: dg.DagsterInstance, job_def: dg.JobDefinition, run_id: str, io: ContextIOManagerBase,
-) -> list[str]:
+def retry_in_process(instance: dg.DagsterInstance, job_def: dg.JobDefinition, run_id: str,
+                     io: ContextIOManagerBase) -> list[str]:
     """The CLI's part: while the run failed and may be retried, execute its child here; the children's ids."""
     children = []
     while True:
@@ -188,12 +175,11 @@ def _rolled_back(io: ContextIOManagerBase, chain: list[dg.DagsterRun], job_def: 
               for record in io.rows(chain[0].run_id, name).values()]
     reused = {node_step_key(job_def, n.name) for n in task_graph_of(job_def).nodes
               if n.name not in replayed and n.name != FINAL_STEP}
-    stored: dict[str, list[TaskStepContext]] = {}
-    for run in chain:  # each reused output from the nearest run that stored it
-        for name in io.stream_names(run.run_id):
-            if name in reused and name not in stored:
-                stored[name] = [TaskStepContext.from_dict(r["context"]) for r in io.rows(run.run_id, name).values()]
-    return rolled_back_sandboxes(failed, [ctx for contexts in stored.values() for ctx in contexts])
+    nearest = {name: run.run_id for run in reversed(chain)  # each reused output's nearest run that stored it
+               for name in io.stream_names(run.run_id) if name in reused}
+    kept = [TaskStepContext.from_dict(record["context"]) for name, run_id in nearest.items()
+            for record in io.rows(run_id, name).values()]
+    return rolled_back_sandboxes(failed, kept)
 
 
 # -- in the op ------------------------------------------------------------------------------
@@ -222,8 +208,7 @@ def retries_carried(context: dg.OpExecutionContext, step: TaskStep,
             row_resets += [*failed.metadata.get("retry_resets", []), {
                 "attempt": context.retry_number + 1, "step_id": step.id, "retry_from_step_id": step.id,
                 "replayed": [step.id], "at_utc": datetime.now(timezone.utc).isoformat(),
-                "rolled_back_sandboxes": rolled_back_sandboxes([failed], [ctx]),
-            }]
+                "rolled_back_sandboxes": rolled_back_sandboxes([failed], [ctx])}]
             records += _fatal_records([failed])
         if row_resets or records:
             record_retries(ctx, row_resets, records)

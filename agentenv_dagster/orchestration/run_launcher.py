@@ -1,17 +1,11 @@
-"""A run launcher that forks each run's worker from a warm process (a *zygote*, started by the launcher's
-owner on its first launch) that has Dagster and agentenv_dagster imported, instead of a new Python per run
-(docs/concepts.md, docs/performance.md). The child runs what ``dagster api execute_run`` runs, so code
-reloaded in the UI is what runs. The project's instance (``.dagster_home/dagster.yaml``) names it:
-
-    run_launcher:
-      module: agentenv_dagster.orchestration.run_launcher
-      class: ForkingRunLauncher
-
-A code location served by another Python goes through Dagster's default launcher. The UI's *Terminate*
-marks the run ``CANCELING`` and its worker interrupts itself (``terminate`` returns False when the worker is
-gone: the UI offers to mark the run failed). Forked runs outlive the zygote, as Dagster's outlive their code
-server.
-"""
+"""A run launcher that forks each run's worker from a warm process (a *zygote*, started by the launcher's owner on
+its first launch) that has Dagster and agentenv_dagster imported, instead of a new Python per run (docs/concepts.md,
+docs/performance.md). The child runs what ``dagster api execute_run`` runs, so code reloaded in the UI is what runs.
+The project's instance (``.dagster_home/dagster.yaml``, as ``execute.py`` writes it) names it as its
+``run_launcher``. A code location served by another Python goes through Dagster's default launcher. The UI's
+*Terminate* marks the run ``CANCELING`` and its worker interrupts itself (``terminate`` returns False when the
+worker is gone: the UI offers to mark the run failed). Forked runs outlive the zygote, as Dagster's outlive their
+code server."""
 
 from __future__ import annotations
 
@@ -39,7 +33,6 @@ from .dagster_internals import (
 PRELOADED = (*RUN_WORKER_MODULES, "agentenv_dagster.orchestration.location",
              "agentenv_dagster.orchestration.task_job", "agentenv_dagster.orchestration.coder_eval")
 CANCEL_POLL_SECONDS = 1.0  # how often a run worker looks for its run being cancelled
-CANCELLED = (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED)
 WORKER_STARTED = re.compile(r"Started process for run \(pid: (\d+)\)")  # Dagster's run workers write it
 
 
@@ -72,8 +65,7 @@ class ForkingRunLauncher(RunLauncher, ConfigurableClass):
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         if not _runs_on_this_python(run):
-            self._default.launch_run(context)
-            return
+            return self._default.launch_run(context)
         with self._lock:
             if self._zygote is None or not self._zygote.alive():
                 self._zygote = _Zygote(dg.serialize_value(self._instance.get_ref()))
@@ -85,8 +77,7 @@ class ForkingRunLauncher(RunLauncher, ConfigurableClass):
             return False
         if not _runs_on_this_python(run):
             return self._default.terminate(run_id)
-        worker = _worker_pid(self._instance, run_id)
-        if worker is not None and not is_running(worker):
+        if (worker := _worker_pid(self._instance, run_id)) is not None and not is_running(worker):
             return False  # nothing left to stop it: the caller may mark the run failed
         self._instance.report_run_canceling(run)  # the worker sees it and interrupts itself
         return True
@@ -100,19 +91,17 @@ class ForkingRunLauncher(RunLauncher, ConfigurableClass):
 
 def _worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
     """The pid of the run's worker, from the event it writes as it starts (None before)."""
-    for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
-        if found := WORKER_STARTED.match(record.message or ""):
-            return int(found[1])
-    return None
+    found = next((started for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
+                  if (started := WORKER_STARTED.match(record.message or ""))), None)
+    return int(found[1]) if found else None
 
 
 def _runs_on_this_python(run: dg.DagsterRun) -> bool:
     """Whether the run's code location is served by this interpreter, which the zygote is."""
     origin = run.job_code_origin
-    try:
+    with suppress(OSError):  # its interpreter is gone
         return origin is not None and os.path.samefile(origin.executable_path, sys.executable)
-    except OSError:
-        return False
+    return False
 
 
 class _Zygote:
@@ -133,15 +122,13 @@ class _Zygote:
     def alive(self) -> bool:
         return self._process.poll() is None
 
-    def fork(self, run_id: str) -> int:
+    def fork(self, run_id: str) -> None:
         with suppress(BrokenPipeError):  # then the reply below is empty
             self._send.write(run_id + "\n")
             self._send.flush()
-        reply = self._receive.readline()
-        if not reply:
+        if not self._receive.readline():
             raise dg.DagsterInvariantViolationError(
                 f"the process that forks run workers exited (exit code {self._process.wait()}); see its output above")
-        return int(reply)
 
     def close(self) -> None:
         """End the zygote (its end of the requests closes); workers it forked go on."""
@@ -207,7 +194,7 @@ def _watch_for_cancel(instance: dg.DagsterInstance, run_id: str) -> None:
             run = instance.get_run_by_id(run_id)
             if run is None or run.is_finished:
                 return
-            if run.status in CANCELLED:
+            if run.status in (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED):
                 os.kill(os.getpid(), signal.SIGINT)
                 return
             time.sleep(CANCEL_POLL_SECONDS)

@@ -16,12 +16,11 @@ from ..redaction import redact_text
 from .io_manager import FINAL_STEP
 
 UI_URL_ENV = "AGENTENV_UI_URL"
-DEFAULT_UI_URL = "http://127.0.0.1:3000"  # `dagster dev`'s own host and port
 
 
 def ui_url() -> str:
     """Where the project's Dagster UI is: ``AGENTENV_UI_URL``, else ``dagster dev``'s default address."""
-    return (os.environ.get(UI_URL_ENV) or DEFAULT_UI_URL).rstrip("/")
+    return (os.environ.get(UI_URL_ENV) or "http://127.0.0.1:3000").rstrip("/")
 
 
 def asset_url(key: str) -> str:
@@ -108,7 +107,6 @@ class RunTally:
         return self.elapsed() / done * (self.rows - done)
 
     def line(self) -> str:
-        """The run's progress as one line of text."""
         done, total, unit = self.amount()
         parts = [f"{self.label}: {done}/{total} {unit}" + (f" ({math.floor(100 * done / total)}%)" if total else "")
                  if total is not None else f"{self.label}: {done} {unit} done"]
@@ -127,12 +125,11 @@ class RunTally:
     def summary(self) -> list[str]:
         """The run in the final summary: status, counts, its page in the UI, its first failure."""
         undone = self.rows - len(self.outcomes)
-        counts = f", {self.rows} rows: {self.counts()}" + (f", {undone} not done" if undone else "") if self.by_rows else ""
-        lines = [f"    {self.label}: {self.status or 'NOT FINISHED'}{counts}",
-                 f"      run:    {ui_url()}/runs/{self.run_id}"]
-        if self.failure and self.status != "SUCCESS":
-            lines.append(f"      failed: {self.failure}")
-        return lines
+        counts = (f", {self.rows} rows: {self.counts()}" + (f", {undone} not done" if undone else "")
+                  if self.by_rows else "")
+        failed = [f"      failed: {self.failure}"] if self.failure and self.status != "SUCCESS" else []
+        return [f"    {self.label}: {self.status or 'NOT FINISHED'}{counts}",
+                f"      run:    {ui_url()}/runs/{self.run_id}", *failed]
 
 
 def _failure_message(entry: dg.EventLogEntry) -> str:

@@ -50,15 +50,12 @@ def plan_asset_graph(plan: TaskPlan, config: AgentEnvConfig):
                           resources=location_resources(config)).resolve_asset_graph()
 
 
-def stale_rows(
-    instance: dg.DagsterInstance, asset_graph, plan: TaskPlan, keys: list[str],
-    translator: TaskTranslator | None = None,
-) -> StaleRows:
+def stale_rows(instance: dg.DagsterInstance, asset_graph, plan: TaskPlan, keys: list[str],
+               translator: TaskTranslator | None = None) -> StaleRows:
     """Which of ``keys`` (partition keys; ``[""]``: no rows) are stale or missing, against ``asset_graph``."""
-    translator = translator or TaskTranslator()
     statuses = StaleStatuses(instance, asset_graph)
     found = StaleRows()
-    assets = [key for key in task_asset_keys(plan, translator) if asset_graph.has(key)]
+    assets = [key for key in task_asset_keys(plan, translator or TaskTranslator()) if asset_graph.has(key)]
     for row in keys:
         partition = row if row != UNPARTITIONED else None
         reasons, missing = [], []
@@ -89,8 +86,7 @@ def stale_scores_sensor(plans: list[TaskPlan], jobs: list[dg.JobDefinition],
         name=STALE_SCORES_SENSOR, jobs=[job for _, job in tasks] or None,
         default_status=dg.DefaultSensorStatus.STOPPED, minimum_interval_seconds=60,
         description="Launches the tasks (a dataset's rows) whose scores are stale or were never "
-                    "materialized: a changed task, agent, model, judge or upstream artifact.",
-    )
+                    "materialized: a changed task, agent, model, judge or upstream artifact.")
     def _sensor(context: dg.SensorEvaluationContext):
         graph = context.repository_def.asset_graph
         requests, fresh = [], 0

@@ -51,8 +51,7 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
         automation_condition=ROWS_UPDATED,
         partitions_def=dg.StaticPartitionsDefinition(variants) if variants else None,
         deps=[verification],  # a variant's partition reads its variant x row ones: Dagster infers the mapping
-        description=f"The suite of {what} rolled up.",
-    )
+        description=f"The suite of {what} rolled up.")
     def _suite(context):
         from ..reports.render import suite_markdown  # Jinja: not on every run worker's import path
 
@@ -61,13 +60,10 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
         replicates = document.replicates_of(variant)
         results = _row_results(context.instance, verification, plan.task_id, document, rows, replicates)
         suite = suite_rollup(plan.task_id, results, thresholds, variant_id=variant or "default")
-        check_results = [
-            dg.AssetCheckResult(
-                check_name=names[aggregate["criterion_index"], check["metric"]], passed=check["passed"],
-                metadata={"actual": check["actual_value"], "minimum": check["min_value"]},
-            )
-            for aggregate in suite["criterion_aggregates"] for check in aggregate["checks"]
-        ]
+        check_results = [dg.AssetCheckResult(check_name=names[aggregate["criterion_index"], check["metric"]],
+                                             passed=check["passed"],
+                                             metadata={"actual": check["actual_value"], "minimum": check["min_value"]})
+                         for aggregate in suite["criterion_aggregates"] for check in aggregate["checks"]]
         if gate is not None:
             check_results.append(suite_check_result(context.instance, key, variant, _gated_metrics(suite), gate))
         return dg.MaterializeResult(
@@ -78,21 +74,17 @@ def suite_asset(plan: TaskPlan, translator: TaskTranslator,
                 **_metric_series(suite),
                 "criterion_aggregates": dg.MetadataValue.json(suite["criterion_aggregates"]),
                 "summary": dg.MetadataValue.md(suite_markdown(suite)),
-            },
-            check_results=check_results,
-        )
+            }, check_results=check_results)
 
     return _suite
 
 
 def suites_sensor(suites: list[dg.AssetsDefinition]) -> list[dg.AutomationConditionSensorDefinition]:
     """Keeps the suites current: whatever updated the rows, the daemon materializes the suite after it."""
-    if not suites:
-        return []
     return [dg.AutomationConditionSensorDefinition(
         SUITES_SENSOR, target=dg.AssetSelection.assets(*suites), default_status=dg.DefaultSensorStatus.RUNNING,
         description="Rolls a dataset's suite up again once its rows were updated and none is running.",
-    )]
+    )] if suites else []
 
 
 def _metric_series(suite: dict[str, Any]) -> dict[str, float]:
@@ -122,15 +114,13 @@ def _check_names(thresholds: list[dict[str, float] | None]) -> dict[tuple[int, s
     return names
 
 
-def latest_row_results(
-    plan: TaskPlan, instance: dg.DagsterInstance, rows: list[str], task_id: str, variant: str | None = None,
-) -> list[EvaluationResult]:
+def latest_row_results(plan: TaskPlan, instance: dg.DagsterInstance, rows: list[str], task_id: str,
+                       variant: str | None = None) -> list[EvaluationResult]:
     """What the suite asset counts for ``rows`` (partition keys): each one's latest verification as the result
     of row-task ``<task_id>/<row>``; ``run --failed-only`` counts the rows it does not run again so."""
     criteria = _criteria(plan, TaskTranslator())
-    if criteria is None:
-        return []
-    return _row_results(instance, criteria[1], task_id, plan.document, rows, plan.document.replicates_of(variant))
+    return [] if criteria is None else _row_results(instance, criteria[1], task_id, plan.document, rows,
+                                                    plan.document.replicates_of(variant))
 
 
 def _criteria(plan: TaskPlan, translator: TaskTranslator) -> tuple[Any, dg.AssetKey] | None:
@@ -142,24 +132,17 @@ def _criteria(plan: TaskPlan, translator: TaskTranslator) -> tuple[Any, dg.Asset
     return step, key
 
 
-def _row_results(
-    instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, document: TaskDocument, rows: list[str],
-    replicates: int,
-) -> list[EvaluationResult]:
+def _row_results(instance: dg.DagsterInstance, key: dg.AssetKey, task_id: str, document: TaskDocument,
+                 rows: list[str], replicates: int) -> list[EvaluationResult]:
     """Each row's (and replicate's) latest verification as a task result, in dataset order; unrun rows left out."""
-    found = latest_replicates(instance, key, rows, replicates, RESULT_LABELS)
+    found = latest_replicates(instance, key, rows, replicates, ("passed", "prompt_error", "score", "results"))
     return [_result(f"{task_id}/{document.row_of(row)}", {k: v.value for k, v in found[(row, r)].items()})
             for row in rows for r in range(replicates) if (row, r) in found]
-
-
-RESULT_LABELS = ("passed", "prompt_error", "score", "results")  # what a row's result is read from
 
 
 def _result(task_id: str, metadata: dict[str, Any]) -> EvaluationResult:
     passed = metadata.get("passed")
     status = (FinalStatus.ERROR if metadata.get("prompt_error") else
               FinalStatus.NOT_GRADED if passed is None else FinalStatus.SUCCESS if passed else FinalStatus.FAILURE)
-    return EvaluationResult(
-        task_id=task_id, final_status=status, weighted_score=metadata.get("score"),
-        success_criteria_results=metadata.get("results") or [],
-    )
+    return EvaluationResult(task_id=task_id, final_status=status, weighted_score=metadata.get("score"),
+                            success_criteria_results=metadata.get("results") or [])

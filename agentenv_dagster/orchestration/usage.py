@@ -12,14 +12,11 @@ from ..reports.evaluation import priced_usage
 from ..reports.telemetry import TokenUsage
 
 
-def usage_metadata(
-    ctx: TaskStepContext, entry: dict[str, Any], prices: dict[str, dict[str, float]], prompt_id: str | None = None,
-) -> dict[str, Any]:
+def usage_metadata(ctx: TaskStepContext, entry: dict[str, Any], prices: dict[str, dict[str, float]],
+                   prompt_id: str | None = None) -> dict[str, Any]:
     """One verification's buckets: the turns of the prompt it grades (None: every prompt) and its judge."""
     buckets = {"agent": TokenUsage(), "user": TokenUsage(), "judge": TokenUsage()}
-    for response in ctx.prompt_responses:
-        if prompt_id is not None and response.prompt_id != prompt_id:
-            continue
+    for response in [r for r in ctx.prompt_responses if prompt_id in (None, r.prompt_id)]:
         extra = response.model_extra or {}
         buckets["agent"] += priced_usage(extra.get("usage"), prices.get(response.model or "")) or TokenUsage()
         buckets["user"] += priced_usage(extra.get("user_usage"), None) or TokenUsage()
