@@ -21,8 +21,7 @@ from dagster import DagsterEvent
 
 # A concurrent in-process executor: Dagster ships an in-process executor that runs one step at a time and a
 # multiprocess one that starts a process per step; running a job's streamed ops side by side in one process
-# needs the plan-execution loop both are built from, which is not public (nor is the in-process executor's class,
-# whose configuration this one keeps).
+# needs the plan-execution loop both are built from, which is not public.
 from dagster._core.events import EngineEventData
 from dagster._core.execution.api import ExecuteRunWithPlanIterable
 from dagster._core.execution.compute_logs import create_compute_log_file_key
@@ -33,22 +32,29 @@ from dagster._core.execution.plan.instance_concurrency_context import InstanceCo
 from dagster._core.execution.plan.plan import ExecutionPlan
 from dagster._core.execution.retries import RetryMode
 from dagster._core.execution.step_dependency_config import StepDependencyConfig
-from dagster._core.executor.in_process import InProcessExecutor
 
 
 STOP_GRACE_SECONDS = 30  # how long an interrupted run waits for its steps to stop
 
 
-class ThreadedExecutor(InProcessExecutor):
+class ThreadedExecutor(dg.Executor):
     """Runs each step in a thread of the run's process as soon as the outputs it reads exist
     (``require_upstream_step_success: false``), so streamed ops (``streams.py``) run side by
     side. ``in_step_thread`` runs first in each step's thread."""
 
     def __init__(self, retries: RetryMode, in_step_thread: Callable[[], None],
                  on_interrupt: Callable[[str], None]) -> None:
-        super().__init__(retries, StepDependencyConfig(require_upstream_step_success=False))
+        self._retries = retries
         self._in_step_thread = in_step_thread
         self._on_interrupt = on_interrupt
+
+    @property
+    def retries(self) -> RetryMode:
+        return self._retries
+
+    @property
+    def step_dependency_config(self) -> StepDependencyConfig:
+        return StepDependencyConfig(require_upstream_step_success=False)
 
     def execute(self, plan_context: PlanOrchestrationContext, execution_plan: ExecutionPlan) -> Iterator[DagsterEvent]:
         yield DagsterEvent.engine_event(
