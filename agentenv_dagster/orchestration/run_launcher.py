@@ -91,9 +91,10 @@ class ForkingRunLauncher(RunLauncher, ConfigurableClass):
 
 def _worker_pid(instance: dg.DagsterInstance, run_id: str) -> int | None:
     """The pid of the run's worker, from the event it writes as it starts (None before)."""
-    found = next((started for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
-                  if (started := WORKER_STARTED.match(record.message or ""))), None)
-    return int(found[1]) if found else None
+    for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT):
+        if found := WORKER_STARTED.match(record.message or ""):
+            return int(found[1])
+    return None
 
 
 def _runs_on_this_python(run: dg.DagsterRun) -> bool:
