@@ -8,9 +8,9 @@ and writes the rows as JSON to RESULT — not to stdout, which is the script's o
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import json
-import runpy
 import sys
 import tempfile
 from pathlib import Path
@@ -47,7 +47,11 @@ async def run_verify_script(script: Path, mcp_url: str, timeout_seconds: float) 
 
 
 def _main(script: str, mcp_url: str, result: str) -> None:
-    verify = runpy.run_path(script, run_name="agentenv_verify_script").get("verify")
+    # imported as a module (not runpy, whose functions are not guaranteed to work once it returns)
+    spec = importlib.util.spec_from_file_location("agentenv_verify_script", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    verify = getattr(module, "verify", None)
     if not callable(verify):
         raise SystemExit(f"{Path(script).name} defines no verify(mcp_url)")
     rows = verify(mcp_url)
