@@ -22,6 +22,8 @@ from .translator import TaskTranslator
 
 REGRESSION_CHECK = "no_regression"
 SCORE = "score"
+SUITE_TABLE_COLUMNS = (("metric", "string"), ("value", "float"), ("baseline_median", "float"), ("drop", "float"),
+                       ("regressed", "bool"))
 PAGES = 20  # pages of earlier materializations a baseline reads at most (other code versions, ungraded skipped)
 
 
@@ -169,8 +171,7 @@ def suite_check_result(instance: dg.DagsterInstance, key: dg.AssetKey, partition
         description="; ".join(map(str, regressed)) or f"no metric more than {settings.max_drop:g} below its baseline",
         metadata={
             "metrics": dg.MetadataValue.table(rows, schema=dg.TableSchema(
-                columns=[dg.TableColumn(name, kind) for name, kind in (("metric", "string"), ("value", "float"),
-                         ("baseline_median", "float"), ("drop", "float"), ("regressed", "bool"))])),
+                columns=[dg.TableColumn(name, kind) for name, kind in SUITE_TABLE_COLUMNS])),
             "regressed": dg.MetadataValue.json([c.metric for c in regressed]),
             "baseline_runs": dg.MetadataValue.json([run for run, _ in earlier]),
             "window": settings.window, "max_drop": settings.max_drop,

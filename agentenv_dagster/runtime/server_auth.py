@@ -31,7 +31,8 @@ def origin(url: str | httpx.URL) -> tuple[str, str, int] | None:
 
 
 class RunServerAuth(httpx.Auth):
-    """Adds the run's token to requests for the servers the run's ledger lists (read again when it has changed)."""
+    """Adds the run's token to requests for the servers the run's ledger lists; the ledger is
+    read again when it changed and an unlisted loopback origin is asked about."""
 
     def __init__(self, ledger: "Ledger") -> None:
         self.ledger = ledger
