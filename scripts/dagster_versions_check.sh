@@ -33,5 +33,5 @@ say "installed in $(( $(date +%s) - start )) s: $(python -m pip list --disable-p
 cd "$repo"
 say "tests: $test_cmd $*"
 start=$(date +%s)
-eval "$test_cmd" '"$@"'
+eval "\"$repo/scripts/bounded.sh\" 900 $test_cmd" '"$@"'
 say "the README's test command passed on the oldest allowed Dagster in $(( $(date +%s) - start )) s"

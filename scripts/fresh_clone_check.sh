@@ -42,5 +42,5 @@ say "the example: agentenv-dagster run tasks/reply_to_dana.json"
 agentenv-dagster run tasks/reply_to_dana.json >"$work/example.log" 2>&1 || { cat "$work/example.log" >&2; exit 1; }
 say "tests: $test_cmd"
 start=$(date +%s)
-eval "$test_cmd"
+eval "scripts/bounded.sh 900 $test_cmd"  # a hang shows its stacks and ends (scripts/bounded.sh)
 say "the README's test command passed in $(( $(date +%s) - start )) s"

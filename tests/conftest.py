@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import compileall
+import faulthandler
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -62,6 +65,9 @@ def pytest_configure(config):
     of an xdist run, not in each worker.)"""
     if not hasattr(config, "workerinput"):
         compileall.compile_dir(Path(__file__).resolve().parents[1] / "agentenv_dagster", quiet=1)
+    if stacks := os.environ.get("AGENTENV_STACKS_DIR"):  # scripts/bounded.sh asks a hung run where it stands
+        config.stacks_file = open(Path(stacks) / f"{os.getpid()}.txt", "w")  # noqa: SIM115 - open until the process ends
+        faulthandler.register(signal.SIGUSR1, file=config.stacks_file, all_threads=True)
 
 
 def pytest_collection_modifyitems(items):

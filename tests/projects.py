@@ -188,17 +188,3 @@ def dagster_daemon(root: Path, log_path: Path, env: dict[str, str] | None = None
             with contextlib.suppress(ProcessLookupError):  # a code server it started may outlive it
                 os.killpg(daemon.pid, signal.SIGKILL)
 
-
-def in_forked_child(report) -> str:
-    """What ``report()`` returns (a string) when called in a child forked from this process."""
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover (the child answers through the pipe)
-        os.write(write, report().encode())
-        os._exit(0)
-    os.close(write)
-    try:
-        return os.read(read, 65536).decode()
-    finally:
-        os.close(read)
-        os.waitpid(child, 0)

@@ -20,17 +20,16 @@ def raise_interrupted(signum, frame):
     raise Interrupted()
 
 
-async def sleep_noting_unwind(unwound: list[str]) -> None:
+async def sleep_until_interrupted(unwound: list[str]) -> None:
+    """Sleep until a SIGINT from another thread (as Dagster's terminate arrives) wakes the loop.
+    The timer starts once the loop runs, so the signal always finds ``run``'s handler in place."""
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
     try:
         await asyncio.sleep(30)
     finally:
         unwound.append("finally ran")
-
-
-def interrupt_soon() -> threading.Timer:
-    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    return timer
+        timer.join()
 
 
 @pytest.mark.parametrize("handler", [raise_interrupted, signal.default_int_handler])
@@ -39,10 +38,8 @@ def test_sigint_unwinds_the_coroutine_then_raises_what_the_process_handler_raise
     previous = signal.signal(signal.SIGINT, handler)
     unwound: list[str] = []
     try:
-        timer = interrupt_soon()
         with pytest.raises(expected):
-            run(sleep_noting_unwind(unwound))
-        timer.join()
+            run(sleep_until_interrupted(unwound))
         assert unwound == ["finally ran"]
         assert signal.getsignal(signal.SIGINT) is handler  # restored once the loop is done
     finally:
@@ -53,10 +50,8 @@ def test_a_handler_that_defers_interrupts_leaves_the_cancellation():
     noted: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
     try:
-        timer = interrupt_soon()
         with pytest.raises(asyncio.CancelledError):
-            run(sleep_noting_unwind([]))
-        timer.join()
+            run(sleep_until_interrupted([]))
         assert noted == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -3,7 +3,6 @@ this process started it or not (forked hosts are the starter's, then init's)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -13,13 +12,15 @@ import pytest
 
 from agentenv_dagster.runtime.processes import RUN_OWNER_VARIABLE, ProcessIdentity, is_running, run_owner, terminate
 
-SERVES = "import time; time.sleep(60)"
-IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+SERVES = 'import time; print("ready", flush=True); time.sleep(60)'
+IGNORES_SIGTERM = ('import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print("ready", flush=True); '
+                   'time.sleep(60)')
 
 
 def _started(script: str) -> subprocess.Popen:
-    server = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    time.sleep(0.3)  # (past the interpreter's start, so a signal handler is in place)
+    """The script in a session of its own, once it has said it is ready (its signal handler in place)."""
+    server = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline() == "ready\n"
     return server
 
 
@@ -53,18 +54,28 @@ def test_a_server_this_process_did_not_start_is_ended_too():
             terminate(pid, grace_seconds=1)
 
 
-def _owner_pid(_=None) -> int:
-    return run_owner().pid
+STEP_PROCESS = """
+import multiprocessing, os, sys
+from agentenv_dagster.runtime.processes import run_owner
+
+if __name__ == "__main__":
+    assert run_owner().pid == os.getpid()
+    with multiprocessing.get_context(sys.argv[1]).Pool(1) as pool:
+        print(pool.apply(run_owner).pid == os.getpid())
+"""
 
 
 @pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
-def test_the_run_owner_of_a_step_process_is_the_process_that_runs_the_steps(method):
+def test_the_run_owner_of_a_step_process_is_the_process_that_runs_the_steps(method, tmp_path):
     """Dagster's multiprocess executor runs each step in a ``multiprocessing`` child (forked
     from a forkserver, or spawned): the run's servers must outlive that step, so they are
-    bound to the process the step runs for (here, this one)."""
-    assert run_owner().pid == os.getpid()
-    with multiprocessing.get_context(method).Pool(1) as pool:
-        assert pool.apply(_owner_pid) == os.getpid()
+    bound to the process the step runs for. (The pool runs in a fresh interpreter: a child
+    forked from this xdist worker would share its threads' locks and its channel.)"""
+    script = tmp_path / "steps.py"
+    script.write_text(STEP_PROCESS)
+    done = subprocess.run([sys.executable, str(script), method], check=False, capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
 
 
 def test_a_process_that_owns_runs_for_another_can_say_so(monkeypatch):
