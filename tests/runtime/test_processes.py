@@ -60,8 +60,10 @@ from agentenv_dagster.runtime.processes import run_owner
 
 if __name__ == "__main__":
     assert run_owner().pid == os.getpid()
-    with multiprocessing.get_context(sys.argv[1]).Pool(1) as pool:
-        print(pool.apply(run_owner).pid == os.getpid())
+    pool = multiprocessing.get_context(sys.argv[1]).Pool(1)
+    print(pool.apply(run_owner).pid == os.getpid(), flush=True)
+    pool.close()  # its worker ends once idle (as a step process does), then it is waited for
+    pool.join()
 """
 
 
