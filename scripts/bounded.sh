@@ -44,15 +44,23 @@ for pid in "${tree[@]}"; do
   [ -e "$stacks/$pid.txt" ] && kill -USR1 "$pid" 2>/dev/null
 done
 sleep 3
+# the other processes in a line each, then the pytest processes' stacks, then (last, as CI
+# shows the end of the output) each pytest process with its descriptors
 for pid in "${tree[@]}"; do
-  [ -d "/proc/$pid" ] || continue
-  echo "--- $(ps -o pid=,ppid=,stat=,wchan:24=,etime=,args= -p "$pid" | cut -c1-220)" >&2
+  [ -d "/proc/$pid" ] && [ ! -e "$stacks/$pid.txt" ] && ps -o pid=,ppid=,stat=,etime=,args= -p "$pid" | cut -c1-200 >&2
+done
+for pid in "${tree[@]}"; do
+  [ -s "$stacks/$pid.txt" ] && { echo "--- stacks of $pid" && head -n 120 "$stacks/$pid.txt"; } >&2
+done
+for pid in "${tree[@]}"; do
+  [ -d "/proc/$pid" ] && [ -e "$stacks/$pid.txt" ] || continue
+  echo "--- $(ps -o pid=,ppid=,stat=,wchan:24=,etime=,args= -p "$pid" | cut -c1-160)" >&2
   for fd in 0 1 2 3 4; do
     [ -e "/proc/$pid/fd/$fd" ] || continue
     echo "    fd $fd -> $(readlink "/proc/$pid/fd/$fd") $(grep -m1 flags "/proc/$pid/fdinfo/$fd" 2>/dev/null)" >&2
   done
-  [ -s "$stacks/$pid.txt" ] && sed 's/^/    /' "$stacks/$pid.txt" | head -n 150 >&2
 done
+echo "bounded: ending it (exit 124)" >&2
 kill -TERM "${tree[@]}" 2>/dev/null
 sleep 5
 kill -KILL "${tree[@]}" 2>/dev/null
