@@ -6,9 +6,9 @@
 #   scripts/bounded.sh SECONDS COMMAND [ARGS...]
 #
 # Exits with the command's status, or 124 past the limit, after printing every process the
-# command started (state, what it waits in, its first descriptors and their flags) and, for each
-# pytest process, all its threads' stacks: tests/conftest.py has faulthandler write them to
-# $AGENTENV_STACKS_DIR/<pid>.txt on SIGUSR1.
+# command started, all threads' stacks of each pytest process (tests/conftest.py has
+# faulthandler write them to $AGENTENV_STACKS_DIR/<pid>.txt on SIGUSR1) and, last, each pytest
+# process's state with its first descriptors and their flags.
 set -uo pipefail
 
 limit="$1"

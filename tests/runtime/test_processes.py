@@ -37,6 +37,7 @@ def test_a_server_that_ends_at_sigterm_is_ended_and_one_that_ignores_it_is_kille
         for server in (ends, ignores):
             server.kill()
             server.wait()
+            server.stdout.close()
 
 
 def test_a_server_this_process_did_not_start_is_ended_too():
@@ -62,7 +63,7 @@ if __name__ == "__main__":
     assert run_owner().pid == os.getpid()
     pool = multiprocessing.get_context(sys.argv[1]).Pool(1)
     print(pool.apply(run_owner).pid == os.getpid(), flush=True)
-    pool.close()  # its worker ends once idle (as a step process does), then it is waited for
+    pool.close()  # and joined: terminate() can wait forever on the queue lock an idle worker holds
     pool.join()
 """
 
